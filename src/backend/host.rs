@@ -1,0 +1,12 @@
+//! Host backend (being written).
+use super::Backend;
+use crate::{error::Result, plan::Plan};
+/// Host backend.
+#[derive(Debug)]
+pub struct HostBackend;
+impl Backend for HostBackend {
+    fn capacity_bytes(&self) -> u64 { 0 }
+    fn write(&mut self, _offset: u64, _bytes: &[u8]) -> Result<()> { Ok(()) }
+    fn read(&mut self, _offset: u64, _out: &mut [u8]) -> Result<()> { Ok(()) }
+    fn execute(&mut self, _plan: &Plan) -> Result<()> { Ok(()) }
+}

@@ -1,0 +1,60 @@
+//! Backends: where the arena's bytes live and how a plan's moves run.
+//!
+//! The trait is deliberately narrow: bounds-checked byte transfers and plan
+//! execution. Placement, planning and the handle table stay in the arena,
+//! so every backend executes the same [`Plan`] value.
+//!
+//! - [`HostBackend`]: plain host memory, strict enough to catch a wrong plan.
+//! - [`MetaBackend`]: stores no bytes; placement and planning run, moves are
+//!   only counted (replays of traces larger than this machine's memory).
+//! - `CudaBackend` (feature `cuda`): one device allocation, moves run by our
+//!   own NVRTC-compiled kernels.
+
+mod host;
+mod meta;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use host::HostBackend;
+pub use meta::MetaBackend;
+
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+
+/// Storage for one arena's region.
+///
+/// Every method checks that ranges lie inside the region and returns
+/// [`Error::OutOfBounds`] otherwise; none may panic on any input.
+pub trait Backend {
+    /// Bytes of the region.
+    fn capacity_bytes(&self) -> u64;
+
+    /// False for a backend that keeps no bytes (reads return zeros).
+    fn stores_bytes(&self) -> bool {
+        true
+    }
+
+    /// Copies `bytes` into the region at `offset`.
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()>;
+
+    /// Copies `out.len()` bytes of the region at `offset` into `out`.
+    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()>;
+
+    /// Executes every wave of `plan` in order, honouring the wave rule of
+    /// [`crate::plan`]. On error the caller must assume any subset of the
+    /// moves happened.
+    fn execute(&mut self, plan: &Plan) -> Result<()>;
+}
+
+/// Checks `offset..offset+len` against a region of `capacity_bytes`.
+pub(crate) fn check_range(offset: u64, len: u64, capacity_bytes: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity_bytes => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            offset,
+            len,
+            capacity_bytes,
+        }),
+    }
+}

@@ -1,0 +1,89 @@
+//! Arena configuration: public fields, `Default`, and `with_*` builders.
+
+use crate::error::{Error, Result};
+
+/// Largest alignment an allocation may ask for (1 GiB).
+pub const MAX_ALIGN: u64 = 1 << 30;
+
+/// When the arena compacts on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactionPolicy {
+    /// Never move a block unless [`crate::Arena::compact`] is called; an
+    /// allocation that fits in no hole fails (a plain non-moving allocator,
+    /// used as the baseline in benches and the demo).
+    Manual,
+    /// When a request fits in the free bytes but in no hole, run a targeted
+    /// compaction (fewest bytes moved), falling back to a full one.
+    Auto,
+}
+
+/// Configuration of an [`crate::Arena`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArenaConfig {
+    /// Bytes of the arena's region.
+    pub capacity_bytes: u64,
+    /// Default alignment of every block (power of two). Every size is
+    /// rounded up to it, and every offset is a multiple of it. 256 B matches
+    /// what CUDA's own allocator guarantees.
+    pub alignment_bytes: u64,
+    /// When to compact.
+    pub compaction: CompactionPolicy,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: 64 << 20,
+            alignment_bytes: 256,
+            compaction: CompactionPolicy::Auto,
+        }
+    }
+}
+
+impl ArenaConfig {
+    /// A config of `capacity_bytes` with the defaults otherwise.
+    pub fn new(capacity_bytes: u64) -> Self {
+        Self {
+            capacity_bytes,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the capacity.
+    pub fn with_capacity_bytes(mut self, capacity_bytes: u64) -> Self {
+        self.capacity_bytes = capacity_bytes;
+        self
+    }
+
+    /// Sets the default alignment.
+    pub fn with_alignment_bytes(mut self, alignment_bytes: u64) -> Self {
+        self.alignment_bytes = alignment_bytes;
+        self
+    }
+
+    /// Sets the compaction policy.
+    pub fn with_compaction(mut self, compaction: CompactionPolicy) -> Self {
+        self.compaction = compaction;
+        self
+    }
+
+    /// Checks the config: alignment a power of two up to [`MAX_ALIGN`],
+    /// capacity non-zero and a multiple of the alignment.
+    pub fn validate(&self) -> Result<()> {
+        if !self.alignment_bytes.is_power_of_two() || self.alignment_bytes > MAX_ALIGN {
+            return Err(Error::InvalidAlignment {
+                align_bytes: self.alignment_bytes,
+                max_align_bytes: MAX_ALIGN,
+            });
+        }
+        if self.capacity_bytes == 0 || self.capacity_bytes % self.alignment_bytes != 0 {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "capacity {} B must be non-zero and a multiple of the alignment {} B",
+                    self.capacity_bytes, self.alignment_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+}

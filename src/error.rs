@@ -1,0 +1,184 @@
+//! The crate's one error type.
+//!
+//! Every variant names what was asked and what was available, in bytes, so a
+//! caller can decide what to do: retry after freeing, compact, shrink a batch.
+//! Every fallible call that returns an error leaves the arena exactly as it
+//! was before the call (the poisoned state is the one exception: it is
+//! reported by every later call).
+
+/// `Result` with [`Error`] as its default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in cuarena.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A zero-byte allocation was asked for; every block has at least one byte.
+    #[error("zero-sized allocation requested (a block must hold at least 1 byte)")]
+    ZeroSize,
+
+    /// The alignment is not a power of two, or is above the arena's maximum.
+    #[error("alignment {align_bytes} B is not a power of two in 1..={max_align_bytes}")]
+    InvalidAlignment {
+        /// Alignment asked for.
+        align_bytes: u64,
+        /// Largest alignment the arena supports.
+        max_align_bytes: u64,
+    },
+
+    /// Rounding the size up to the alignment overflows `u64`.
+    #[error("size {requested_bytes} B rounded up to {align_bytes} B overflows u64")]
+    SizeOverflow {
+        /// Size asked for.
+        requested_bytes: u64,
+        /// Alignment it was rounded to.
+        align_bytes: u64,
+    },
+
+    /// The request can never fit: it is larger than the whole arena.
+    #[error("request of {requested_bytes} B exceeds the arena's capacity of {capacity_bytes} B")]
+    TooLarge {
+        /// Bytes asked for, rounded up to the alignment.
+        requested_bytes: u64,
+        /// The arena's capacity.
+        capacity_bytes: u64,
+    },
+
+    /// Not now: the live blocks leave no room for the request, even after
+    /// compaction. Freeing blocks (or unpinning them) can make it fit.
+    #[error(
+        "out of memory: requested {requested_bytes} B, free {free_bytes} B, \
+         largest free hole {largest_free_bytes} B, largest hole compaction can reach {reachable_bytes} B"
+    )]
+    OutOfMemory {
+        /// Bytes asked for, rounded up to the alignment.
+        requested_bytes: u64,
+        /// Free bytes in the arena.
+        free_bytes: u64,
+        /// Largest contiguous free region now.
+        largest_free_bytes: u64,
+        /// Largest contiguous free region a full compaction would produce
+        /// (less than `free_bytes` when pinned blocks split the free space).
+        reachable_bytes: u64,
+    },
+
+    /// The handle was freed, or its slot was reused by a newer allocation.
+    #[error("stale handle: it was freed (or never belonged to a live block)")]
+    StaleHandle,
+
+    /// The handle belongs to another arena.
+    #[error("handle belongs to arena #{handle_arena}, not to this arena #{arena}")]
+    ForeignHandle {
+        /// Id of the arena the handle came from.
+        handle_arena: u32,
+        /// Id of the arena it was given to.
+        arena: u32,
+    },
+
+    /// A pinned block cannot be freed; unpin it first.
+    #[error("block is pinned ({pins} pin(s) outstanding); unpin before freeing")]
+    Pinned {
+        /// Outstanding pins.
+        pins: u32,
+    },
+
+    /// `unpin` on a block that holds no pin.
+    #[error("block is not pinned")]
+    NotPinned,
+
+    /// A host slice does not match the block's length.
+    #[error("length mismatch: block holds {block_bytes} B, host slice has {slice_bytes} B")]
+    LengthMismatch {
+        /// Bytes of the block (its requested size).
+        block_bytes: u64,
+        /// Bytes of the host slice.
+        slice_bytes: u64,
+    },
+
+    /// A typed access with an element type other than the block's.
+    #[error("element type mismatch: block holds {block_type}, access asked for {requested_type}")]
+    TypeMismatch {
+        /// The block's element type.
+        block_type: &'static str,
+        /// The type of the access.
+        requested_type: &'static str,
+    },
+
+    /// A typed access whose element size does not divide the block's bytes.
+    #[error("block of {block_bytes} B is not a whole number of {elem_bytes}-byte elements")]
+    NotWholeElements {
+        /// Bytes of the block.
+        block_bytes: u64,
+        /// Size of one element.
+        elem_bytes: u64,
+    },
+
+    /// A byte range outside the arena's region (a backend bounds check).
+    #[error("range {offset}..{offset}+{len} is outside the region of {capacity_bytes} B")]
+    OutOfBounds {
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+        /// Size of the region.
+        capacity_bytes: u64,
+    },
+
+    /// A compaction plan breaks the wave rule (see [`crate::plan::Plan`]).
+    #[error("invalid plan: {reason}")]
+    InvalidPlan {
+        /// Which rule, and which moves.
+        reason: String,
+    },
+
+    /// The arena's configuration is inconsistent.
+    #[error("invalid config: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// No usable CUDA driver or device.
+    #[error("no CUDA device: {reason}")]
+    NoDevice {
+        /// Why (no driver library, no device, bad ordinal).
+        reason: String,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {message}")]
+    Driver {
+        /// The driver call (or cudarc method) that failed.
+        call: &'static str,
+        /// The driver's error.
+        message: String,
+    },
+
+    /// NVRTC could not compile a kernel from `kernels/`.
+    #[error("NVRTC failed to compile {source_name}: {log}")]
+    Nvrtc {
+        /// The kernel source file.
+        source_name: &'static str,
+        /// The compiler's log.
+        log: String,
+    },
+
+    /// An earlier failure left device memory and the arena's table in
+    /// disagreement; the arena refuses all further work.
+    #[error("arena is unusable after an earlier failure: {reason}")]
+    Poisoned {
+        /// The failure that poisoned it.
+        reason: String,
+    },
+
+    /// A trace file could not be read or parsed.
+    #[error("trace {path}: record {record}: {message}")]
+    Trace {
+        /// File being read.
+        path: String,
+        /// 1-based line (CSV) or event index (pickle) at fault; 0 for the whole file.
+        record: u64,
+        /// What is wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,241 @@
+//! Compaction plans: data that says which bytes go where, in which wave.
+//!
+//! A [`Plan`] is produced by the pure [`planner`] and executed by a
+//! [`crate::backend::Backend`]: the strict host backend and the CUDA kernel
+//! run the very same value, and tests inspect it.
+//!
+//! # The wave rule
+//!
+//! Waves run one after another: every move of wave *k* is complete before any
+//! move of wave *k + 1* starts. Within one wave, moves run concurrently under
+//! this rule, which [`Plan::validate`] checks:
+//!
+//! 1. Moves are listed in ascending order of source offset, and sources are
+//!    pairwise disjoint (they are distinct live blocks).
+//! 2. Destinations are pairwise disjoint, and each lies in the region.
+//! 3. A move's destination may overlap the sources of moves listed **before**
+//!    it (and its own source, but then only sliding down: `dst <= src`).
+//!    It never overlaps the source of a move listed after it.
+//! 4. A destination never overlaps a live block that does not move in this
+//!    wave (the planner's obligation; the arena checks the final layout).
+//!
+//! Executors must therefore read each source byte before any write that
+//! covers it. Both do it the same way: the wave is cut into chunks in list
+//! order, and a chunk may store only after every earlier chunk whose source
+//! overlaps its destination has been loaded. Because such chunks always come
+//! earlier in the list (rule 3), there is no cycle and no deadlock, and a
+//! long chain of blocks sliding down by a few bytes runs as one wave with
+//! full parallelism: each chunk waits only for its neighbour's load, not for
+//! its store. The rule is a relaxation of the stricter "no destination
+//! touches any other move's source" (every such wave is also valid here).
+//!
+//! A move whose destination overlaps only free space may go in any
+//! direction; the planner uses such moves to evacuate a window into holes.
+
+pub mod planner;
+
+use smallvec::SmallVec;
+
+use crate::error::{Error, Result};
+
+/// One relocation: `len` bytes of one block from `src` to `dst` (offsets in
+/// the arena's region). `key` names the block; the planner carries it
+/// through untouched (the arena uses its handle's slot key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Move {
+    /// Opaque block identifier.
+    pub key: u64,
+    /// Source offset.
+    pub src: u64,
+    /// Destination offset.
+    pub dst: u64,
+    /// Bytes to move (> 0).
+    pub len: u64,
+}
+
+impl Move {
+    /// End of the source range (exclusive).
+    pub fn src_end(&self) -> u64 {
+        self.src + self.len
+    }
+    /// End of the destination range (exclusive).
+    pub fn dst_end(&self) -> u64 {
+        self.dst + self.len
+    }
+}
+
+/// Moves that run concurrently (see the module's wave rule).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wave {
+    /// Moves in ascending source order.
+    pub moves: Vec<Move>,
+}
+
+/// Why a plan was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanKind {
+    /// Make one hole large enough for a request, moving as few bytes as possible.
+    Targeted,
+    /// Merge all free space: one region per gap between pinned blocks.
+    Full,
+}
+
+/// A compaction plan: waves of moves, executed in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Why it was made.
+    pub kind: PlanKind,
+    /// The waves, in execution order. Never holds an empty wave.
+    pub waves: SmallVec<[Wave; 2]>,
+}
+
+impl Plan {
+    /// A plan that moves nothing.
+    pub fn empty(kind: PlanKind) -> Self {
+        Self {
+            kind,
+            waves: SmallVec::new(),
+        }
+    }
+
+    /// True when nothing moves.
+    pub fn is_empty(&self) -> bool {
+        self.waves.iter().all(|w| w.moves.is_empty())
+    }
+
+    /// All moves, wave by wave.
+    pub fn moves(&self) -> impl Iterator<Item = &Move> {
+        self.waves.iter().flat_map(|w| w.moves.iter())
+    }
+
+    /// Number of moves.
+    pub fn move_count(&self) -> usize {
+        self.waves.iter().map(|w| w.moves.len()).sum()
+    }
+
+    /// Bytes copied by the plan.
+    pub fn bytes_moved(&self) -> u64 {
+        self.moves().map(|m| m.len).sum()
+    }
+
+    /// Checks rules 1–3 of the wave rule and that every range lies within
+    /// `capacity_bytes`. Rule 4 needs the live set; the arena checks it.
+    pub fn validate(&self, capacity_bytes: u64) -> Result<()> {
+        for (w, wave) in self.waves.iter().enumerate() {
+            validate_wave(w, wave, capacity_bytes)?;
+        }
+        Ok(())
+    }
+}
+
+fn invalid(reason: String) -> Error {
+    Error::InvalidPlan { reason }
+}
+
+fn validate_wave(w: usize, wave: &Wave, capacity_bytes: u64) -> Result<()> {
+    let moves = &wave.moves;
+    for (i, m) in moves.iter().enumerate() {
+        let in_bounds = |start: u64| start.checked_add(m.len).is_some_and(|e| e <= capacity_bytes);
+        if m.len == 0 || !in_bounds(m.src) || !in_bounds(m.dst) {
+            return Err(invalid(format!(
+                "wave {w} move {i} ({m:?}) is empty or outside the region of {capacity_bytes} B"
+            )));
+        }
+        if i > 0 && moves[i - 1].src_end() > m.src {
+            return Err(invalid(format!(
+                "wave {w}: move {i} source is not after move {} source (sources must ascend and be disjoint)",
+                i - 1
+            )));
+        }
+    }
+    // Rule 2: destinations pairwise disjoint.
+    let mut by_dst: Vec<usize> = (0..moves.len()).collect();
+    by_dst.sort_unstable_by_key(|&i| moves[i].dst);
+    for pair in by_dst.windows(2) {
+        let (a, b) = (&moves[pair[0]], &moves[pair[1]]);
+        if a.dst_end() > b.dst {
+            return Err(invalid(format!(
+                "wave {w}: destinations of moves {} and {} overlap",
+                pair[0], pair[1]
+            )));
+        }
+    }
+    // Rule 3: the last source a destination touches is its own or an earlier one.
+    for (i, m) in moves.iter().enumerate() {
+        // Sources are sorted and disjoint, so those touching [dst, dst_end)
+        // are a contiguous run ending at the last one starting before dst_end.
+        let last = moves.partition_point(|o| o.src < m.dst_end());
+        if last == 0 {
+            continue;
+        }
+        let last = last - 1;
+        if moves[last].src_end() <= m.dst {
+            continue; // touches no source at all
+        }
+        if last > i {
+            return Err(invalid(format!(
+                "wave {w}: move {i} writes over the source of later move {last} before it is read"
+            )));
+        }
+        if last == i && m.dst > m.src {
+            return Err(invalid(format!(
+                "wave {w}: move {i} overlaps its own source sliding up (dst > src)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mv(src: u64, dst: u64, len: u64) -> Move {
+        Move { key: src, src, dst, len }
+    }
+    fn plan(moves: Vec<Move>) -> Plan {
+        let mut p = Plan::empty(PlanKind::Full);
+        p.waves.push(Wave { moves });
+        p
+    }
+
+    #[test]
+    fn chain_sliding_down_is_one_valid_wave() {
+        // Three adjacent blocks of 100 B each slide down by 10 B.
+        let p = plan(vec![mv(10, 0, 100), mv(110, 100, 100), mv(210, 200, 100)]);
+        assert_eq!(p.validate(1000), Ok(()));
+        assert_eq!(p.bytes_moved(), 300);
+    }
+
+    #[test]
+    fn writing_over_a_later_source_is_rejected() {
+        let p = plan(vec![mv(0, 150, 100), mv(200, 300, 100)]);
+        assert!(matches!(p.validate(1000), Err(Error::InvalidPlan { .. })));
+    }
+
+    #[test]
+    fn overlapping_destinations_are_rejected() {
+        let p = plan(vec![mv(0, 500, 100), mv(200, 550, 100)]);
+        assert!(matches!(p.validate(1000), Err(Error::InvalidPlan { .. })));
+    }
+
+    #[test]
+    fn sliding_up_over_itself_is_rejected() {
+        let p = plan(vec![mv(0, 10, 100)]);
+        assert!(matches!(p.validate(1000), Err(Error::InvalidPlan { .. })));
+    }
+
+    #[test]
+    fn unsorted_and_out_of_bounds_are_rejected() {
+        assert!(plan(vec![mv(200, 0, 10), mv(100, 50, 10)]).validate(1000).is_err());
+        assert!(plan(vec![mv(995, 0, 10)]).validate(1000).is_err());
+        assert!(plan(vec![mv(0, u64::MAX - 5, 10)]).validate(1000).is_err());
+        assert!(plan(vec![mv(0, 10, 0)]).validate(1000).is_err());
+    }
+
+    #[test]
+    fn evacuation_upward_into_free_space_is_valid() {
+        let p = plan(vec![mv(0, 900, 50), mv(100, 800, 50)]);
+        assert_eq!(p.validate(1000), Ok(()));
+    }
+}

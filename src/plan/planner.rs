@@ -1,0 +1,1 @@
+//! Planner (being written).
