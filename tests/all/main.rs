@@ -1,0 +1,1 @@
+//! All integration tests in one binary (one link, one run), a module per topic.
