@@ -7,6 +7,8 @@ pub mod config;
 pub mod error;
 pub mod placement;
 pub mod plan;
+pub mod trace;
+pub mod viz;
 
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use error::{Error, Result};

@@ -1,1 +1,3 @@
 //! All integration tests in one binary (one link, one run), a module per topic.
+mod trace;
+mod gpu;

@@ -1,0 +1,1 @@
+//! Allocation traces (being written).

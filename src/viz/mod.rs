@@ -1,0 +1,1 @@
+//! Pictures (being written).
