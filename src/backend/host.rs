@@ -1,12 +1,169 @@
-//! Host backend (being written).
-use super::Backend;
-use crate::{error::Result, plan::Plan};
-/// Host backend.
-#[derive(Debug)]
-pub struct HostBackend;
+//! Plain host memory, strict enough to catch a wrong plan.
+//!
+//! Every access is bounds-checked. A wave runs as a randomly interleaved
+//! schedule of small chunk loads and stores, where a store waits only for
+//! what the CUDA kernel waits for: the loads of earlier chunks whose sources
+//! its destination covers. A plan that breaks the wave rule therefore
+//! corrupts data here just as it would on the GPU, and the model-based
+//! tests see it. By default plans are also validated up front
+//! ([`HostBackend::with_validation`] turns that off, to watch the corruption).
+
+use super::{check_range, Backend};
+use crate::error::Result;
+use crate::plan::{Plan, Wave};
+
+/// Host-memory backend for tests, docs, CI and the demo's fallback.
+#[derive(Debug, Clone)]
+pub struct HostBackend {
+    mem: Vec<u8>,
+    rng: u64,
+    chunk_bytes: u64,
+    validate: bool,
+}
+
+impl HostBackend {
+    /// A zeroed region of `capacity_bytes`.
+    pub fn new(capacity_bytes: u64) -> Result<Self> {
+        let len = usize::try_from(capacity_bytes).map_err(|_| crate::Error::TooLarge {
+            requested_bytes: capacity_bytes,
+            capacity_bytes: usize::MAX as u64,
+        })?;
+        Ok(Self {
+            mem: vec![0; len],
+            rng: 0x9E37_79B9_7F4A_7C15,
+            chunk_bytes: 64,
+            validate: true,
+        })
+    }
+
+    /// Seeds the schedule shuffler (runs are reproducible per seed).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = seed | 1;
+        self
+    }
+
+    /// Whether [`Backend::execute`] validates plans before running them.
+    pub fn with_validation(mut self, validate: bool) -> Self {
+        self.validate = validate;
+        self
+    }
+
+    /// The region's bytes (for tests).
+    pub fn bytes(&self) -> &[u8] {
+        &self.mem
+    }
+
+    fn next(&mut self) -> u64 {
+        // splitmix64: small, good enough to shuffle a schedule.
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn pick(&mut self, len: usize) -> usize {
+        (self.next() % len as u64) as usize
+    }
+
+    fn run_wave(&mut self, wave: &Wave) -> Result<()> {
+        let cap = self.mem.len() as u64;
+        for m in &wave.moves {
+            check_range(m.src, m.len, cap)?;
+            check_range(m.dst, m.len, cap)?;
+        }
+        let total: u64 = wave.moves.iter().map(|m| m.len).sum();
+        // Keep the schedule at most ~1M chunks for big waves.
+        let chunk = self.chunk_bytes.max(total.div_ceil(1 << 20));
+        // (src, dst, len, staging offset) in wave order.
+        let mut chunks: Vec<(u64, u64, u64, usize)> = Vec::new();
+        let mut staged = 0usize;
+        for m in &wave.moves {
+            let mut done = 0;
+            while done < m.len {
+                let len = chunk.min(m.len - done);
+                chunks.push((m.src + done, m.dst + done, len, staged));
+                staged += len as usize;
+                done += len;
+            }
+        }
+        // A store waits for the loads of the earlier chunks its destination
+        // covers (sources ascend, so they are a contiguous run).
+        let n = chunks.len();
+        let mut pending = vec![0u32; n];
+        let mut waiters: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for i in 0..n {
+            let (_, dst, len, _) = chunks[i];
+            let lo = chunks.partition_point(|c| c.0 + c.2 <= dst);
+            let hi = chunks.partition_point(|c| c.0 < dst + len).min(i);
+            for j in lo..hi {
+                pending[i] += 1;
+                waiters[j].push(i as u32);
+            }
+        }
+        let mut staging = vec![0u8; staged];
+        let mut loaded = vec![false; n];
+        let mut reads: Vec<u32> = (0..n as u32).collect();
+        let mut writes: Vec<u32> = Vec::new();
+        while !reads.is_empty() || !writes.is_empty() {
+            // Store as early as allowed half the time: that is what exposes a
+            // plan whose store overtakes a load it did not wait for.
+            let store = !writes.is_empty() && (reads.is_empty() || self.next() & 1 == 0);
+            if store {
+                let k = self.pick(writes.len());
+                let i = writes.swap_remove(k) as usize;
+                let (_, dst, len, st) = chunks[i];
+                self.mem[dst as usize..(dst + len) as usize]
+                    .copy_from_slice(&staging[st..st + len as usize]);
+            } else {
+                let k = self.pick(reads.len());
+                let j = reads.swap_remove(k) as usize;
+                let (src, _, len, st) = chunks[j];
+                staging[st..st + len as usize]
+                    .copy_from_slice(&self.mem[src as usize..(src + len) as usize]);
+                loaded[j] = true;
+                if pending[j] == 0 {
+                    writes.push(j as u32);
+                }
+                for &w in &waiters[j] {
+                    let w = w as usize;
+                    pending[w] -= 1;
+                    if pending[w] == 0 && loaded[w] {
+                        writes.push(w as u32);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Backend for HostBackend {
-    fn capacity_bytes(&self) -> u64 { 0 }
-    fn write(&mut self, _offset: u64, _bytes: &[u8]) -> Result<()> { Ok(()) }
-    fn read(&mut self, _offset: u64, _out: &mut [u8]) -> Result<()> { Ok(()) }
-    fn execute(&mut self, _plan: &Plan) -> Result<()> { Ok(()) }
+    fn capacity_bytes(&self) -> u64 {
+        self.mem.len() as u64
+    }
+
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        check_range(offset, bytes.len() as u64, self.capacity_bytes())?;
+        let o = offset as usize;
+        self.mem[o..o + bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len() as u64, self.capacity_bytes())?;
+        let o = offset as usize;
+        out.copy_from_slice(&self.mem[o..o + out.len()]);
+        Ok(())
+    }
+
+    fn execute(&mut self, plan: &Plan) -> Result<()> {
+        if self.validate {
+            plan.validate(self.capacity_bytes())?;
+        }
+        for wave in &plan.waves {
+            self.run_wave(wave)?;
+        }
+        Ok(())
+    }
 }

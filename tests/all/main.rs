@@ -1,3 +1,5 @@
 //! All integration tests in one binary (one link, one run), a module per topic.
+mod arena;
+mod model;
 mod trace;
 mod gpu;

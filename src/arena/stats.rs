@@ -1,0 +1,118 @@
+//! Statistics and the human-readable summary.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::plan::PlanKind;
+
+/// A snapshot of the arena's state and history.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Bytes of the region.
+    pub capacity_bytes: u64,
+    /// Bytes reserved by live blocks (sizes rounded to the alignment).
+    pub allocated_bytes: u64,
+    /// Bytes asked for by live blocks.
+    pub requested_bytes: u64,
+    /// Bytes not reserved by any block.
+    pub free_bytes: u64,
+    /// Largest contiguous free region.
+    pub largest_free_bytes: u64,
+    /// `1 - largest_free / free`: 0 when all free space is one region.
+    pub fragmentation: f64,
+    /// Live blocks.
+    pub live_blocks: usize,
+    /// Free regions.
+    pub free_regions: usize,
+    /// Live blocks with at least one pin.
+    pub pinned_blocks: usize,
+    /// Highest `allocated_bytes` seen.
+    pub peak_allocated_bytes: u64,
+    /// Successful allocations.
+    pub allocs: u64,
+    /// Frees.
+    pub frees: u64,
+    /// Allocations that failed (out of memory).
+    pub failed_allocs: u64,
+    /// Targeted compactions run (made room for one request).
+    pub targeted_compactions: u64,
+    /// Full compactions run.
+    pub full_compactions: u64,
+    /// Blocks moved, over all compactions.
+    pub moves: u64,
+    /// Bytes copied, over all compactions.
+    pub bytes_moved: u64,
+    /// Host time spent planning compactions.
+    pub planning_time: Duration,
+    /// Host time spent in compaction: planning plus executing (on the CUDA
+    /// backend, executing means enqueueing: the copies run asynchronously).
+    pub compaction_time: Duration,
+}
+
+/// What one compaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionReport {
+    /// Targeted or full.
+    pub kind: PlanKind,
+    /// Blocks moved.
+    pub moves: usize,
+    /// Waves (kernel launches on the CUDA backend).
+    pub waves: usize,
+    /// Bytes copied.
+    pub bytes_moved: u64,
+    /// Host time planning.
+    pub planning: Duration,
+    /// Host time executing (enqueueing, on the CUDA backend).
+    pub execution: Duration,
+}
+
+/// Formats bytes with a binary unit.
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+impl Stats {
+    /// A table in the spirit of `torch.cuda.memory_summary()`.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let line = "|-------------------------------+--------------------|";
+        let row = |s: &mut String, k: &str, v: String| {
+            let _ = writeln!(s, "| {k:<29} | {v:>18} |");
+        };
+        let _ = writeln!(s, "{line}");
+        let _ = writeln!(s, "| {:<29} | {:>18} |", "cuarena memory summary", "");
+        let _ = writeln!(s, "{line}");
+        row(&mut s, "capacity", fmt_bytes(self.capacity_bytes));
+        row(&mut s, "allocated (reserved)", fmt_bytes(self.allocated_bytes));
+        row(&mut s, "requested by live blocks", fmt_bytes(self.requested_bytes));
+        row(&mut s, "peak allocated", fmt_bytes(self.peak_allocated_bytes));
+        row(&mut s, "free", fmt_bytes(self.free_bytes));
+        row(&mut s, "largest free hole", fmt_bytes(self.largest_free_bytes));
+        row(&mut s, "fragmentation", format!("{:.1} %", 100.0 * self.fragmentation));
+        let _ = writeln!(s, "{line}");
+        row(&mut s, "live blocks", self.live_blocks.to_string());
+        row(&mut s, "pinned blocks", self.pinned_blocks.to_string());
+        row(&mut s, "free regions", self.free_regions.to_string());
+        row(&mut s, "allocs / frees", format!("{} / {}", self.allocs, self.frees));
+        row(&mut s, "failed allocs", self.failed_allocs.to_string());
+        let _ = writeln!(s, "{line}");
+        row(&mut s, "compactions (targeted/full)", format!("{} / {}", self.targeted_compactions, self.full_compactions));
+        row(&mut s, "blocks moved", self.moves.to_string());
+        row(&mut s, "bytes moved", fmt_bytes(self.bytes_moved));
+        row(&mut s, "planning time", format!("{:.3} ms", self.planning_time.as_secs_f64() * 1e3));
+        row(&mut s, "compaction time", format!("{:.3} ms", self.compaction_time.as_secs_f64() * 1e3));
+        let _ = writeln!(s, "{line}");
+        s
+    }
+}

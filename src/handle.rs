@@ -1,0 +1,84 @@
+//! Handles: the only way a user names a tensor.
+//!
+//! A [`Handle`] is a generational slot key plus the id of the arena that
+//! issued it. It never caches an offset: the offset lives in one place, the
+//! arena's placement index, and changes when compaction moves the block.
+//! A freed handle, a handle whose slot was reused, and a handle from another
+//! arena are all detected and rejected.
+
+use std::any::TypeId;
+
+slotmap::new_key_type! {
+    /// Slot key of a block in its arena's table (generational).
+    pub struct BlockKey;
+}
+
+/// A tensor in an arena. Cheap to copy; meaningless to any other arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle {
+    pub(crate) key: BlockKey,
+    pub(crate) arena: u32,
+}
+
+impl Handle {
+    /// The slot key as a `u64` (slot index and generation), for passing a
+    /// handle through FFI or into a kernel. See [`Handle::from_bits`].
+    pub fn to_bits(self) -> u64 {
+        slotmap::Key::data(&self.key).as_ffi()
+    }
+
+    /// Rebuilds a handle of arena `arena_id` from [`Handle::to_bits`]. A
+    /// forged or stale value is rejected by the arena when used.
+    pub fn from_bits(bits: u64, arena_id: u32) -> Self {
+        Self {
+            key: slotmap::KeyData::from_ffi(bits).into(),
+            arena: arena_id,
+        }
+    }
+
+    /// Id of the arena that issued the handle.
+    pub fn arena_id(self) -> u32 {
+        self.arena
+    }
+}
+
+/// The element type a block was allocated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElemType {
+    /// Rust type name.
+    pub name: &'static str,
+    /// Bytes per element.
+    pub size_bytes: usize,
+    pub(crate) id: TypeId,
+}
+
+impl ElemType {
+    /// The element type of `T`.
+    pub fn of<T: 'static>() -> Self {
+        Self {
+            name: std::any::type_name::<T>(),
+            size_bytes: std::mem::size_of::<T>(),
+            id: TypeId::of::<T>(),
+        }
+    }
+}
+
+/// What the arena knows about a live block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// The block's handle.
+    pub handle: Handle,
+    /// Current offset in the region: valid until the next compaction
+    /// unless the block is pinned.
+    pub offset: u64,
+    /// Bytes asked for.
+    pub size_bytes: u64,
+    /// Bytes reserved (the size rounded up to the arena's alignment).
+    pub reserved_bytes: u64,
+    /// Alignment of the offset.
+    pub align_bytes: u64,
+    /// Element type for typed allocations.
+    pub elem: Option<ElemType>,
+    /// Outstanding pins.
+    pub pins: u32,
+}

@@ -1,0 +1,373 @@
+//! Model-based tests: random programs of alloc / aligned alloc / free /
+//! write / pin / unpin / compact / alloc-that-forces-compaction / bad input,
+//! run against a naive model and checked after every step: no two live
+//! blocks overlap, all in bounds and aligned, every live block holds exactly
+//! the bytes last written, the stats equal the model's, errors leave the
+//! arena unchanged, and an allocation fails only when it truly cannot fit.
+//!
+//! The same driver runs on every backend; `tests/all/gpu.rs` runs it on CUDA.
+
+use cuarena::backend::Backend;
+use cuarena::{Arena, ArenaConfig, Error, Handle};
+use proptest::prelude::*;
+
+/// One step of a program. Indices pick a live block modulo the live count.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    Alloc { size: u64, align_log2: u8 },
+    /// Asks for a fraction (1..=255 / 255) of the free bytes: usually more
+    /// than the largest hole, so it forces a compaction.
+    AllocFree { frac: u8 },
+    Free { idx: usize },
+    Write { idx: usize, seed: u8 },
+    Pin { idx: usize },
+    Unpin { idx: usize },
+    Compact,
+    /// Bad input: each must fail with its own error and change nothing.
+    ZeroAlloc,
+    BadAlign,
+    TooLarge,
+    DoubleFree,
+    ForeignHandle,
+    WrongLengthRead { idx: usize },
+}
+
+struct ModelBlock {
+    handle: Handle,
+    size: u64,
+    align: u64,
+    data: Vec<u8>,
+    pins: u32,
+}
+
+pub(crate) struct Model<'a, B: Backend> {
+    arena: &'a mut Arena<B>,
+    foreign: Arena,
+    blocks: Vec<ModelBlock>,
+    freed: Vec<Handle>,
+    granule: u64,
+    /// Read back every block after every step (host), or only after moves (GPU).
+    verify_every_step: bool,
+    last_moves: u64,
+}
+
+fn pattern(seed: u64, len: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+impl<'a, B: Backend> Model<'a, B> {
+    pub(crate) fn new(arena: &'a mut Arena<B>, verify_every_step: bool) -> Self {
+        let granule = arena.config().alignment_bytes;
+        Self {
+            arena,
+            foreign: Arena::host(ArenaConfig::new(4096)).expect("foreign arena"),
+            blocks: Vec::new(),
+            freed: Vec::new(),
+            granule,
+            verify_every_step,
+            last_moves: 0,
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(u64, u64, u32)> {
+        self.arena.blocks().iter().map(|b| (b.offset, b.size_bytes, b.pins)).collect()
+    }
+
+    /// Runs `op`, then checks every invariant.
+    pub(crate) fn step(&mut self, op: &Op, step: usize) {
+        let cap = self.arena.config().capacity_bytes;
+        let n = self.blocks.len();
+        let before = self.snapshot();
+        let stats_before = self.arena.stats();
+        let expect_unchanged = |m: &Self, what: &str| {
+            assert_eq!(m.snapshot(), before, "step {step}: {what} changed the arena");
+        };
+        match *op {
+            Op::Alloc { size, align_log2 } => {
+                let align = if align_log2 == 0 { 0 } else { 1u64 << align_log2 };
+                self.alloc(size, align, step, &before, &stats_before);
+            }
+            Op::AllocFree { frac } => {
+                let free = stats_before.free_bytes;
+                let size = (free as u128 * frac as u128 / 255) as u64;
+                if size > 0 {
+                    self.alloc(size, 0, step, &before, &stats_before);
+                }
+            }
+            Op::Free { idx } if n > 0 => {
+                let i = idx % n;
+                let r = self.arena.free(self.blocks[i].handle);
+                if self.blocks[i].pins > 0 {
+                    assert!(matches!(r, Err(Error::Pinned { .. })), "step {step}: freed a pinned block");
+                    expect_unchanged(self, "freeing a pinned block");
+                } else {
+                    r.expect("free");
+                    let b = self.blocks.swap_remove(i);
+                    self.freed.push(b.handle);
+                }
+            }
+            Op::Write { idx, seed } if n > 0 => {
+                let i = idx % n;
+                let data = pattern(step as u64 * 256 + seed as u64, self.blocks[i].size);
+                self.arena.write(self.blocks[i].handle, &data).expect("write");
+                self.blocks[i].data = data;
+            }
+            Op::Pin { idx } if n > 0 => {
+                let i = idx % n;
+                let pins = self.arena.pin(self.blocks[i].handle).expect("pin");
+                self.blocks[i].pins += 1;
+                assert_eq!(pins, self.blocks[i].pins);
+            }
+            Op::Unpin { idx } if n > 0 => {
+                let i = idx % n;
+                let r = self.arena.unpin(self.blocks[i].handle);
+                if self.blocks[i].pins == 0 {
+                    assert_eq!(r, Err(Error::NotPinned));
+                    expect_unchanged(self, "unpinning an unpinned block");
+                } else {
+                    self.blocks[i].pins -= 1;
+                    assert_eq!(r, Ok(self.blocks[i].pins));
+                }
+            }
+            Op::Compact => {
+                let pinned: Vec<(u64, u64)> = before.iter().filter(|b| b.2 > 0).map(|b| (b.0, b.1)).collect();
+                self.arena.compact().expect("compact");
+                let after = self.arena.stats();
+                // Pinned blocks never move.
+                let now: Vec<(u64, u64)> =
+                    self.snapshot().iter().filter(|b| b.2 > 0).map(|b| (b.0, b.1)).collect();
+                assert_eq!(now, pinned, "step {step}: a pinned block moved");
+                if pinned.is_empty() && self.blocks.iter().all(|b| b.align <= self.granule) {
+                    assert!(after.free_regions <= 1, "step {step}: full compaction left {} holes", after.free_regions);
+                }
+            }
+            Op::ZeroAlloc => {
+                assert_eq!(self.arena.alloc(0), Err(Error::ZeroSize));
+                expect_unchanged(self, "zero alloc");
+            }
+            Op::BadAlign => {
+                let r = self.arena.alloc_aligned(64, 3 * self.granule);
+                assert!(matches!(r, Err(Error::InvalidAlignment { .. })), "{r:?}");
+                expect_unchanged(self, "bad alignment");
+            }
+            Op::TooLarge => {
+                assert!(matches!(self.arena.alloc(cap + 1), Err(Error::TooLarge { .. })));
+                let r = self.arena.alloc(u64::MAX);
+                if self.granule > 1 {
+                    assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{r:?}");
+                } else {
+                    assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
+                }
+                expect_unchanged(self, "too-large alloc");
+            }
+            Op::DoubleFree => {
+                if let Some(&h) = self.freed.last() {
+                    assert_eq!(self.arena.free(h), Err(Error::StaleHandle));
+                    assert_eq!(self.arena.read::<u8>(h).err(), Some(Error::StaleHandle));
+                    expect_unchanged(self, "double free");
+                }
+            }
+            Op::ForeignHandle => {
+                let h = self.foreign.alloc(16).expect("foreign alloc");
+                assert!(matches!(self.arena.free(h), Err(Error::ForeignHandle { .. })));
+                assert!(matches!(self.arena.pin(h), Err(Error::ForeignHandle { .. })));
+                self.foreign.free(h).expect("foreign free");
+                expect_unchanged(self, "foreign handle");
+            }
+            Op::WrongLengthRead { idx } if n > 0 => {
+                let b = &self.blocks[idx % n];
+                let mut out = vec![0u8; b.size as usize + 1];
+                assert!(matches!(self.arena.read_into(b.handle, &mut out), Err(Error::LengthMismatch { .. })));
+                let short = vec![0u8; b.size as usize - 1];
+                assert!(matches!(self.arena.write(b.handle, &short), Err(Error::LengthMismatch { .. })));
+                expect_unchanged(self, "wrong-length transfer");
+            }
+            _ => {}
+        }
+        self.check(step);
+    }
+
+    fn alloc(&mut self, size: u64, align: u64, step: usize, before: &[(u64, u64, u32)], st: &cuarena::Stats) {
+        let r = if align == 0 { self.arena.alloc(size) } else { self.arena.alloc_aligned(size, align) };
+        let reserved = size.div_ceil(self.granule) * self.granule;
+        match r {
+            Ok(handle) => {
+                let data = pattern(step as u64, size);
+                self.arena.write(handle, &data).expect("write new block");
+                let align = align.max(self.granule);
+                self.blocks.push(ModelBlock { handle, size, align, data, pins: 0 });
+            }
+            Err(Error::OutOfMemory { requested_bytes, free_bytes, reachable_bytes, .. }) => {
+                assert_eq!(requested_bytes, reserved);
+                assert_eq!(free_bytes, st.free_bytes);
+                // The guarantee: with no pins (and default alignment) a
+                // request fails only if it exceeds the free bytes.
+                let plain = st.pinned_blocks == 0
+                    && align <= self.granule
+                    && self.blocks.iter().all(|b| b.align <= self.granule);
+                if plain {
+                    assert!(reserved > st.free_bytes, "step {step}: {reserved} B failed with {} B free", st.free_bytes);
+                }
+                assert!(reachable_bytes < reserved, "step {step}: failed although compaction reaches {reachable_bytes} B");
+                assert_eq!(self.snapshot(), before, "step {step}: failed alloc changed the arena");
+            }
+            Err(e) => panic!("step {step}: unexpected error {e}"),
+        }
+    }
+
+    /// Every invariant, against the model.
+    pub(crate) fn check(&mut self, step: usize) {
+        let cap = self.arena.config().capacity_bytes;
+        let infos = self.arena.blocks();
+        assert_eq!(infos.len(), self.blocks.len(), "step {step}: live count");
+        let mut end = 0;
+        for b in &infos {
+            assert!(b.offset >= end, "step {step}: blocks overlap at {}", b.offset);
+            assert_eq!(b.offset % b.align_bytes, 0, "step {step}: misaligned block");
+            end = b.offset + b.reserved_bytes;
+            assert!(end <= cap, "step {step}: block out of bounds");
+        }
+        let st = self.arena.stats();
+        let reserved: u64 = infos.iter().map(|b| b.reserved_bytes).sum();
+        assert_eq!(st.allocated_bytes, reserved);
+        assert_eq!(st.free_bytes, cap - reserved);
+        assert_eq!(st.requested_bytes, self.blocks.iter().map(|b| b.size).sum::<u64>());
+        assert_eq!(st.live_blocks, self.blocks.len());
+        assert_eq!(st.pinned_blocks, self.blocks.iter().filter(|b| b.pins > 0).count());
+        let free: u64 = self.arena.free_regions().iter().map(|r| r.1).sum();
+        assert_eq!(free, st.free_bytes);
+        assert!(st.largest_free_bytes <= st.free_bytes);
+        let moved = st.moves != self.last_moves;
+        self.last_moves = st.moves;
+        if self.verify_every_step || moved {
+            self.verify_bytes(step);
+        }
+    }
+
+    /// Reads every live block back and compares it with the model.
+    pub(crate) fn verify_bytes(&mut self, step: usize) {
+        if !self.arena.backend().stores_bytes() {
+            return;
+        }
+        for b in &self.blocks {
+            let got: Vec<u8> = self.arena.read(b.handle).expect("read");
+            assert!(got == b.data, "step {step}: block of {} B lost its bytes", b.size);
+        }
+    }
+}
+
+/// A weighted random op over a small arena.
+fn gen_op(r: &mut u64, cap: u64) -> Op {
+    let mut next = || {
+        *r ^= *r << 13;
+        *r ^= *r >> 7;
+        *r ^= *r << 17;
+        *r
+    };
+    let k = next() % 100;
+    let idx = next() as usize;
+    match k {
+        0..=34 => {
+            // Log-uniform sizes from 1 B to cap/8.
+            let max_log = 64 - (cap / 8).leading_zeros() as u64;
+            let size = 1 + next() % (1u64 << (next() % max_log.max(1)));
+            let align_log2 = if next() % 5 == 0 { 9 + (next() % 4) as u8 } else { 0 };
+            Op::Alloc { size, align_log2 }
+        }
+        35..=39 => Op::AllocFree { frac: (next() % 255 + 1) as u8 },
+        40..=69 => Op::Free { idx },
+        70..=77 => Op::Write { idx, seed: next() as u8 },
+        78..=81 => Op::Pin { idx },
+        82..=86 => Op::Unpin { idx },
+        87..=89 => Op::Compact,
+        90 => Op::ZeroAlloc,
+        91 => Op::BadAlign,
+        92 => Op::TooLarge,
+        93..=95 => Op::DoubleFree,
+        96 => Op::ForeignHandle,
+        _ => Op::WrongLengthRead { idx },
+    }
+}
+
+/// Runs a seeded random program of `steps` ops on `arena`, checking after
+/// each step (bytes after every step that moved something). Panics on any
+/// mismatch. Used by the GPU suite.
+#[allow(dead_code)]
+pub(crate) fn run_random_program<B: Backend>(arena: &mut Arena<B>, seed: u64, steps: usize) {
+    let cap = arena.config().capacity_bytes;
+    let mut model = Model::new(arena, false);
+    let mut r = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    for step in 0..steps {
+        let op = gen_op(&mut r, cap);
+        model.step(&op, step);
+    }
+    model.verify_bytes(steps);
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        30 => (1u64..16_384, prop_oneof![4 => Just(0u8), 1 => 9u8..13]).prop_map(|(size, align_log2)| Op::Alloc { size, align_log2 }),
+        5 => (1u8..=255).prop_map(|frac| Op::AllocFree { frac }),
+        30 => any::<usize>().prop_map(|idx| Op::Free { idx }),
+        8 => (any::<usize>(), any::<u8>()).prop_map(|(idx, seed)| Op::Write { idx, seed }),
+        4 => any::<usize>().prop_map(|idx| Op::Pin { idx }),
+        5 => any::<usize>().prop_map(|idx| Op::Unpin { idx }),
+        3 => Just(Op::Compact),
+        1 => Just(Op::ZeroAlloc),
+        1 => Just(Op::BadAlign),
+        1 => Just(Op::TooLarge),
+        2 => Just(Op::DoubleFree),
+        1 => Just(Op::ForeignHandle),
+        1 => any::<usize>().prop_map(|idx| Op::WrongLengthRead { idx }),
+    ]
+}
+
+fn cases() -> u32 {
+    std::env::var("CUARENA_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    /// Hundreds of programs of hundreds of steps on the strict host backend.
+    #[test]
+    fn host_programs_match_the_model(ops in prop::collection::vec(op_strategy(), 1..300), seed in any::<u64>(), align_log2 in 0u32..9) {
+        let align = 1u64 << align_log2; // arena alignments from 1 B to 256 B
+        let cap = 256 * 1024;
+        let backend = cuarena::backend::HostBackend::new(cap).expect("backend").with_seed(seed);
+        let mut arena = Arena::with_backend(ArenaConfig::new(cap).with_alignment_bytes(align), backend).expect("arena");
+        let mut model = Model::new(&mut arena, true);
+        for (step, op) in ops.iter().enumerate() {
+            model.step(op, step);
+        }
+    }
+}
+
+#[test]
+fn seeded_programs_on_the_host_backend() {
+    let (mut targeted, mut full) = (0, 0);
+    for seed in 0..50 {
+        let mut arena = Arena::host(ArenaConfig::new(1 << 20)).expect("arena");
+        run_random_program(&mut arena, seed, 400);
+        targeted += arena.stats().targeted_compactions;
+        full += arena.stats().full_compactions;
+    }
+    // The programs must exercise both planners, or they prove little.
+    assert!(targeted > 20 && full > 20, "targeted {targeted}, full {full}");
+}
+
+#[test]
+fn seeded_programs_on_the_metadata_backend() {
+    for seed in 0..50 {
+        let mut arena = Arena::metadata(ArenaConfig::new(1 << 20)).expect("arena");
+        run_random_program(&mut arena, seed, 400);
+    }
+}
