@@ -9,6 +9,7 @@ pub mod error;
 mod handle;
 pub mod placement;
 pub mod plan;
+pub mod scenario;
 pub mod trace;
 pub mod viz;
 
