@@ -1,4 +1,4 @@
-//! cuarena: a compacting GPU tensor arena with handle indirection.
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 

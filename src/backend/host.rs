@@ -96,9 +96,9 @@ impl HostBackend {
             let (_, dst, len, _) = chunks[i];
             let lo = chunks.partition_point(|c| c.0 + c.2 <= dst);
             let hi = chunks.partition_point(|c| c.0 < dst + len).min(i);
-            for j in lo..hi {
+            for w in waiters.iter_mut().take(hi).skip(lo) {
                 pending[i] += 1;
-                waiters[j].push(i as u32);
+                w.push(i as u32);
             }
         }
         let mut staging = vec![0u8; staged];
