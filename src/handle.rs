@@ -82,3 +82,20 @@ pub struct BlockInfo {
     /// Outstanding pins.
     pub pins: u32,
 }
+
+/// One slot of the handle table that kernels read to resolve handles on the
+/// device (`kernels/cuarena.cuh`): the block's current offset in the region
+/// and the slot's version. A handle's bits are `version << 32 | slot`, so a
+/// kernel resolves `base + table[bits as u32].offset`, and the checked
+/// variant compares `table[..].version` with `bits >> 32`. Live versions are
+/// odd; a free slot has version 0, so a stale handle never matches.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TableEntry {
+    /// Offset of the block in the region.
+    pub offset: u64,
+    /// Version of the live handle in this slot; 0 when the slot is free.
+    pub version: u32,
+    /// Bytes of the block, saturated to `u32::MAX` (for checked resolves).
+    pub len: u32,
+}

@@ -16,4 +16,4 @@ pub mod viz;
 pub use arena::{fmt_bytes, Arena, CompactionReport, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use error::{Error, Result};
-pub use handle::{BlockInfo, ElemType, Handle};
+pub use handle::{BlockInfo, ElemType, Handle, TableEntry};

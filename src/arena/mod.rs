@@ -23,7 +23,7 @@ pub use stats::{fmt_bytes, CompactionReport, Stats};
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy, MAX_ALIGN};
 use crate::error::{Error, Result};
-use crate::handle::{BlockInfo, BlockKey, ElemType, Handle};
+use crate::handle::{BlockInfo, BlockKey, ElemType, Handle, TableEntry};
 use crate::placement::{FreeIndex, NodeId};
 use crate::plan::planner::{self, LiveBlock, Request};
 use crate::plan::{Plan, PlanKind};
@@ -77,6 +77,10 @@ pub struct Arena<B: Backend = HostBackend> {
     owners: Vec<BlockKey>,
     counters: Counters,
     poisoned: Option<String>,
+    /// Slot -> (offset, version): what kernels read to resolve handles.
+    table: Vec<TableEntry>,
+    /// Slots changed since the backend's copy was last synced.
+    dirty: Option<(usize, usize)>,
     // Reused between compactions.
     live: Vec<LiveBlock>,
     layout: Vec<(u64, u64, BlockKey)>,
@@ -123,6 +127,8 @@ impl<B: Backend> Arena<B> {
             owners: Vec::new(),
             counters: Counters::default(),
             poisoned: None,
+            table: Vec::new(),
+            dirty: None,
             live: Vec::new(),
             layout: Vec::new(),
             spans: Vec::new(),
@@ -246,12 +252,55 @@ impl<B: Backend> Arena<B> {
             scratch: 0,
         });
         self.set_owner(node, key);
+        self.set_entry(key, Some((self.index.offset(node), bytes)));
         let c = &mut self.counters;
         c.allocs += 1;
         c.requested_bytes += bytes;
         let allocated = self.config.capacity_bytes - self.index.free_bytes();
         c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
         Ok(Handle { key, arena: self.id })
+    }
+
+    /// Records a slot's new state: `Some((offset, bytes))` live, `None` freed.
+    fn set_entry(&mut self, key: BlockKey, live: Option<(u64, u64)>) {
+        let bits = key.data().as_ffi();
+        let slot = (bits & 0xFFFF_FFFF) as usize;
+        if self.table.len() <= slot {
+            self.table.resize(slot + 1, TableEntry::default());
+        }
+        self.table[slot] = match live {
+            Some((offset, bytes)) => TableEntry {
+                offset,
+                version: (bits >> 32) as u32,
+                len: u32::try_from(bytes).unwrap_or(u32::MAX),
+            },
+            None => TableEntry::default(),
+        };
+        self.dirty = Some(match self.dirty {
+            Some((lo, hi)) => (lo.min(slot), hi.max(slot + 1)),
+            None => (slot, slot + 1),
+        });
+    }
+
+    /// The handle table (slot -> offset, version) as the arena sees it now.
+    /// Kernels see the backend's copy, which matches it after every
+    /// compaction and after [`flush_table`](Arena::flush_table).
+    pub fn handle_table(&self) -> &[TableEntry] {
+        &self.table
+    }
+
+    /// Sends the table's changed slots to the backend (on the CUDA backend:
+    /// enqueued on the arena stream). Call before launching kernels that
+    /// resolve handles allocated since the last compaction.
+    pub fn flush_table(&mut self) -> Result<()> {
+        self.check_usable()?;
+        if let Some((lo, hi)) = self.dirty.take() {
+            if let Err(e) = self.backend.sync_table(&self.table[lo..hi], lo) {
+                self.dirty = Some((lo, hi));
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     fn set_owner(&mut self, node: NodeId, key: BlockKey) {
@@ -312,6 +361,7 @@ impl<B: Backend> Arena<B> {
         let (node, size) = (b.node, b.size);
         self.index.free(node);
         self.blocks.remove(h.key);
+        self.set_entry(h.key, None);
         self.counters.frees += 1;
         self.counters.requested_bytes -= size;
         Ok(())
@@ -564,6 +614,8 @@ impl<B: Backend> Arena<B> {
             let key = BlockKey::from(KeyData::from_ffi(m.key));
             if let Some(b) = self.blocks.get(key) {
                 self.layout[b.scratch as usize].0 = m.dst;
+                let size = b.size;
+                self.set_entry(key, Some((m.dst, size)));
             }
         }
         if !self.layout.windows(2).all(|w| w[0].0 <= w[1].0) {
@@ -578,6 +630,11 @@ impl<B: Backend> Arena<B> {
                 b.node = node;
             }
             self.set_owner(node, key);
+        }
+        // The table's new offsets follow the moves in stream order.
+        if let Err(e) = self.flush_table() {
+            self.poisoned = Some(format!("handle table update failed after a compaction: {e}"));
+            return Err(e);
         }
         let c = &mut self.counters;
         match plan.kind {

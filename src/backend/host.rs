@@ -10,6 +10,7 @@
 
 use super::{check_range, Backend};
 use crate::error::Result;
+use crate::handle::TableEntry;
 use crate::plan::{Plan, Wave};
 
 /// Host-memory backend for tests, docs, CI and the demo's fallback.
@@ -19,6 +20,7 @@ pub struct HostBackend {
     rng: u64,
     chunk_bytes: u64,
     validate: bool,
+    table: Vec<TableEntry>,
 }
 
 impl HostBackend {
@@ -33,6 +35,7 @@ impl HostBackend {
             rng: 0x9E37_79B9_7F4A_7C15,
             chunk_bytes: 64,
             validate: true,
+            table: Vec::new(),
         })
     }
 
@@ -46,6 +49,11 @@ impl HostBackend {
     pub fn with_validation(mut self, validate: bool) -> Self {
         self.validate = validate;
         self
+    }
+
+    /// The backend's copy of the handle table (what a kernel would see).
+    pub fn table(&self) -> &[TableEntry] {
+        &self.table
     }
 
     /// The region's bytes (for tests).
@@ -164,6 +172,15 @@ impl Backend for HostBackend {
         for wave in &plan.waves {
             self.run_wave(wave)?;
         }
+        Ok(())
+    }
+
+    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
+        let end = first + entries.len();
+        if self.table.len() < end {
+            self.table.resize(end, TableEntry::default());
+        }
+        self.table[first..end].copy_from_slice(entries);
         Ok(())
     }
 }

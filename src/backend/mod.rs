@@ -20,6 +20,7 @@ pub use host::HostBackend;
 pub use meta::MetaBackend;
 
 use crate::error::{Error, Result};
+use crate::handle::TableEntry;
 use crate::plan::Plan;
 
 /// Storage for one arena's region.
@@ -45,6 +46,16 @@ pub trait Backend {
     /// [`crate::plan`]. On error the caller must assume any subset of the
     /// moves happened.
     fn execute(&mut self, plan: &Plan) -> Result<()>;
+
+    /// Receives the handle table's entries `first..first + entries.len()`
+    /// after they changed: always after a compaction's moves (in the same
+    /// stream order), and when [`crate::Arena::flush_table`] is called.
+    /// Backends whose kernels resolve handles on the device keep a copy;
+    /// the default ignores it.
+    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
+        let _ = (entries, first);
+        Ok(())
+    }
 }
 
 /// Checks `offset..offset+len` against a region of `capacity_bytes`.

@@ -285,3 +285,41 @@ fn the_demo_scenario_holds_on_the_host_backend() {
     assert!(r.bytes_moved() > 0);
     assert!(r.verified.0 > 1);
 }
+
+/// The host backend keeps the same handle table a kernel would read: after
+/// every compaction (and after `flush_table`) it equals the arena's.
+#[test]
+fn the_backend_table_follows_compactions() {
+    for seed in 0..20u64 {
+        let cap = 256 * KIB;
+        let backend = HostBackend::new(cap).expect("backend").with_seed(seed);
+        let mut a = Arena::with_backend(ArenaConfig::new(cap), backend).expect("arena");
+        let mut live = Vec::new();
+        let mut x = seed * 7919 + 1;
+        for _ in 0..400 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let size = 256 + (x >> 33) % (8 * KIB);
+            if (x >> 20) % 3 == 0 && !live.is_empty() {
+                let h = live.swap_remove(((x >> 40) as usize) % live.len());
+                a.free(h).expect("free");
+            } else if let Ok(h) = a.alloc(size) {
+                live.push(h);
+            }
+            let before = a.stats().moves;
+            if (x >> 50) % 17 == 0 {
+                a.compact().expect("compact");
+            }
+            if a.stats().moves != before {
+                // Right after a compaction the device copy is current.
+                assert_eq!(a.backend().table(), &a.handle_table()[..a.backend().table().len()]);
+            }
+        }
+        a.flush_table().expect("flush");
+        assert_eq!(a.backend().table(), a.handle_table());
+        for h in &live {
+            let e = a.backend().table()[(h.to_bits() & 0xFFFF_FFFF) as usize];
+            assert_eq!(e.offset, a.info(*h).expect("info").offset);
+            assert_eq!(u64::from(e.version), h.to_bits() >> 32);
+        }
+    }
+}

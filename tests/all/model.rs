@@ -245,6 +245,18 @@ impl<'a, B: Backend> Model<'a, B> {
         let free: u64 = self.arena.free_regions().iter().map(|r| r.1).sum();
         assert_eq!(free, st.free_bytes);
         assert!(st.largest_free_bytes <= st.free_bytes);
+        // The handle table names every live block at its offset; freed
+        // handles' slots never match their version.
+        let table = self.arena.handle_table();
+        for b in &infos {
+            let bits = b.handle.to_bits();
+            let e = table[(bits & 0xFFFF_FFFF) as usize];
+            assert_eq!((e.offset, u64::from(e.version)), (b.offset, bits >> 32), "step {step}: table entry");
+        }
+        for h in &self.freed {
+            let bits = h.to_bits();
+            assert_ne!(u64::from(table[(bits & 0xFFFF_FFFF) as usize].version), bits >> 32, "step {step}: stale entry");
+        }
         let moved = st.moves != self.last_moves;
         self.last_moves = st.moves;
         if self.verify_every_step || moved {
