@@ -35,7 +35,7 @@ fn run() -> cuarena::Result<()> {
                 let mut ours = Arena::cuda(ArenaConfig::new(cap), 0)?;
                 let mut base = Arena::cuda(ArenaConfig::new(cap), 0)?;
                 println!("backend: CUDA ({}), two arenas of {} each", ours.backend().device_name(), fmt_bytes(cap));
-                return finish(&mut ours, &mut base, 256 << 10, started);
+                return finish(&mut ours, &mut base, started);
             }
             Err(reason) => println!("no CUDA GPU ({reason}): running on the host backend at a smaller size"),
         }
@@ -44,18 +44,17 @@ fn run() -> cuarena::Result<()> {
     let mut ours = Arena::host(ArenaConfig::new(cap))?;
     let mut base = Arena::host(ArenaConfig::new(cap))?;
     println!("backend: host memory, two arenas of {} each", fmt_bytes(cap));
-    finish(&mut ours, &mut base, 4 << 10, started)
+    finish(&mut ours, &mut base, started)
 }
 
 fn finish<B: Backend, C: Backend>(
     ours: &mut Arena<B>,
     base: &mut Arena<C>,
-    unit: u64,
     started: Instant,
 ) -> cuarena::Result<()> {
     let steps = 300;
-    println!("running {steps} steps (batch sizes 8..128, 6 activations a step, a long-lived cache tensor every 3rd step)...");
-    let r = scenario::run(ours, base, unit, steps, &mut |line| println!("{line}"))?;
+    println!("running {steps} steps (batch sizes 8..128, 6 activations a step, long-lived cache tensors expiring at random)...");
+    let r = scenario::run(ours, base, steps, &mut |line| println!("{line}"))?;
     print_report(&r);
     let svg = memory_map_svg(&[
         MemoryMap {

@@ -67,19 +67,22 @@ fn map_of(arena: &Arena<impl Backend>) -> Vec<(u64, u64, bool)> {
 }
 
 /// Runs the scenario on `arena` (compacting) and `baseline` (the same
-/// capacity, compaction off). `unit` scales tensor sizes: the activation of
-/// one sample of one layer. Prints a progress line through `progress`.
+/// capacity, compaction off). Tensor sizes scale with the capacity: at the
+/// largest batch a step's activations take about 1/8 of it, and the
+/// long-lived tensors about 2/5 on average. Prints progress through
+/// `progress` every couple of seconds.
 pub fn run<B: Backend, C: Backend>(
     arena: &mut Arena<B>,
     baseline: &mut Arena<C>,
-    unit: u64,
     steps: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ScenarioReport> {
     const BATCHES: [u64; 7] = [8, 16, 32, 48, 64, 96, 128];
     const LAYERS: u64 = 6;
+    const KEEP: usize = 24;
     baseline.set_compaction(CompactionPolicy::Manual);
-    let unit = unit.max(8) & !7;
+    // Activation bytes of one sample of one layer.
+    let unit = (arena.config().capacity_bytes / (128 * 12 * 8)).max(8) & !7;
     let mut rng = 0x5EED_u64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -103,10 +106,10 @@ pub fn run<B: Backend, C: Backend>(
             let b = baseline_alloc(baseline, bytes, step, &mut baseline_result, &mut baseline_failed_at);
             acts.push((h, b));
         }
-        // Every third step something long-lived stays: a cache block sized
-        // by this step's batch, allocated between the activations.
-        if step % 3 == 0 {
-            let bytes = batch * unit * 2;
+        // Every step something long-lived stays: a cache block sized by
+        // this step's batch, allocated between the activations.
+        {
+            let bytes = batch * unit * 4;
             let seed = next();
             let h = arena.alloc(bytes)?;
             fill(arena, h, seed, bytes)?;
@@ -114,7 +117,7 @@ pub fn run<B: Backend, C: Backend>(
             keep.push((h, b, seed, bytes));
         }
         // Old cache entries expire in random order, leaving holes.
-        if keep.len() > 12 {
+        if keep.len() > KEEP {
             let i = (next() % keep.len() as u64) as usize;
             let (h, b, _, _) = keep.swap_remove(i);
             arena.free(h)?;

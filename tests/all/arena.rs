@@ -278,7 +278,7 @@ fn the_demo_scenario_holds_on_the_host_backend() {
     let cap = 64 << 20;
     let mut ours = Arena::host(ArenaConfig::new(cap)).expect("arena");
     let mut base = Arena::host(ArenaConfig::new(cap)).expect("baseline");
-    let r = cuarena::scenario::run(&mut ours, &mut base, 4096, 120, &mut |_| {}).expect("scenario");
+    let r = cuarena::scenario::run(&mut ours, &mut base, 120, &mut |_| {}).expect("scenario");
     assert!(r.request_bytes > r.before.largest_free_bytes && r.request_bytes <= r.before.free_bytes);
     assert!(matches!(r.baseline, Err(Error::OutOfMemory { .. })), "{:?}", r.baseline);
     assert!(r.compacted());
