@@ -28,6 +28,11 @@ pub struct ArenaConfig {
     pub alignment_bytes: u64,
     /// When to compact.
     pub compaction: CompactionPolicy,
+    /// Host tier for spilling, in bytes; 0 (the default) turns spilling off.
+    /// When even compaction cannot fit a request, least recently used
+    /// unpinned blocks are copied to this tier (page-locked host memory on
+    /// the CUDA backend) and brought back when next resolved.
+    pub spill_host_bytes: u64,
 }
 
 impl Default for ArenaConfig {
@@ -36,6 +41,7 @@ impl Default for ArenaConfig {
             capacity_bytes: 64 << 20,
             alignment_bytes: 256,
             compaction: CompactionPolicy::Auto,
+            spill_host_bytes: 0,
         }
     }
 }
@@ -64,6 +70,12 @@ impl ArenaConfig {
     /// Sets the compaction policy.
     pub fn with_compaction(mut self, compaction: CompactionPolicy) -> Self {
         self.compaction = compaction;
+        self
+    }
+
+    /// Turns spilling on with a host tier of `bytes` (0 turns it off).
+    pub fn with_spill_host_bytes(mut self, bytes: u64) -> Self {
+        self.spill_host_bytes = bytes;
         self
     }
 

@@ -75,6 +75,42 @@ pub enum Error {
         arena: u32,
     },
 
+    /// The block is spilled to the host tier; bring it back with
+    /// [`crate::Arena::make_resident`] before taking a view or pointer.
+    #[error("block is spilled to host memory; call Arena::make_resident first")]
+    NotResident,
+
+    /// Spilling cannot make room: the host tier is full.
+    #[error(
+        "cannot spill {needed_bytes} B to make room for {requested_bytes} B: \
+         host tier of {host_tier_bytes} B has {host_free_bytes} B free (largest hole {host_largest_free_bytes} B)"
+    )]
+    HostTierFull {
+        /// Bytes of the request that needed room.
+        requested_bytes: u64,
+        /// Bytes of the block that could not be spilled.
+        needed_bytes: u64,
+        /// Size of the host tier.
+        host_tier_bytes: u64,
+        /// Free bytes in it.
+        host_free_bytes: u64,
+        /// Largest free region in it.
+        host_largest_free_bytes: u64,
+    },
+
+    /// The tensors needed at once do not fit on the device together, even
+    /// with everything else spilled.
+    #[error(
+        "{needed_bytes} B are needed on the device at once (pinned or in use by this request), \
+         more than the largest hole of {reachable_bytes} B the region can offer"
+    )]
+    WorkingSetTooLarge {
+        /// Bytes that must be resident together.
+        needed_bytes: u64,
+        /// Largest hole the region could offer with everything else spilled.
+        reachable_bytes: u64,
+    },
+
     /// A pinned block cannot be freed; unpin it first.
     #[error("block is pinned ({pins} pin(s) outstanding); unpin before freeing")]
     Pinned {

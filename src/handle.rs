@@ -69,8 +69,10 @@ pub struct BlockInfo {
     /// The block's handle.
     pub handle: Handle,
     /// Current offset in the region: valid until the next compaction
-    /// unless the block is pinned.
+    /// unless the block is pinned; 0 while the block is spilled.
     pub offset: u64,
+    /// False while the block is spilled to the host tier.
+    pub resident: bool,
     /// Bytes asked for.
     pub size_bytes: u64,
     /// Bytes reserved (the size rounded up to the arena's alignment).

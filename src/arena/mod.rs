@@ -11,8 +11,10 @@
 //! the table may disagree, so the arena poisons itself and every later call
 //! returns [`Error::Poisoned`].
 
+mod spill;
 mod stats;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytemuck::Pod;
@@ -31,10 +33,18 @@ use crate::plan::{Plan, PlanKind};
 /// Ids of arenas, so handles of one are rejected by another.
 static NEXT_ARENA_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
-#[derive(Debug, Clone)]
+/// Where a block's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In the region: the placement node holds the offset (nowhere else does).
+    Device(NodeId),
+    /// Spilled to the host tier: the node of the tier's own index.
+    Host(NodeId),
+}
+
+#[derive(Debug)]
 struct Block {
-    /// Placement node: the offset lives there, nowhere else.
-    node: NodeId,
+    place: Place,
     size: u64,
     reserved: u64,
     align: u64,
@@ -42,6 +52,9 @@ struct Block {
     pins: u32,
     /// Position in the planner's live list during a compaction.
     scratch: u32,
+    /// Tick of the last use (resolved for a kernel, a transfer or a pin):
+    /// the spill policy evicts the least recently used block first.
+    last_use: AtomicU64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -49,6 +62,10 @@ struct Counters {
     requested_bytes: u64,
     pinned_blocks: usize,
     peak_allocated_bytes: u64,
+    evictions: u64,
+    restores: u64,
+    bytes_evicted: u64,
+    bytes_restored: u64,
     allocs: u64,
     frees: u64,
     failed_allocs: u64,
@@ -77,6 +94,10 @@ pub struct Arena<B: Backend = HostBackend> {
     owners: Vec<BlockKey>,
     counters: Counters,
     poisoned: Option<String>,
+    /// The host tier's index when spilling is on (`spill_host_bytes > 0`).
+    tier: Option<FreeIndex>,
+    /// Use clock for the spill policy's LRU.
+    clock: AtomicU64,
     /// Slot -> (offset, version): what kernels read to resolve handles.
     table: Vec<TableEntry>,
     /// Slots changed since the backend's copy was last synced.
@@ -107,8 +128,14 @@ impl Arena<MetaBackend> {
 
 impl<B: Backend> Arena<B> {
     /// An arena over `backend`, whose region must hold `config.capacity_bytes`.
-    pub fn with_backend(config: ArenaConfig, backend: B) -> Result<Self> {
+    pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
+        let tier = if config.spill_host_bytes > 0 {
+            backend.reserve_host_tier(config.spill_host_bytes)?;
+            Some(FreeIndex::new(config.spill_host_bytes))
+        } else {
+            None
+        };
         if backend.capacity_bytes() < config.capacity_bytes {
             return Err(Error::InvalidConfig {
                 reason: format!(
@@ -127,6 +154,8 @@ impl<B: Backend> Arena<B> {
             owners: Vec::new(),
             counters: Counters::default(),
             poisoned: None,
+            tier,
+            clock: AtomicU64::new(0),
             table: Vec::new(),
             dirty: None,
             live: Vec::new(),
@@ -188,6 +217,24 @@ impl<B: Backend> Arena<B> {
         self.blocks.get_mut(h.key).ok_or(Error::StaleHandle)
     }
 
+    /// The offset of a resident block (and a use, for the LRU).
+    fn device_offset(&self, b: &Block) -> Result<u64> {
+        b.last_use.store(self.tick(), Ordering::Relaxed);
+        match b.place {
+            Place::Device(node) => Ok(self.index.offset(node)),
+            Place::Host(_) => Err(Error::NotResident),
+        }
+    }
+
+    /// The current offset of a resident block, counted as a use; the
+    /// resolution that views and pointers are built from.
+    /// [`Error::NotResident`] for a spilled block: call
+    /// [`make_resident`](Arena::make_resident) first.
+    pub fn resolve(&self, h: Handle) -> Result<u64> {
+        let b = self.block(h)?;
+        self.device_offset(b)
+    }
+
     // ---- allocation -------------------------------------------------------
 
     /// Allocates `bytes` at the arena's default alignment.
@@ -238,18 +285,16 @@ impl<B: Backend> Arena<B> {
                 capacity_bytes: self.config.capacity_bytes,
             });
         }
-        let node = match self.index.alloc(reserved, align) {
-            Some((node, _)) => node,
-            None => self.alloc_by_compacting(reserved, align)?,
-        };
+        let node = self.place_on_device(reserved, align, &[])?;
         let key = self.blocks.insert(Block {
-            node,
+            place: Place::Device(node),
             size: bytes,
             reserved,
             align,
             elem,
             pins: 0,
             scratch: 0,
+            last_use: AtomicU64::new(self.tick()),
         });
         self.set_owner(node, key);
         self.set_entry(key, Some((self.index.offset(node), bytes)));
@@ -311,6 +356,22 @@ impl<B: Backend> Arena<B> {
         self.owners[i] = key;
     }
 
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Space for `reserved` bytes in the region: a hole, else a compaction,
+    /// else (spilling on) evicting least recently used blocks not in `keep`.
+    fn place_on_device(&mut self, reserved: u64, align: u64, keep: &[BlockKey]) -> Result<NodeId> {
+        if let Some((node, _)) = self.index.alloc(reserved, align) {
+            return Ok(node);
+        }
+        match self.alloc_by_compacting(reserved, align) {
+            Err(Error::OutOfMemory { .. }) if self.tier.is_some() => self.alloc_by_spilling(reserved, align, keep),
+            r => r,
+        }
+    }
+
     /// The slow path: compact (if allowed and useful), then place.
     fn alloc_by_compacting(&mut self, reserved: u64, align: u64) -> Result<NodeId> {
         let capacity = self.config.capacity_bytes;
@@ -342,7 +403,9 @@ impl<B: Backend> Arena<B> {
                 }
             }
         }
-        self.counters.failed_allocs += 1;
+        if self.tier.is_none() {
+            self.counters.failed_allocs += 1;
+        }
         self.collect_live();
         Err(Error::OutOfMemory {
             requested_bytes: reserved,
@@ -358,8 +421,15 @@ impl<B: Backend> Arena<B> {
         if b.pins > 0 {
             return Err(Error::Pinned { pins: b.pins });
         }
-        let (node, size) = (b.node, b.size);
-        self.index.free(node);
+        let (place, size) = (b.place, b.size);
+        match place {
+            Place::Device(node) => self.index.free(node),
+            Place::Host(node) => {
+                if let Some(tier) = self.tier.as_mut() {
+                    tier.free(node);
+                }
+            }
+        }
         self.blocks.remove(h.key);
         self.set_entry(h.key, None);
         self.counters.frees += 1;
@@ -376,9 +446,14 @@ impl<B: Backend> Arena<B> {
     }
 
     fn info_of(&self, handle: Handle, b: &Block) -> BlockInfo {
+        let (offset, resident) = match b.place {
+            Place::Device(node) => (self.index.offset(node), true),
+            Place::Host(_) => (0, false),
+        };
         BlockInfo {
             handle,
-            offset: self.index.offset(b.node),
+            offset,
+            resident,
             size_bytes: b.size,
             reserved_bytes: b.reserved,
             align_bytes: b.align,
@@ -457,6 +532,11 @@ impl<B: Backend> Arena<B> {
             bytes_moved: c.bytes_moved,
             planning_time: c.planning,
             compaction_time: c.compaction,
+            evictions: c.evictions,
+            restores: c.restores,
+            bytes_evicted: c.bytes_evicted,
+            bytes_restored: c.bytes_restored,
+            host_tier_used_bytes: self.tier.as_ref().map_or(0, |t| t.capacity() - t.free_bytes()),
         }
     }
 
@@ -480,6 +560,8 @@ impl<B: Backend> Arena<B> {
 
     /// Writes `data` into the block; `data` must be exactly the block's size.
     pub fn write<T: Pod>(&mut self, h: Handle, data: &[T]) -> Result<()> {
+        self.block(h)?;
+        self.make_resident(&[h])?;
         let b = self.block(h)?;
         Self::check_type::<T>(b)?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
@@ -489,12 +571,14 @@ impl<B: Backend> Arena<B> {
                 slice_bytes: bytes.len() as u64,
             });
         }
-        let offset = self.index.offset(b.node);
+        let offset = self.device_offset(b)?;
         self.backend.write(offset, bytes)
     }
 
     /// Reads the block into `out`, which must be exactly the block's size.
     pub fn read_into<T: Pod>(&mut self, h: Handle, out: &mut [T]) -> Result<()> {
+        self.block(h)?;
+        self.make_resident(&[h])?;
         let b = self.block(h)?;
         Self::check_type::<T>(b)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
@@ -504,7 +588,7 @@ impl<B: Backend> Arena<B> {
                 slice_bytes: bytes.len() as u64,
             });
         }
-        let offset = self.index.offset(b.node);
+        let offset = self.device_offset(b)?;
         self.backend.read(offset, bytes)
     }
 
@@ -531,7 +615,10 @@ impl<B: Backend> Arena<B> {
     // ---- pinning ----------------------------------------------------------------
 
     /// Pins a block: it never moves until every pin is released. Pins nest.
+    /// A spilled block is brought back first.
     pub fn pin(&mut self, h: Handle) -> Result<u32> {
+        self.block(h)?;
+        self.make_resident(&[h])?;
         let b = self.block_mut(h)?;
         b.pins = b.pins.checked_add(1).ok_or(Error::InvalidConfig {
             reason: "pin count overflow".into(),
@@ -627,7 +714,7 @@ impl<B: Backend> Arena<B> {
         for i in 0..self.layout.len() {
             let (key, node) = (self.layout[i].2, self.nodes[i]);
             if let Some(b) = self.blocks.get_mut(key) {
-                b.node = node;
+                b.place = Place::Device(node);
             }
             self.set_owner(node, key);
         }

@@ -47,6 +47,16 @@ pub struct Stats {
     /// Host time spent in compaction: planning plus executing (on the CUDA
     /// backend, executing means enqueueing: the copies run asynchronously).
     pub compaction_time: Duration,
+    /// Blocks spilled to the host tier.
+    pub evictions: u64,
+    /// Blocks brought back from the host tier.
+    pub restores: u64,
+    /// Bytes copied device to host by spilling.
+    pub bytes_evicted: u64,
+    /// Bytes copied host to device by restoring.
+    pub bytes_restored: u64,
+    /// Bytes of the host tier holding spilled blocks now.
+    pub host_tier_used_bytes: u64,
 }
 
 /// What one compaction did.
@@ -112,6 +122,13 @@ impl Stats {
         row(&mut s, "bytes moved", fmt_bytes(self.bytes_moved));
         row(&mut s, "planning time", format!("{:.3} ms", self.planning_time.as_secs_f64() * 1e3));
         row(&mut s, "compaction time", format!("{:.3} ms", self.compaction_time.as_secs_f64() * 1e3));
+        if self.evictions + self.restores > 0 || self.host_tier_used_bytes > 0 {
+            let _ = writeln!(s, "{line}");
+            row(&mut s, "spilled / restored blocks", format!("{} / {}", self.evictions, self.restores));
+            row(&mut s, "bytes spilled", fmt_bytes(self.bytes_evicted));
+            row(&mut s, "bytes restored", fmt_bytes(self.bytes_restored));
+            row(&mut s, "host tier in use", fmt_bytes(self.host_tier_used_bytes));
+        }
         let _ = writeln!(s, "{line}");
         s
     }

@@ -21,6 +21,8 @@ pub struct HostBackend {
     chunk_bytes: u64,
     validate: bool,
     table: Vec<TableEntry>,
+    /// The host tier (a second Vec standing in for page-locked memory).
+    tier: Vec<u8>,
 }
 
 impl HostBackend {
@@ -36,6 +38,7 @@ impl HostBackend {
             chunk_bytes: 64,
             validate: true,
             table: Vec::new(),
+            tier: Vec::new(),
         })
     }
 
@@ -172,6 +175,34 @@ impl Backend for HostBackend {
         for wave in &plan.waves {
             self.run_wave(wave)?;
         }
+        Ok(())
+    }
+
+    fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
+        let len = usize::try_from(bytes).map_err(|_| crate::Error::TooLarge {
+            requested_bytes: bytes,
+            capacity_bytes: usize::MAX as u64,
+        })?;
+        self.tier = vec![0; len];
+        Ok(())
+    }
+
+    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes())?;
+        check_range(host_offset, len, self.tier.len() as u64)?;
+        let (o, h, l) = (offset as usize, host_offset as usize, len as usize);
+        self.tier[h..h + l].copy_from_slice(&self.mem[o..o + l]);
+        // Poison the vacated bytes so a read of a spilled block's old
+        // place cannot pass for its data.
+        self.mem[o..o + l].fill(0xA5);
+        Ok(())
+    }
+
+    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes())?;
+        check_range(host_offset, len, self.tier.len() as u64)?;
+        let (o, h, l) = (offset as usize, host_offset as usize, len as usize);
+        self.mem[o..o + l].copy_from_slice(&self.tier[h..h + l]);
         Ok(())
     }
 

@@ -14,6 +14,7 @@ pub struct MetaBackend {
     pub bytes_moved: u64,
     /// Waves executed.
     pub waves: u64,
+    host_tier_bytes: u64,
 }
 
 impl MetaBackend {
@@ -43,6 +44,20 @@ impl Backend for MetaBackend {
         check_range(offset, out.len() as u64, self.capacity_bytes)?;
         out.fill(0);
         Ok(())
+    }
+
+    fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
+        self.host_tier_bytes = bytes;
+        Ok(())
+    }
+
+    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes)?;
+        check_range(host_offset, len, self.host_tier_bytes)
+    }
+
+    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
+        self.spill(offset, host_offset, len)
     }
 
     fn execute(&mut self, plan: &Plan) -> Result<()> {

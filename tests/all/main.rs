@@ -1,5 +1,6 @@
 //! All integration tests in one binary (one link, one run), a module per topic.
 mod arena;
 mod model;
+mod spill;
 mod trace;
 mod gpu;
