@@ -1,1 +1,322 @@
-//! Allocation traces (being written).
+//! Allocation traces: PyTorch's memory-history recordings, read, turned into
+//! alloc/free programs, and replayed against an arena.
+//!
+//! Two file formats are read, both optionally gzipped (detected by the magic
+//! bytes `1f 8b`, not by the file name):
+//!
+//! - the snapshot pickle that `torch.cuda.memory._dump_snapshot` writes (first
+//!   byte `0x80`): a dict whose `device_traces` holds one list of event dicts
+//!   per device. Every other key, and every extra key of an event (`frames`,
+//!   `compile_context`, ...), is ignored whatever its Python type.
+//! - a CSV with the header `action,addr,size,stream,time_us` (an optional
+//!   `device` column, and any further columns, are accepted).
+//!
+//! Reading is pure: [`Trace`] holds the events, [`Trace::ops`] pairs allocs
+//! with frees into an [`Ops`] program, and [`replay()`] runs a program against a
+//! metadata-only arena. Malformed input of any kind is an
+//! [`Error::Trace`] naming the file and the 1-based line (CSV) or event
+//! (pickle); nothing here panics on bad input.
+
+mod csv;
+mod ops;
+mod pickle;
+pub mod replay;
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+pub use ops::{FreePoint, Op, Ops};
+pub use replay::{
+    find_min_capacity, find_min_capacity_with, replay, replay_prefix, replay_with, Allocator,
+    MinCapacity, Outcome, ReplayOptions, ReplayReport,
+};
+
+/// What a trace event records (PyTorch's `action` strings).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// `alloc`: a block was handed to a tensor.
+    Alloc,
+    /// `free_requested`: the tensor released the block; PyTorch's
+    /// `allocated_bytes` drops here.
+    FreeRequested,
+    /// `free_completed`: the block is reusable (other streams done with it).
+    FreeCompleted,
+    /// `segment_alloc`: the caching allocator called `cudaMalloc`.
+    SegmentAlloc,
+    /// `segment_free`: the caching allocator called `cudaFree`.
+    SegmentFree,
+    /// `segment_map`: an expandable segment grew.
+    SegmentMap,
+    /// `segment_unmap`: an expandable segment shrank.
+    SegmentUnmap,
+    /// `oom`: an allocation failed.
+    Oom,
+    /// `snapshot`: a snapshot was taken.
+    Snapshot,
+    /// Any other action string, kept verbatim.
+    Other(String),
+}
+
+impl Action {
+    /// Parses PyTorch's action string; unknown strings become [`Action::Other`].
+    pub fn parse(s: &str) -> Action {
+        match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "oom" => Action::Oom,
+            "snapshot" => Action::Snapshot,
+            other => Action::Other(other.to_owned()),
+        }
+    }
+
+    /// PyTorch's string for the action.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+            Action::Snapshot => "snapshot",
+            Action::Other(s) => s,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One recorded allocator event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// What happened.
+    pub action: Action,
+    /// Device address PyTorch handed out (reused after a free).
+    pub addr: u64,
+    /// Bytes, as recorded.
+    pub size: u64,
+    /// CUDA stream (an opaque identifier).
+    pub stream: i64,
+    /// Microsecond clock.
+    pub time_us: i64,
+    /// Device ordinal (index of the `device_traces` list; 0 for a CSV
+    /// without a `device` column).
+    pub device: u32,
+}
+
+/// Which format a trace was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// `action,addr,size,stream,time_us` lines.
+    Csv,
+    /// A `torch.cuda.memory._dump_snapshot` pickle.
+    Pickle,
+}
+
+/// A recorded trace: every event of every device, in file order.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// Where it was read from (used in error messages and reports).
+    pub source: String,
+    /// The format it was read from.
+    pub format: TraceFormat,
+    /// Events in recording order (per device; a pickle lists device 0's
+    /// events first, then device 1's, ...).
+    pub events: Vec<TraceEvent>,
+}
+
+/// gzip's magic bytes.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// Pickle protocol 2+ streams start with the PROTO opcode.
+const PICKLE_PROTO: u8 = 0x80;
+
+impl Trace {
+    /// Reads a trace file: gzip is detected by its magic bytes and
+    /// decompressed, then the content is a snapshot pickle (first byte
+    /// `0x80`) or a CSV (header `action,addr,size,stream,time_us`).
+    pub fn read(path: &Path) -> Result<Trace> {
+        let source = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::Trace {
+            path: source.clone(),
+            record: 0,
+            message: format!("cannot read file: {e}"),
+        })?;
+        Trace::from_bytes(&bytes, &source)
+    }
+
+    /// Like [`Trace::read`], from bytes already in memory; `source` names
+    /// them in errors.
+    pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
+        if bytes.starts_with(&GZIP_MAGIC) {
+            let mut raw = Vec::new();
+            // MultiGzDecoder: `cat a.gz b.gz` is a valid gzip file too.
+            flate2::read::MultiGzDecoder::new(bytes)
+                .read_to_end(&mut raw)
+                .map_err(|e| Error::Trace {
+                    path: source.to_owned(),
+                    record: 0,
+                    message: format!("gzip: {e}"),
+                })?;
+            // A gzip inside a gzip is not a trace; don't recurse on it.
+            return Trace::from_plain_bytes(&raw, source);
+        }
+        Trace::from_plain_bytes(bytes, source)
+    }
+
+    fn from_plain_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
+        match bytes.first() {
+            Some(&PICKLE_PROTO) => Trace::from_pickle_bytes(bytes, source),
+            Some(_) if csv::looks_like_csv(bytes) => Trace::from_csv_reader(bytes, source),
+            Some(_) => Err(Error::Trace {
+                path: source.to_owned(),
+                record: 0,
+                message: "unrecognized format: neither a pickle (first byte 0x80) nor a CSV \
+                          starting with `action,addr,size,stream,time_us`"
+                    .to_owned(),
+            }),
+            None => Err(Error::Trace {
+                path: source.to_owned(),
+                record: 0,
+                message: "empty file".to_owned(),
+            }),
+        }
+    }
+
+    /// Reads a CSV trace (not gzipped) from `reader`; `source` names it in
+    /// errors, whose `record` is the 1-based line.
+    pub fn from_csv_reader<R: Read>(mut reader: R, source: &str) -> Result<Trace> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(|e| Error::Trace {
+            path: source.to_owned(),
+            record: 0,
+            message: format!("read error: {e}"),
+        })?;
+        let events = csv::parse(&bytes, source)?;
+        Ok(Trace {
+            source: source.to_owned(),
+            format: TraceFormat::Csv,
+            events,
+        })
+    }
+
+    /// Reads a `torch.cuda.memory._dump_snapshot` pickle (not gzipped);
+    /// `source` names it in errors, whose `record` is the 1-based event.
+    pub fn from_pickle_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
+        let events = pickle::parse(bytes, source)?;
+        Ok(Trace {
+            source: source.to_owned(),
+            format: TraceFormat::Pickle,
+            events,
+        })
+    }
+
+    /// Device ordinals that have at least one event, ascending.
+    pub fn devices(&self) -> Vec<u32> {
+        let mut d: Vec<u32> = self.events.iter().map(|e| e.device).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
+    /// The alloc/free program of `device`, each alloc freed where its memory
+    /// becomes reusable ([`FreePoint::Completed`]).
+    pub fn ops(&self, device: u32) -> Ops {
+        self.ops_with(device, FreePoint::Completed)
+    }
+
+    /// The alloc/free program of `device`, frees placed at `free_point`.
+    pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Ops {
+        ops::build(&self.events, device, free_point)
+    }
+
+    /// Bytes the caching allocator held from the driver (`segment_alloc`
+    /// and `segment_map` add, `segment_free` and `segment_unmap` subtract),
+    /// as `(event index, reserved bytes)` at every change on `device`.
+    /// Segments reserved before recording began are unknown; the series
+    /// starts at zero.
+    pub fn reserved_series(&self, device: u32) -> Vec<(u64, u64)> {
+        let mut reserved: u64 = 0;
+        let mut out = Vec::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if e.device != device {
+                continue;
+            }
+            let next = match e.action {
+                Action::SegmentAlloc | Action::SegmentMap => reserved.saturating_add(e.size),
+                Action::SegmentFree | Action::SegmentUnmap => reserved.saturating_sub(e.size),
+                _ => continue,
+            };
+            reserved = next;
+            out.push((i as u64, reserved));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_round_trips() {
+        for s in [
+            "alloc",
+            "free_requested",
+            "free_completed",
+            "segment_alloc",
+            "segment_free",
+            "segment_map",
+            "segment_unmap",
+            "oom",
+            "snapshot",
+            "user_defined",
+        ] {
+            assert_eq!(Action::parse(s).as_str(), s);
+        }
+        assert_eq!(Action::parse("weird"), Action::Other("weird".into()));
+    }
+
+    #[test]
+    fn detects_formats_and_rejects_garbage() {
+        let csv = b"action,addr,size,stream,time_us\nalloc,1,2,0,3\n";
+        let t = Trace::from_bytes(csv, "x").unwrap();
+        assert_eq!(t.format, TraceFormat::Csv);
+        assert_eq!(t.events.len(), 1);
+        assert!(matches!(
+            Trace::from_bytes(b"hello", "x"),
+            Err(Error::Trace { record: 0, .. })
+        ));
+        assert!(matches!(
+            Trace::from_bytes(b"", "x"),
+            Err(Error::Trace { record: 0, .. })
+        ));
+        // Truncated gzip.
+        assert!(matches!(
+            Trace::from_bytes(&[0x1f, 0x8b, 8, 0], "x"),
+            Err(Error::Trace { record: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn reserved_series_follows_segments() {
+        let csv = b"action,addr,size,stream,time_us\n\
+                    segment_alloc,0,100,0,0\nalloc,0,10,0,1\nsegment_map,100,50,0,2\n\
+                    segment_free,0,100,0,3\n";
+        let t = Trace::from_bytes(csv, "x").unwrap();
+        assert_eq!(t.reserved_series(0), vec![(0, 100), (2, 150), (3, 50)]);
+        assert!(t.reserved_series(1).is_empty());
+    }
+}

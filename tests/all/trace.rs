@@ -1,1 +1,606 @@
-//! Trace tests.
+//! Trace tests: readers (CSV, gzip, pickle), malformed input, the shared
+//! real traces, replay and capacity search, and the SVG pictures.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use cuarena::trace::{
+    find_min_capacity, find_min_capacity_with, replay, replay_with, Action, Allocator, FreePoint,
+    Op, Ops, ReplayOptions, Trace, TraceFormat,
+};
+use cuarena::viz::{memory_map_svg, timeline_svg, MemoryMap, Sample, Timeline};
+use cuarena::{ArenaConfig, Error};
+use serde_pickle::{HashableValue, Value};
+
+/// A fresh directory under the system temp dir, unique per test and process.
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cuarena-trace-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+/// `shared/traces` beside the checkout (CI), or the workplace's copy.
+fn shared_traces() -> Option<PathBuf> {
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    [beside, PathBuf::from("/work/shared/traces")]
+        .into_iter()
+        .find(|p| p.is_dir())
+}
+
+fn shared(name: &str) -> Option<PathBuf> {
+    let p = shared_traces()
+        .map(|d| d.join(name))
+        .filter(|p| p.is_file());
+    if p.is_none() {
+        println!("skipped: shared trace {name} not found beside the checkout");
+    }
+    p
+}
+
+const CSV: &str = "action,addr,size,stream,time_us
+segment_alloc,4096,2097152,0,1
+alloc,4096,1000,0,2
+alloc,5120,512,0,3
+free_requested,4096,1000,0,4
+free_completed,4096,1000,0,5
+alloc,4096,300,0,6
+free_requested,8192,77,0,7
+free_completed,8192,77,0,8
+free_requested,5120,512,0,9
+free_completed,5120,512,0,10
+";
+
+fn check_small_csv(t: &Trace) {
+    assert_eq!(t.format, TraceFormat::Csv);
+    assert_eq!(t.events.len(), 10);
+    assert_eq!(t.events[1].action, Action::Alloc);
+    assert_eq!((t.events[1].addr, t.events[1].size), (4096, 1000));
+    let ops = t.ops(0);
+    assert_eq!((ops.allocs, ops.frees, ops.skipped_frees), (3, 2, 1));
+    assert_eq!(ops.live_at_end, 1);
+    assert_eq!(ops.peak_live_bytes, 1512);
+    assert_eq!(ops.peak_live_rounded(256), 1024 + 512);
+    assert_eq!(ops.ops.len(), 5);
+    assert_eq!(ops.event_index, vec![1, 2, 4, 5, 9]);
+    assert_eq!(ops.time_us, vec![2, 3, 5, 6, 10]);
+    assert_eq!(t.reserved_series(0), vec![(0, 2097152)]);
+}
+
+#[test]
+fn csv_plain_and_gzipped() {
+    let dir = temp_dir("csv");
+    let plain = dir.join("t.csv");
+    let gz = dir.join("t.csv.gz");
+    let gz_misnamed = dir.join("t.csv.txt");
+    std::fs::write(&plain, CSV).unwrap();
+    std::fs::write(&gz, gzip(CSV.as_bytes())).unwrap();
+    std::fs::write(&gz_misnamed, gzip(CSV.as_bytes())).unwrap();
+    for p in [&plain, &gz, &gz_misnamed] {
+        check_small_csv(&Trace::read(p).unwrap());
+    }
+    check_small_csv(&Trace::from_csv_reader(CSV.as_bytes(), "mem").unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn s(x: &str) -> HashableValue {
+    HashableValue::String(x.to_owned())
+}
+
+fn dict(items: Vec<(&str, Value)>) -> Value {
+    Value::Dict(
+        items
+            .into_iter()
+            .map(|(k, v)| (s(k), v))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+/// An event dict as PyTorch 2.11 writes it, frames included.
+fn py_event(action: &str, addr: i64, size: i64, time_us: i64) -> Value {
+    let frame = dict(vec![
+        ("name", Value::String("forward".into())),
+        ("filename", Value::String("model.py".into())),
+        ("line", Value::I64(42)),
+    ]);
+    dict(vec![
+        ("action", Value::String(action.into())),
+        ("addr", Value::I64(addr)),
+        ("size", Value::I64(size)),
+        ("stream", Value::I64(0)),
+        ("time_us", Value::I64(time_us)),
+        ("compile_context", Value::String("N/A".into())),
+        ("user_metadata", Value::String(String::new())),
+        ("frames", Value::List(vec![frame])),
+    ])
+}
+
+/// A snapshot with PyTorch's top-level layout and two devices.
+fn py_snapshot() -> Vec<u8> {
+    let base: i64 = 139_996_067_528_704;
+    let segment = dict(vec![
+        ("device", Value::I64(0)),
+        ("address", Value::I64(base)),
+        ("total_size", Value::I64(2 << 20)),
+        ("segment_type", Value::String("small".into())),
+        (
+            "segment_pool_id",
+            Value::Tuple(vec![Value::I64(0), Value::I64(0)]),
+        ),
+        ("is_expandable", Value::Bool(false)),
+        ("frames", Value::List(vec![])),
+        ("blocks", Value::List(vec![])),
+    ]);
+    let dev0 = vec![
+        py_event("segment_alloc", base, 2 << 20, 1),
+        py_event("alloc", base, 4096, 2),
+        py_event("alloc", base + 4096, 512, 3),
+        py_event("free_requested", base, 4096, 4),
+        py_event("free_completed", base, 4096, 5),
+        py_event("oom", 0, 1 << 30, 6),
+    ];
+    let dev1 = vec![py_event("alloc", base, 100, 7)];
+    let top = dict(vec![
+        ("segments", Value::List(vec![segment])),
+        (
+            "device_traces",
+            Value::List(vec![Value::List(dev0), Value::List(dev1)]),
+        ),
+        (
+            "allocator_settings",
+            dict(vec![
+                ("PYTORCH_CUDA_ALLOC_CONF", Value::String(String::new())),
+                ("max_split_size", Value::I64(-1)),
+                ("garbage_collection_threshold", Value::F64(0.0)),
+                ("expandable_segments", Value::Bool(false)),
+            ]),
+        ),
+        ("external_annotations", Value::List(vec![Value::None])),
+    ]);
+    serde_pickle::value_to_vec(&top, serde_pickle::SerOptions::new()).unwrap()
+}
+
+#[test]
+fn pickle_fixture_in_pytorch_layout() {
+    let bytes = py_snapshot();
+    assert_eq!(bytes[0], 0x80);
+    let t = Trace::from_pickle_bytes(&bytes, "fixture").unwrap();
+    assert_eq!(t.format, TraceFormat::Pickle);
+    assert_eq!(t.events.len(), 7);
+    assert_eq!(t.devices(), vec![0, 1]);
+    assert_eq!(t.events[5].action, Action::Oom);
+    assert_eq!(t.events[6].device, 1);
+    let ops0 = t.ops(0);
+    assert_eq!((ops0.allocs, ops0.frees, ops0.live_at_end), (2, 1, 1));
+    assert_eq!(ops0.peak_live_bytes, 4608);
+    let ops1 = t.ops(1);
+    assert_eq!((ops1.allocs, ops1.peak_live_bytes), (1, 100));
+    // Gzipped, through the file reader.
+    let dir = temp_dir("pickle");
+    let p = dir.join("snap.pickle.gz");
+    std::fs::write(&p, gzip(&bytes)).unwrap();
+    assert_eq!(Trace::read(&p).unwrap().events, t.events);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn record_of(r: Result<Trace, Error>) -> (u64, String) {
+    match r {
+        Err(Error::Trace {
+            record, message, ..
+        }) => (record, message),
+        other => panic!("expected a trace error, got {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_input_is_an_error_naming_the_record() {
+    let dir = temp_dir("malformed");
+    // A bad number on line 4.
+    let bad = "action,addr,size,stream,time_us\nalloc,1,2,0,0\nalloc,3,4,0,0\nalloc,5,4x,0,0\n";
+    let p = dir.join("bad.csv");
+    std::fs::write(&p, bad).unwrap();
+    let e = Trace::read(&p).unwrap_err();
+    assert!(e.to_string().contains("record 4"), "{e}");
+    assert!(e.to_string().contains("bad.csv"), "{e}");
+    let p = dir.join("bad.csv.gz");
+    std::fs::write(&p, gzip(bad.as_bytes())).unwrap();
+    assert_eq!(record_of(Trace::read(&p)).0, 4);
+
+    // Truncated gzip.
+    let gz = gzip(CSV.as_bytes());
+    for cut in [3, 10, gz.len() / 2, gz.len() - 1] {
+        let (record, message) = record_of(Trace::from_bytes(&gz[..cut], "cut.gz"));
+        assert_eq!(record, 0);
+        assert!(message.contains("gzip"), "{message}");
+    }
+
+    // Pickles that are not snapshots.
+    let list = serde_pickle::value_to_vec(&Value::List(vec![]), Default::default()).unwrap();
+    assert!(record_of(Trace::from_bytes(&list, "l"))
+        .1
+        .contains("not a dict"));
+    let no_traces = serde_pickle::value_to_vec(
+        &dict(vec![("segments", Value::List(vec![]))]),
+        Default::default(),
+    )
+    .unwrap();
+    assert!(record_of(Trace::from_bytes(&no_traces, "d"))
+        .1
+        .contains("device_traces"));
+    let bad_event = serde_pickle::value_to_vec(
+        &dict(vec![(
+            "device_traces",
+            Value::List(vec![Value::List(vec![
+                py_event("alloc", 1, 2, 0),
+                py_event("alloc", 1, 2, 0),
+                dict(vec![("action", Value::String("alloc".into()))]),
+            ])]),
+        )]),
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!(record_of(Trace::from_bytes(&bad_event, "e")).0, 3);
+    assert_eq!(record_of(Trace::from_bytes(&[0x80, 0x05, 0xff], "x")).0, 0);
+    assert_eq!(record_of(Trace::read(&dir.join("missing.csv"))).0, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Cuts and corrupts real bytes in many places: every result is `Ok` or
+/// `Err`, never a panic.
+#[test]
+fn corrupted_files_never_panic() {
+    let mut inputs: Vec<Vec<u8>> =
+        vec![py_snapshot(), CSV.as_bytes().to_vec(), gzip(CSV.as_bytes())];
+    if let Some(p) = shared("mlp_small_with_stacks.pickle") {
+        inputs.push(std::fs::read(p).unwrap());
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for input in &inputs {
+        for k in 0..40 {
+            let cut = (rnd() as usize) % input.len();
+            let _ = Trace::from_bytes(&input[..cut], "cut");
+            let mut flipped = input.clone();
+            for _ in 0..=(k % 4) {
+                let i = (rnd() as usize) % flipped.len();
+                flipped[i] = rnd() as u8;
+            }
+            if let Ok(t) = Trace::from_bytes(&flipped, "flip") {
+                // Whatever parsed must also pair and replay without panics.
+                let ops = t.ops(0);
+                let _ = ops.peak_live_rounded(256);
+            }
+        }
+    }
+}
+
+#[test]
+fn shared_pickle_reads() {
+    let Some(p) = shared("mlp_small_with_stacks.pickle") else {
+        return;
+    };
+    let t = Trace::read(&p).unwrap();
+    assert_eq!(t.format, TraceFormat::Pickle);
+    assert_eq!(t.events.len(), 430);
+    assert_eq!(t.devices(), vec![0]);
+    let ops = t.ops(0);
+    assert_eq!((ops.allocs, ops.frees, ops.skipped_frees), (143, 140, 0));
+    assert_eq!(ops.live_at_end, 3);
+    assert_eq!(ops.peak_live_bytes, 86_163_656);
+    let cap = ops.peak_live_rounded(256);
+    let r = replay(&ops, &ArenaConfig::new(cap)).unwrap();
+    assert!(r.completed(), "{:?}", r.outcome);
+}
+
+/// PyTorch's `allocated_bytes.all.peak` for the ResNet-50 run.
+const RESNET_TORCH_PEAK: u64 = 14_781_577_728;
+
+#[test]
+fn shared_resnet_csv_replays_at_peak_live() {
+    let Some(p) = shared("resnet50_varbatch.csv.gz") else {
+        return;
+    };
+    let t0 = Instant::now();
+    let t = Trace::read(&p).unwrap();
+    let read = t0.elapsed();
+    let ops = t.ops(0);
+    assert_eq!(ops.allocs, 28_298);
+    assert_eq!(
+        (ops.skipped_frees, ops.implicit_frees, ops.live_at_end),
+        (0, 0, 0)
+    );
+    // PyTorch counts its rounded (and unsplit) block sizes; the trace's
+    // sizes are what the tensors asked for, so ours is a little lower.
+    let peak = ops.peak_live_bytes;
+    assert_eq!(peak, t.ops_with(0, FreePoint::FirstFree).peak_live_bytes);
+    let rel = (RESNET_TORCH_PEAK as f64 - peak as f64) / RESNET_TORCH_PEAK as f64;
+    assert!(
+        (0.0..0.01).contains(&rel),
+        "peak {peak} vs PyTorch {RESNET_TORCH_PEAK}"
+    );
+
+    let cap = ops.peak_live_rounded(256);
+    let r = replay(&ops, &ArenaConfig::new(cap).with_alignment_bytes(256)).unwrap();
+    assert!(r.completed(), "{:?}", r.outcome);
+    assert_eq!(r.peak_live_bytes, cap);
+
+    let m = find_min_capacity(&ops, 256).unwrap();
+    assert!(m.ratio() <= 1.001, "ratio {}", m.ratio());
+    let fixed = find_min_capacity_with(&ops, 256, Allocator::NonMoving).unwrap();
+    assert!(fixed.capacity_bytes >= m.capacity_bytes);
+    println!(
+        "resnet50: read {:.0} ms; peak live {peak} B ({:.4} of PyTorch's), rounded {cap} B; \
+         replay {:.1} ms ({:.0} ns/op), {} B moved; min ratio {:.4} (non-moving {:.4})",
+        read.as_secs_f64() * 1e3,
+        peak as f64 / RESNET_TORCH_PEAK as f64,
+        r.wall_time.as_secs_f64() * 1e3,
+        r.time_per_op().as_secs_f64() * 1e9,
+        r.bytes_moved,
+        m.ratio(),
+        fixed.ratio()
+    );
+}
+
+/// A training-like synthetic program: per step, a burst of allocations,
+/// then frees (half LIFO, half random) until half the live blocks are left.
+fn synthetic(n_ops: usize) -> Ops {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut ops = Vec::with_capacity(n_ops);
+    let mut live: Vec<u32> = Vec::new();
+    let mut next = 0u32;
+    while ops.len() < n_ops {
+        let burst = 20 + rnd() % 200;
+        for _ in 0..burst {
+            let size = match rnd() % 10 {
+                0 => (1 + rnd() % 64) << 20,
+                1..=3 => (1 + rnd() % 1024) << 10,
+                _ => 1 + rnd() % 8192,
+            };
+            ops.push(Op::Alloc { id: next, size });
+            live.push(next);
+            next += 1;
+        }
+        // Half the blocks outlive the step, so holes form between them.
+        let keep = live.len() / 2;
+        while live.len() > keep && ops.len() < n_ops {
+            // Half LIFO, half a random victim.
+            let i = if rnd() % 2 == 0 {
+                (rnd() as usize) % live.len()
+            } else {
+                live.len() - 1
+            };
+            ops.push(Op::Free {
+                id: live.swap_remove(i),
+            });
+        }
+    }
+    Ops::from_ops(ops)
+}
+
+#[test]
+fn synthetic_replay_compares_allocators() {
+    let ops = synthetic(100_000);
+    let m = find_min_capacity(&ops, 256).unwrap();
+    assert!(m.ratio() <= 1.01, "ratio {}", m.ratio());
+    let cfg = ArenaConfig::new(m.capacity_bytes);
+    let naive = replay_with(
+        &ops,
+        &cfg,
+        &ReplayOptions {
+            allocator: Allocator::NaiveCompacting,
+            timeline_points: 500,
+        },
+    )
+    .unwrap();
+    assert!(naive.completed());
+    assert!(naive.bytes_moved >= m.report.bytes_moved);
+    let t = naive.timeline.unwrap();
+    assert!(t.samples.len() <= 1000 + 2);
+    assert!(t
+        .samples
+        .iter()
+        .any(|s| s.live_bytes == naive.peak_live_bytes));
+}
+
+/// 1,000,000 ops must replay in under 2 s (release build).
+#[test]
+fn million_op_replay_is_fast() {
+    let ops = synthetic(1_000_000);
+    // At exactly the peak: the replay has to compact to get through.
+    let cap = ops.peak_live_rounded(256);
+    let r = replay(&ops, &ArenaConfig::new(cap)).unwrap();
+    assert!(r.completed(), "{:?}", r.outcome);
+    println!(
+        "1M ops at 1.0 x peak: {:.0} ms ({:.0} ns/op), {} compactions, {} B moved",
+        r.wall_time.as_secs_f64() * 1e3,
+        r.time_per_op().as_secs_f64() * 1e9,
+        r.targeted_compactions + r.full_compactions,
+        r.bytes_moved
+    );
+    if !cfg!(debug_assertions) {
+        assert!(r.wall_time.as_secs_f64() < 2.0, "{:?}", r.wall_time);
+    }
+}
+
+/// Open and close counts of an element agree.
+fn balanced(svg: &str, tag: &str) -> bool {
+    let open = svg.matches(&format!("<{tag} ")).count() + svg.matches(&format!("<{tag}>")).count();
+    open == svg.matches(&format!("</{tag}>")).count()
+}
+
+fn well_formed_ish(svg: &str) {
+    assert!(svg.starts_with("<svg "), "{}", &svg[..svg.len().min(80)]);
+    assert!(svg.trim_end().ends_with("</svg>"));
+    for tag in ["svg", "g", "text", "defs", "pattern"] {
+        assert!(balanced(svg, tag), "unbalanced <{tag}>");
+    }
+    assert_eq!(svg.matches('<').count(), svg.matches('>').count());
+    assert!(!svg.contains("NaN") && !svg.contains("inf"));
+}
+
+#[test]
+fn timeline_svg_has_lines_and_labels() {
+    const GIB: u64 = 1 << 30;
+    let samples: Vec<Sample> = (0..20_000u64)
+        .map(|i| {
+            let live = (i % 1000) * GIB / 100;
+            Sample {
+                event: i,
+                live_bytes: live,
+                free_bytes: 12 * GIB - live,
+                largest_free_bytes: (12 * GIB - live) / 2,
+            }
+        })
+        .collect();
+    let t = Timeline {
+        capacity_bytes: 12 * GIB,
+        samples,
+        compactions: vec![(500, false, GIB), (900, true, 3 * GIB)],
+        baselines: vec![(
+            "PyTorch <reserved>".into(),
+            vec![(0, GIB), (10_000, 15 * GIB)],
+        )],
+        title: "resnet & friends".into(),
+    };
+    let svg = timeline_svg(&t);
+    well_formed_ish(&svg);
+    for label in [
+        "event index",
+        "memory (GiB)",
+        "resnet &amp; friends",
+        "PyTorch &lt;reserved&gt;",
+        "capacity 12.00 GiB",
+        "largest free hole",
+        "1 targeted compactions",
+        "1 full compactions",
+    ] {
+        assert!(svg.contains(label), "missing {label}");
+    }
+    // Downsampled: no line has more than a few thousand points.
+    for line in svg.lines().filter(|l| l.starts_with("<polyline")) {
+        assert!(line.matches(',').count() <= 3_100);
+    }
+}
+
+#[test]
+fn memory_map_svg_has_bars_and_labels() {
+    const MIB: u64 = 1 << 20;
+    let before = MemoryMap {
+        title: "before".into(),
+        capacity_bytes: 2048 * MIB,
+        blocks: vec![
+            (0, 100 * MIB, false),
+            (300 * MIB, 50 * MIB, true),
+            (1000 * MIB, MIB, false),
+        ],
+    };
+    let after = MemoryMap {
+        title: "after".into(),
+        capacity_bytes: 2048 * MIB,
+        blocks: vec![
+            (0, 100 * MIB, false),
+            (300 * MIB, 50 * MIB, true),
+            (100 * MIB, MIB, false),
+        ],
+    };
+    let svg = memory_map_svg(&[before, after]);
+    well_formed_ish(&svg);
+    for label in [
+        "before",
+        "after",
+        "offset (GiB)",
+        "1 pinned",
+        "url(#hatch)",
+        "3 hole(s)",
+    ] {
+        assert!(svg.contains(label), "missing {label}");
+    }
+    let small = memory_map_svg(&[MemoryMap {
+        title: "small".into(),
+        capacity_bytes: 64 * MIB,
+        blocks: vec![],
+    }]);
+    well_formed_ish(&small);
+    assert!(small.contains("offset (MiB)"));
+}
+
+/// Live bytes held near a ceiling with random frees: at a capacity of the
+/// peak, almost every allocation near the ceiling needs a compaction.
+fn steady(n_ops: usize, budget: u64) -> Ops {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut ops = Vec::with_capacity(n_ops);
+    let mut live: Vec<(u32, u64)> = Vec::new();
+    let mut live_bytes = 0u64;
+    let mut next = 0u32;
+    while ops.len() < n_ops {
+        let size = (1 + rnd() % 4096) * 256;
+        while live_bytes + size > budget {
+            let i = (rnd() as usize) % live.len();
+            let (id, s) = live.swap_remove(i);
+            live_bytes -= s;
+            ops.push(Op::Free { id });
+        }
+        ops.push(Op::Alloc { id: next, size });
+        live.push((next, size));
+        live_bytes += size;
+        next += 1;
+    }
+    Ops::from_ops(ops)
+}
+
+/// A measurement, not a check (about 20 s): the three allocators under
+/// steady pressure. Run with `--ignored --nocapture`.
+#[test]
+#[ignore = "stress measurement; run with --ignored --nocapture"]
+fn steady_state_stress() {
+    let ops = steady(200_000, 1 << 30);
+    for ratio in [1.0, 1.01, 1.05] {
+        let cap = ((ops.peak_live_rounded(256) as f64 * ratio) as u64).div_ceil(256) * 256;
+        for allocator in Allocator::ALL {
+            let r = replay_with(
+                &ops,
+                &ArenaConfig::new(cap),
+                &ReplayOptions {
+                    allocator,
+                    timeline_points: 0,
+                },
+            )
+            .unwrap();
+            println!(
+                "steady {ratio:.2}: {:<36} {:>8} ops run, completed {}, {:.0} ms, {} / {} compactions, {} MiB moved",
+                allocator.label(),
+                r.ops_run,
+                r.completed(),
+                r.wall_time.as_secs_f64() * 1e3,
+                r.targeted_compactions,
+                r.full_compactions,
+                r.bytes_moved >> 20
+            );
+        }
+    }
+}
