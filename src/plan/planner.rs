@@ -266,44 +266,63 @@ fn plan_evacuate(
     beat: Option<u64>,
 ) -> Option<Plan> {
     const CANDIDATES: usize = 4;
-    // Candidate starts: every hole start and every block start, aligned up.
-    let mut starts: Vec<u64> = holes.spans.iter().map(|h| h.0).collect();
-    starts.extend(blocks.iter().map(|b| b.offset));
-    starts.sort_unstable();
-    starts.dedup();
-
-    let mut cands: Vec<(u64, u64, usize, usize)> = Vec::new(); // (cost, x, lo, hi) blocks lo..hi intersect
+    // Candidate starts: every region start (hole or block), in address
+    // order, aligned up. Keep the cheapest few windows in one pass.
+    let mut best: smallvec::SmallVec<[(u64, u64, usize, usize); CANDIDATES]> = smallvec::SmallVec::new();
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut cost = 0u64;
     let mut pinned_inside = 0u32;
-    for &s in &starts {
+    let mut consider = |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
         let x = align_up(s, req.align);
         let Some(end) = x.checked_add(req.size).filter(|&e| e <= capacity) else {
-            break;
+            return false;
         };
-        while hi < blocks.len() && blocks[hi].offset < end {
-            cost += blocks[hi].copy_len;
-            pinned_inside += u32::from(blocks[hi].pinned);
-            hi += 1;
+        while *hi < blocks.len() && blocks[*hi].offset < end {
+            *cost += blocks[*hi].copy_len;
+            *pinned += u32::from(blocks[*hi].pinned);
+            *hi += 1;
         }
-        while lo < hi && blocks[lo].end() <= x {
-            cost -= blocks[lo].copy_len;
-            pinned_inside -= u32::from(blocks[lo].pinned);
-            lo += 1;
+        while *lo < *hi && blocks[*lo].end() <= x {
+            *cost -= blocks[*lo].copy_len;
+            *pinned -= u32::from(blocks[*lo].pinned);
+            *lo += 1;
         }
-        if pinned_inside == 0 && beat.is_none_or(|b| cost < b) {
-            cands.push((cost, x, lo, hi));
+        if *pinned == 0 && beat.is_none_or(|b| *cost < b) {
+            let cand = (*cost, x, *lo, *hi);
+            if best.len() < CANDIDATES {
+                best.push(cand);
+            } else if let Some(worst) = best.iter_mut().max_by_key(|c| (c.0, c.1)) {
+                if (cand.0, cand.1) < (worst.0, worst.1) {
+                    *worst = cand;
+                }
+            }
         }
+        true
+    };
+    let mut cursor = 0;
+    let mut ended = false;
+    for b in blocks {
+        if b.offset > cursor && !consider(cursor, &mut lo, &mut hi, &mut cost, &mut pinned_inside) {
+            ended = true;
+            break;
+        }
+        if !consider(b.offset, &mut lo, &mut hi, &mut cost, &mut pinned_inside) {
+            ended = true;
+            break;
+        }
+        cursor = b.end();
     }
-    cands.sort_unstable_by_key(|c| (c.0, c.1));
-    cands
-        .iter()
-        .take(CANDIDATES)
+    if !ended && capacity > cursor {
+        consider(cursor, &mut lo, &mut hi, &mut cost, &mut pinned_inside);
+    }
+    best.sort_unstable_by_key(|c| (c.0, c.1));
+    best.iter()
         .find_map(|&(_, x, lo, hi)| pack_evacuees(blocks, holes, x, x + req.size, lo, hi))
 }
 
 /// Best-fit the blocks `lo..hi` (largest first) into free space outside
-/// `[win_lo, win_hi)`.
+/// `[win_lo, win_hi)`. Few evacuees scan a flat list of free pieces (no
+/// index to build); many use an ordered map.
 fn pack_evacuees(
     blocks: &[LiveBlock],
     holes: &Holes,
@@ -313,46 +332,58 @@ fn pack_evacuees(
     hi: usize,
 ) -> Option<Plan> {
     if lo == hi {
-        let mut plan = Plan::empty(PlanKind::Targeted);
-        plan.waves.clear();
-        return Some(plan); // the window is already free
+        return Some(Plan::empty(PlanKind::Targeted)); // the window is already free
     }
-    // Free space outside the window, by (size, start).
-    let mut free: BTreeMap<(u64, u64), ()> = BTreeMap::new();
+    // Free space outside the window as (start, end) pieces.
+    let mut free: Vec<(u64, u64)> = Vec::with_capacity(holes.spans.len() + 1);
     for &(s, e) in &holes.spans {
         for (a, b) in [(s, e.min(win_lo)), (s.max(win_hi), e)] {
             if b > a {
-                free.insert((b - a, a), ());
+                free.push((a, b));
             }
         }
     }
     let mut order: Vec<usize> = (lo..hi).collect();
     order.sort_unstable_by_key(|&i| std::cmp::Reverse(blocks[i].len));
     let mut moves = Vec::with_capacity(order.len());
-    for i in order {
-        let b = &blocks[i];
-        // Smallest region that holds the block with its alignment: scan up
-        // from the first big enough one (alignment padding may disqualify a few).
-        let found = free
-            .range((b.len, 0)..)
-            .map(|(&k, _)| k)
-            .find(|&(size, start)| align_up(start, b.align) - start + b.len <= size)?;
-        free.remove(&found);
-        let (size, start) = found;
-        let dst = align_up(start, b.align);
-        if dst > start {
-            free.insert((dst - start, start), ());
+    let fits = |(start, end): (u64, u64), b: &LiveBlock| align_up(start, b.align).checked_add(b.len).is_some_and(|e| e <= end);
+    if order.len() <= 16 {
+        for i in order {
+            let b = &blocks[i];
+            // Smallest piece that holds the block at its alignment.
+            let (k, _) = free
+                .iter()
+                .enumerate()
+                .filter(|(_, &p)| fits(p, b))
+                .min_by_key(|(_, p)| p.1 - p.0)?;
+            let (start, end) = free[k];
+            let dst = align_up(start, b.align);
+            free[k] = (dst + b.len, end);
+            if dst > start {
+                free.push((start, dst));
+            }
+            moves.push(Move { key: b.key, src: b.offset, dst, len: b.copy_len });
         }
-        let rest = start + size - (dst + b.len);
-        if rest > 0 {
-            free.insert((rest, dst + b.len), ());
+    } else {
+        let mut by_size: BTreeMap<(u64, u64), ()> = free.iter().map(|&(s, e)| ((e - s, s), ())).collect();
+        for i in order {
+            let b = &blocks[i];
+            let found = by_size
+                .range((b.len, 0)..)
+                .map(|(&k, _)| k)
+                .find(|&(size, start)| fits((start, start + size), b))?;
+            by_size.remove(&found);
+            let (size, start) = found;
+            let dst = align_up(start, b.align);
+            if dst > start {
+                by_size.insert((dst - start, start), ());
+            }
+            let rest = start + size - (dst + b.len);
+            if rest > 0 {
+                by_size.insert((rest, dst + b.len), ());
+            }
+            moves.push(Move { key: b.key, src: b.offset, dst, len: b.copy_len });
         }
-        moves.push(Move {
-            key: b.key,
-            src: b.offset,
-            dst,
-            len: b.copy_len,
-        });
     }
     moves.sort_unstable_by_key(|m| m.src);
     let mut plan = Plan::empty(PlanKind::Targeted);
