@@ -1,0 +1,487 @@
+//! Unit and model-based tests of [`FreeIndex`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::*;
+
+/// splitmix64: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn check(index: &FreeIndex) {
+    if let Err(e) = index.check_invariants() {
+        panic!("invariant broken: {e}\n{index:?}");
+    }
+}
+
+fn free_list(index: &FreeIndex) -> Vec<(u64, u64)> {
+    index
+        .regions()
+        .filter(|r| r.node.is_none())
+        .map(|r| (r.offset, r.size))
+        .collect()
+}
+
+fn pad(offset: u64, align: u64) -> u64 {
+    offset.wrapping_neg() & (align - 1)
+}
+
+#[test]
+fn new_and_empty() {
+    let index = FreeIndex::new(1000);
+    check(&index);
+    assert_eq!(index.capacity(), 1000);
+    assert_eq!(
+        index.regions().collect::<Vec<_>>(),
+        [Region {
+            offset: 0,
+            size: 1000,
+            node: None
+        }]
+    );
+    assert_eq!(
+        index.report(),
+        StorageReport {
+            free_bytes: 1000,
+            largest_free_bytes: 1000,
+            free_regions: 1,
+            used_blocks: 0
+        }
+    );
+
+    let mut zero = FreeIndex::new(0);
+    check(&zero);
+    assert_eq!(zero.regions().count(), 0);
+    assert_eq!(zero.alloc(1, 1), None);
+    assert_eq!(zero.largest_free(), 0);
+    assert!(format!("{zero:?}").contains("FreeIndex"));
+}
+
+#[test]
+fn alloc_free_coalesce() {
+    let mut index = FreeIndex::new(1000);
+    let (a, oa) = index.alloc(100, 1).unwrap();
+    let (b, ob) = index.alloc(200, 1).unwrap();
+    let (c, oc) = index.alloc(300, 1).unwrap();
+    check(&index);
+    // One free region, so blocks are carved from its front in order.
+    assert_eq!((oa, ob, oc), (0, 100, 300));
+    assert_eq!(
+        (index.size(a), index.size(b), index.size(c)),
+        (100, 200, 300)
+    );
+    assert_eq!(index.offset(c), 300);
+    assert_eq!(index.free_bytes(), 400);
+    assert_eq!(index.alloc(401, 1), None);
+
+    index.free(b);
+    check(&index);
+    assert_eq!(free_list(&index), [(100, 200), (600, 400)]);
+    index.free(a); // merges with the hole after it
+    check(&index);
+    assert_eq!(free_list(&index), [(0, 300), (600, 400)]);
+    index.free(c); // merges on both sides
+    check(&index);
+    assert_eq!(free_list(&index), [(0, 1000)]);
+    assert_eq!(index.report().used_blocks, 0);
+
+    // Fill exactly, then nothing fits.
+    let (d, od) = index.alloc(1000, 1).unwrap();
+    assert_eq!(od, 0);
+    assert_eq!(index.alloc(1, 1), None);
+    assert_eq!(
+        index.report(),
+        StorageReport {
+            used_blocks: 1,
+            ..Default::default()
+        }
+    );
+    index.free(d);
+    check(&index);
+}
+
+#[test]
+fn fill_and_drain() {
+    // Filling a fresh index carves every block off the front of the one big
+    // region (the in-place path); draining in a scrambled order merges back.
+    let mut index = FreeIndex::new(1 << 30);
+    let mut rng = Rng(7);
+    let mut blocks = Vec::new();
+    let mut end = 0;
+    for _ in 0..2000 {
+        let size = 256 * (1 + rng.below(16));
+        let (id, offset) = index.alloc(size, 256).unwrap();
+        assert_eq!(offset, end);
+        end += size;
+        blocks.push(id);
+    }
+    check(&index);
+    assert_eq!(free_list(&index), [(end, (1 << 30) - end)]);
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    for (k, id) in blocks.into_iter().enumerate() {
+        index.free(id);
+        if k % 97 == 0 {
+            check(&index);
+        }
+    }
+    check(&index);
+    assert_eq!(free_list(&index), [(0, 1 << 30)]);
+}
+
+/// Builds an index whose only free space is `holes` (sorted, disjoint, not
+/// adjacent, inside `[0, capacity)`).
+fn with_holes(capacity: u64, holes: &[(u64, u64)]) -> FreeIndex {
+    let mut used = Vec::new();
+    let mut cursor = 0;
+    for &(o, s) in holes {
+        if o > cursor {
+            used.push((cursor, o - cursor));
+        }
+        cursor = o + s;
+    }
+    if capacity > cursor {
+        used.push((cursor, capacity - cursor));
+    }
+    let mut index = FreeIndex::new(capacity);
+    let mut ids = Vec::new();
+    index.rebuild(&used, &mut ids);
+    check(&index);
+    assert_eq!(free_list(&index), holes);
+    index
+}
+
+#[test]
+fn exact_fit_alone_in_its_class() {
+    // 1000 is not a class boundary, so its class also holds smaller sizes and
+    // the good-fit search (classes that surely fit) skips it.
+    assert_ne!(bins::bin_round_down(1000), bins::bin_round_up(1000));
+    let mut index = with_holes(10_000, &[(256, 1000)]);
+    assert_eq!(index.largest_free(), 1000);
+    let (node, offset) = index.alloc(1000, 1).unwrap();
+    assert_eq!((offset, index.size(node)), (256, 1000));
+    assert_eq!(index.free_bytes(), 0);
+    check(&index);
+
+    // One byte short: exact failure.
+    let mut index = with_holes(10_000, &[(256, 999)]);
+    assert_eq!(index.alloc(1000, 1), None);
+    // With a smaller same-class region listed first, the scan goes on.
+    let mut index = with_holes(10_000, &[(256, 999), (2000, 1000), (4000, 990)]);
+    assert_eq!(index.alloc(1000, 1).map(|(_, o)| o), Some(2000));
+    check(&index);
+}
+
+#[test]
+fn alignment() {
+    // Free space starts at 768, an odd multiple of 256.
+    let mut index = with_holes(3 * 4096, &[(768, 3 * 4096 - 768)]);
+    let (node, offset) = index.alloc(256, 4096).unwrap();
+    assert_eq!(offset, 4096);
+    assert_eq!(index.offset(node), 4096);
+    check(&index);
+    // The padding stays free and the tail too.
+    assert_eq!(
+        free_list(&index),
+        [(768, 4096 - 768), (4096 + 256, 2 * 4096 - 256)]
+    );
+    // Every 256-multiple offset can take 256-aligned blocks without padding.
+    let (_, o) = index.alloc(256, 256).unwrap();
+    assert_eq!(o % 256, 0);
+    check(&index);
+
+    // A hole that fits only with all its padding used: size + align - 1 does
+    // not fit, so only the exact scan finds it.
+    let mut index = with_holes(3 * 4096, &[(768, 4096 + 256 - 768)]);
+    let (_, offset) = index.alloc(256, 4096).unwrap();
+    assert_eq!(offset, 4096);
+    assert_eq!(free_list(&index), [(768, 4096 - 768)]);
+    check(&index);
+    // One byte short.
+    let mut index = with_holes(3 * 4096, &[(768, 4096 + 255 - 768)]);
+    assert_eq!(index.alloc(256, 4096), None);
+
+    // The head of the good-fit class is misaligned but a larger class fits.
+    let mut index = with_holes(1 << 20, &[(768, 600), (8192, 64 * 1024)]);
+    let (_, offset) = index.alloc(512, 4096).unwrap();
+    assert_eq!(offset, 8192);
+    check(&index);
+
+    // Huge alignments.
+    let mut index = FreeIndex::new(u64::MAX);
+    let (_, o1) = index.alloc(1, 1).unwrap();
+    let (_, o2) = index.alloc(1, 1 << 63).unwrap();
+    assert_eq!((o1, o2), (0, 1 << 63));
+    assert_eq!(index.alloc(1 << 63, 1 << 63), None);
+    check(&index);
+}
+
+#[test]
+fn huge_sizes() {
+    let mut index = FreeIndex::new(u64::MAX);
+    assert_eq!(index.largest_free(), u64::MAX);
+    let (a, _) = index.alloc(u64::MAX - 10, 1).unwrap();
+    assert_eq!(index.alloc(11, 1), None);
+    let (b, ob) = index.alloc(10, 1).unwrap();
+    assert_eq!(ob, u64::MAX - 10);
+    assert_eq!(index.free_bytes(), 0);
+    check(&index);
+    index.free(a);
+    index.free(b);
+    check(&index);
+    assert_eq!(index.alloc(u64::MAX, 1).map(|(_, o)| o), Some(0));
+    assert_eq!(
+        FreeIndex::new(5 << 40)
+            .alloc(3 << 40, 1 << 40)
+            .map(|(_, o)| o),
+        Some(0)
+    );
+}
+
+#[test]
+fn rebuild_layout_and_reuse() {
+    let mut index = FreeIndex::new(10_000);
+    for _ in 0..50 {
+        index.alloc(100, 1).unwrap();
+    }
+    let used = [(0, 10), (10, 20), (100, 50), (9_000, 1_000)];
+    let mut ids = vec![7, 7, 7];
+    index.rebuild(&used, &mut ids);
+    check(&index);
+    assert_eq!(ids.len(), 4);
+    for (&id, &(o, s)) in ids.iter().zip(&used) {
+        assert_eq!((index.offset(id), index.size(id)), (o, s));
+    }
+    let regions: Vec<_> = index.regions().collect();
+    assert_eq!(
+        regions,
+        [
+            Region {
+                offset: 0,
+                size: 10,
+                node: Some(ids[0])
+            },
+            Region {
+                offset: 10,
+                size: 20,
+                node: Some(ids[1])
+            },
+            Region {
+                offset: 30,
+                size: 70,
+                node: None
+            },
+            Region {
+                offset: 100,
+                size: 50,
+                node: Some(ids[2])
+            },
+            Region {
+                offset: 150,
+                size: 8_850,
+                node: None
+            },
+            Region {
+                offset: 9_000,
+                size: 1_000,
+                node: Some(ids[3])
+            },
+        ]
+    );
+    assert_eq!(index.report().free_bytes, 70 + 8_850);
+
+    // Warm: a second rebuild of the same size allocates nothing new.
+    let slots = index.nodes.capacity();
+    let out_cap = ids.capacity();
+    index.rebuild(&used, &mut ids);
+    assert_eq!((index.nodes.capacity(), ids.capacity()), (slots, out_cap));
+    index.rebuild(&[], &mut ids);
+    assert!(ids.is_empty());
+    assert_eq!(free_list(&index), [(0, 10_000)]);
+    check(&index);
+    index.rebuild(&[(0, 10_000)], &mut ids);
+    assert_eq!(index.free_bytes(), 0);
+    check(&index);
+}
+
+/// Free ranges as a `BTreeMap` (offset -> size) and used blocks by id.
+#[derive(Default)]
+struct Model {
+    free: BTreeMap<u64, u64>,
+    used: HashMap<NodeId, (u64, u64)>,
+}
+
+impl Model {
+    fn new(capacity: u64) -> Self {
+        let mut m = Model::default();
+        if capacity > 0 {
+            m.free.insert(0, capacity);
+        }
+        m
+    }
+
+    fn fits(&self, size: u64, align: u64) -> bool {
+        self.free
+            .iter()
+            .any(|(&o, &s)| s >= pad(o, align) && s - pad(o, align) >= size)
+    }
+
+    fn take(&mut self, offset: u64, size: u64) {
+        let (&o, &s) = self
+            .free
+            .range(..=offset)
+            .next_back()
+            .expect("alloc outside free space");
+        assert!(
+            offset + size <= o + s,
+            "alloc [{offset}, +{size}) overruns free [{o}, +{s})"
+        );
+        self.free.remove(&o);
+        if offset > o {
+            self.free.insert(o, offset - o);
+        }
+        if o + s > offset + size {
+            self.free.insert(offset + size, o + s - offset - size);
+        }
+    }
+
+    fn give(&mut self, mut offset: u64, mut size: u64) {
+        if let Some((&o, &s)) = self.free.range(..offset).next_back() {
+            assert!(o + s <= offset);
+            if o + s == offset {
+                self.free.remove(&o);
+                offset = o;
+                size += s;
+            }
+        }
+        if let Some(&s) = self.free.get(&(offset + size)) {
+            self.free.remove(&(offset + size));
+            size += s;
+        }
+        self.free.insert(offset, size);
+    }
+}
+
+fn compare(index: &FreeIndex, model: &Model) {
+    check(index);
+    let free: Vec<(u64, u64)> = model.free.iter().map(|(&o, &s)| (o, s)).collect();
+    assert_eq!(free_list(index), free);
+    let mut used: Vec<(u64, u64, NodeId)> =
+        model.used.iter().map(|(&id, &(o, s))| (o, s, id)).collect();
+    used.sort_unstable();
+    let regions: Vec<(u64, u64, NodeId)> = index
+        .regions()
+        .filter_map(|r| Some((r.offset, r.size, r.node?)))
+        .collect();
+    assert_eq!(regions, used);
+    assert_eq!(
+        index.largest_free(),
+        model.free.values().copied().max().unwrap_or(0)
+    );
+}
+
+fn random_request(rng: &mut Rng, model: &Model, capacity: u64) -> (u64, u64) {
+    let size = match rng.below(10) {
+        0..=2 => 1 + rng.below(300),
+        3..=5 => 256 * (1 + rng.below(64)),
+        6 => 1 + rng.below(capacity / 4),
+        // Exactly the size of some free region (exact-fit path).
+        7 | 8 if !model.free.is_empty() => {
+            let k = rng.below(model.free.len() as u64) as usize;
+            let s = *model.free.values().nth(k).unwrap();
+            s - rng.below(2).min(s - 1)
+        }
+        _ => 1 + rng.below(5000),
+    };
+    let align = match rng.below(8) {
+        0..=2 => 1,
+        3..=4 => 256,
+        _ => 1 << rng.below(14),
+    };
+    (size, align)
+}
+
+fn run_model(seed: u64, capacity: u64, ops: usize) {
+    let mut rng = Rng(seed);
+    let mut index = FreeIndex::new(capacity);
+    let mut model = Model::new(capacity);
+    let mut live: Vec<NodeId> = Vec::new();
+    let mut ids = Vec::new();
+    let (mut hits, mut misses) = (0, 0);
+    for step in 0..ops {
+        match rng.below(100) {
+            0..=54 => {
+                let (size, align) = random_request(&mut rng, &model, capacity);
+                let expect = model.fits(size, align);
+                match index.alloc(size, align) {
+                    Some((id, offset)) => {
+                        assert!(
+                            expect,
+                            "step {step}: alloc({size}, {align}) succeeded but nothing fits"
+                        );
+                        assert_eq!(offset % align, 0);
+                        assert_eq!((index.offset(id), index.size(id)), (offset, size));
+                        model.take(offset, size);
+                        assert!(
+                            model.used.insert(id, (offset, size)).is_none(),
+                            "id {id} reused while live"
+                        );
+                        live.push(id);
+                        hits += 1;
+                    }
+                    None => {
+                        assert!(
+                            !expect,
+                            "step {step}: alloc({size}, {align}) failed but a region fits"
+                        );
+                        misses += 1;
+                    }
+                }
+            }
+            55..=97 if !live.is_empty() => {
+                let id = live.swap_remove(rng.below(live.len() as u64) as usize);
+                let (o, s) = model.used.remove(&id).unwrap();
+                index.free(id);
+                model.give(o, s);
+            }
+            _ => {
+                // Rebuild from the current layout, as after a compaction that
+                // moved nothing; ids are renamed.
+                let mut layout: Vec<(u64, u64, NodeId)> =
+                    model.used.iter().map(|(&id, &(o, s))| (o, s, id)).collect();
+                layout.sort_unstable();
+                let used: Vec<(u64, u64)> = layout.iter().map(|&(o, s, _)| (o, s)).collect();
+                index.rebuild(&used, &mut ids);
+                model.used = ids.iter().zip(&used).map(|(&id, &r)| (id, r)).collect();
+                live = ids.clone();
+            }
+        }
+        compare(&index, &model);
+    }
+    assert!(
+        hits > ops / 10 && misses > 0,
+        "weak test: {hits} hits, {misses} misses"
+    );
+}
+
+#[test]
+fn random_ops_match_reference_model() {
+    run_model(1, 1 << 20, 4000);
+    run_model(2, 1_000_003, 4000);
+    run_model(3, 64 * 1024, 3000);
+    run_model(4, 5_000_000_000, 2000);
+}
