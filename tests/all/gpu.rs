@@ -1,1 +1,787 @@
-//! GPU tests (being written).
+//! GPU tests of the CUDA backend: overlapping moves of every kind the wave
+//! rule allows, checked byte for byte (on the device for large blocks,
+//! against a host copy for small ones), bad plans, streams, and the
+//! model-based random programs on a CUDA arena.
+//!
+//! Every test prints `skipped: <reason>` and passes when no GPU is usable
+//! (CI has none). Run them on the GPU machine with
+//! `all gpu --test-threads=1` (see `scripts/gpu-suite.sh`).
+//!
+//! Environment:
+//! - `CUARENA_GPU_MAX_BLOCK`: largest block of the overlap tests in bytes
+//!   (default 4 GiB; the sanitizer runs use a few MiB).
+//! - `CUARENA_GPU_PROGRAMS`: random arena programs to run (default 4000,
+//!   about 40 s on an H100).
+//! - `CUARENA_GPU_THREADS`: host threads running them, each with its own
+//!   arena and stream (default 4; the sanitizer runs use 1).
+
+use std::sync::Arc;
+
+use cuarena::backend::cuda::cudarc::driver::CudaContext;
+use cuarena::backend::cuda::cudarc::driver::{
+    CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cuarena::backend::cuda::CudaBackend;
+use cuarena::backend::Backend;
+use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::{Arena, ArenaConfig, Error, Handle};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Returns false (after printing why) when no GPU is usable.
+fn gpu_available() -> bool {
+    match CudaBackend::available() {
+        Ok(()) => true,
+        Err(reason) => {
+            println!("skipped: {reason}");
+            false
+        }
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn max_block() -> u64 {
+    env_u64("CUARENA_GPU_MAX_BLOCK", 4 * GIB)
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+fn mv(src: u64, dst: u64, len: u64) -> Move {
+    Move {
+        key: src,
+        src,
+        dst,
+        len,
+    }
+}
+
+fn plan_of(waves: Vec<Vec<Move>>) -> Plan {
+    let mut p = Plan::empty(PlanKind::Full);
+    for moves in waves {
+        if !moves.is_empty() {
+            p.waves.push(Wave { moves });
+        }
+    }
+    p
+}
+
+/// The device pattern helpers of `kernels/testing.cu`.
+struct Checker {
+    _module: Arc<CudaModule>,
+    fill: CudaFunction,
+    check: CudaFunction,
+    stream: Arc<CudaStream>,
+    region: u64,
+}
+
+/// `kernels/testing.cu` (with `cuarena.cuh` pasted in) loaded for `backend`.
+fn test_module(backend: &CudaBackend) -> Arc<CudaModule> {
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={}", backend.arch())],
+        ..Default::default()
+    };
+    let src = include_str!("../../kernels/testing.cu").replacen(
+        "#include \"cuarena.cuh\"",
+        include_str!("../../kernels/cuarena.cuh"),
+        1,
+    );
+    let ptx = compile_ptx_with_opts(src, opts).expect("kernels/testing.cu compiles");
+    backend.context().load_module(ptx).expect("module loads")
+}
+
+impl Checker {
+    fn new(backend: &CudaBackend) -> Checker {
+        let module = test_module(backend);
+        Checker {
+            fill: module.load_function("test_fill").expect("test_fill"),
+            check: module.load_function("test_check").expect("test_check"),
+            _module: module,
+            stream: backend.stream().clone(),
+            region: backend.region_ptr(),
+        }
+    }
+
+    /// Writes the pattern of `seed` over `[lo, hi)` (on the arena stream).
+    fn fill(&self, lo: u64, hi: u64, seed: u64) {
+        let mut b = self.stream.launch_builder(&self.fill);
+        b.arg(&self.region).arg(&lo).arg(&hi).arg(&seed);
+        let cfg = LaunchConfig {
+            grid_dim: (((hi - lo).div_ceil(256)).clamp(1, 8192) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: test_fill(u8*, u64, u64, u64) writes only [lo, hi), which
+        // the callers keep inside the region.
+        unsafe { b.launch(cfg) }.expect("test_fill launches");
+    }
+
+    /// Mismatching bytes of `[lo, hi)` and the first one, where `segs`
+    /// (dst, origin, len) says which bytes came from where.
+    fn check(&self, segs: &[(u64, u64, u64)], lo: u64, hi: u64, seed: u64) -> (u64, u64) {
+        let mut sorted = segs.to_vec();
+        sorted.sort_unstable_by_key(|s| s.0);
+        let flat: Vec<u64> = sorted.iter().flat_map(|&(d, o, n)| [d, o, n]).collect();
+        let flat = if flat.is_empty() { vec![0u64; 3] } else { flat };
+        let segs_dev = self.stream.clone_htod(&flat).expect("segments upload");
+        let out = self.stream.clone_htod(&[0u64, u64::MAX]).expect("counters");
+        let (bad_ptr, first_ptr) = {
+            use cuarena::backend::cuda::cudarc::driver::DevicePtr;
+            let (p, _g) = out.device_ptr(&self.stream);
+            (p, p + 8)
+        };
+        let chunk: u64 = 4096;
+        let threads = (hi - lo).div_ceil(chunk);
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(128).max(1) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let nsegs = sorted.len() as u32;
+        let mut b = self.stream.launch_builder(&self.check);
+        b.arg(&self.region)
+            .arg(&segs_dev)
+            .arg(&nsegs)
+            .arg(&lo)
+            .arg(&hi)
+            .arg(&chunk)
+            .arg(&seed)
+            .arg(&bad_ptr)
+            .arg(&first_ptr);
+        // SAFETY: test_check reads [lo, hi) of the region and nsegs segments,
+        // and writes the two counters of `out`.
+        unsafe { b.launch(cfg) }.expect("test_check launches");
+        let got = self.stream.clone_dtoh(&out).expect("counters download");
+        (got[0], got[1])
+    }
+}
+
+/// A backend of `capacity` bytes on device 0 with its checker.
+fn backend(capacity: u64) -> (CudaBackend, Checker) {
+    let b = CudaBackend::new(0, capacity).expect("CUDA backend");
+    let c = Checker::new(&b);
+    (b, c)
+}
+
+/// Runs `plan` (waves in order) on a host copy.
+fn host_execute(bytes: &mut [u8], plan: &Plan) {
+    for wave in &plan.waves {
+        let saved: Vec<Vec<u8>> = wave
+            .moves
+            .iter()
+            .map(|m| bytes[m.src as usize..(m.src + m.len) as usize].to_vec())
+            .collect();
+        for (m, s) in wave.moves.iter().zip(saved) {
+            bytes[m.dst as usize..(m.dst + m.len) as usize].copy_from_slice(&s);
+        }
+    }
+}
+
+/// Fills a backend with random bytes, runs `plan` there and on a host copy,
+/// and compares every byte.
+fn check_against_host(backend: &mut CudaBackend, plan: &Plan, seed: u64, what: &str) {
+    plan.validate(backend.capacity_bytes())
+        .unwrap_or_else(|e| panic!("{what}: test built an invalid plan: {e}"));
+    let n = backend.capacity_bytes() as usize;
+    let mut rng = Rng(seed);
+    let mut host: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+    backend.write(0, &host).expect("upload");
+    backend.execute(plan).expect("execute");
+    host_execute(&mut host, plan);
+    let mut got = vec![0u8; n];
+    backend.read(0, &mut got).expect("download");
+    if let Some(i) = (0..n).find(|&i| got[i] != host[i]) {
+        panic!(
+            "{what}: byte {i} is {:#04x}, expected {:#04x} ({} bytes differ)",
+            got[i],
+            host[i],
+            (0..n).filter(|&j| got[j] != host[j]).count()
+        );
+    }
+}
+
+#[test]
+fn single_blocks_slide_down_by_every_step() {
+    if !gpu_available() {
+        return;
+    }
+    let cap_block = max_block();
+    let sizes: Vec<u64> = [KIB, 64 * KIB, MIB, 64 * MIB, GIB, 4 * GIB]
+        .into_iter()
+        .filter(|&s| s <= cap_block)
+        .collect();
+    let slides = [1u64, 24, 16, 256, 4 * KIB, MIB];
+    let largest = sizes.iter().copied().max().unwrap_or(KIB);
+    let (mut b, c) = backend(largest + 2 * MIB + 4096);
+    for &size in &sizes {
+        for &slide in &slides {
+            // Narrow (1 B, 8 B) slides only on the smaller blocks: they are slow
+            // and the larger ones add nothing new.
+            if slide % 16 != 0 && size > 64 * MIB {
+                continue;
+            }
+            let seed = size ^ (slide << 40);
+            let src = slide + 512;
+            let dst = 512;
+            let hi = src + size + 512;
+            c.fill(0, hi, seed);
+            b.execute(&plan_of(vec![vec![mv(src, dst, size)]]))
+                .expect("execute");
+            let (bad, first) = c.check(&[(dst, src, size)], 0, hi, seed);
+            assert_eq!(
+                bad, 0,
+                "size {size} slide {slide}: {bad} bad bytes, first at {first}"
+            );
+        }
+    }
+    b.synchronize().expect("no kernel error");
+}
+
+#[test]
+fn chains_of_adjacent_blocks_slide_down() {
+    if !gpu_available() {
+        return;
+    }
+    let cap_block = max_block().min(64 * MIB);
+    let (mut b, c) = backend(4 * cap_block + 4 * MIB);
+    let mut rng = Rng(11);
+    for &(count, max_len, slide) in &[
+        (2u64, 100 * KIB, 16u64),
+        (50, 64 * KIB, 256),
+        (1000, 8 * KIB, 16),
+        (200, 200 * KIB, 4 * KIB),
+        (8, cap_block / 8, MIB),
+        (300, 40 * KIB, 1),
+        (300, 40 * KIB, 8),
+        // Several chunks: the chain continues across launches.
+        (5000, 2 * KIB, 16),
+    ] {
+        // Adjacent blocks starting at `slide`, all sliding down by `slide`.
+        let mut moves = Vec::new();
+        let mut off = slide;
+        for _ in 0..count {
+            let align = if slide % 16 == 0 { 16 } else { 1 };
+            let len = (rng.range(1, max_len) / align).max(1) * align;
+            moves.push(mv(off, off - slide, len));
+            off += len;
+        }
+        let hi = off + 4096;
+        assert!(hi <= b.capacity_bytes(), "test sizes fit");
+        let seed = count * 7 + slide;
+        c.fill(0, hi, seed);
+        let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
+        b.execute(&plan_of(vec![moves])).expect("execute");
+        let (bad, first) = c.check(&segs, 0, hi, seed);
+        assert_eq!(
+            bad, 0,
+            "chain of {count} sliding by {slide}: {bad} bad bytes, first at {first}"
+        );
+    }
+    b.synchronize().expect("no kernel error");
+}
+
+/// A random valid plan: blocks at `align`-aligned offsets with holes slide
+/// down into a packed run (wave 1), some of them then move up into the
+/// free space past the run in a scrambled order (wave 2), and the packed
+/// blocks below slide down by a few bytes (wave 3).
+fn random_plan(rng: &mut Rng, capacity: u64, align: u64, max_len: u64) -> Plan {
+    let up = |x: u64| x.div_ceil(align) * align;
+    let mut blocks = Vec::new();
+    let mut off = up(rng.range(0, 4096));
+    while blocks.len() < 400 {
+        let len = rng.range(1, max_len);
+        if off + len > capacity / 2 {
+            break;
+        }
+        blocks.push((off, len));
+        off = up(off
+            + len
+            + if rng.next() % 3 == 0 {
+                0
+            } else {
+                rng.range(0, max_len)
+            });
+    }
+    // Wave 1: compaction towards offset `base`.
+    let first = blocks.first().map_or(0, |b| b.0);
+    let base = up(rng.range(0, 64)).min(first);
+    let mut wave1 = Vec::new();
+    let mut dst = base;
+    let mut now = Vec::new();
+    for &(src, len) in &blocks {
+        if dst != src {
+            wave1.push(mv(src, dst, len));
+        }
+        now.push((dst, len));
+        dst = up(dst + len);
+    }
+    // Wave 2: every third block moves up past everything, in scrambled order.
+    let mut wave2 = Vec::new();
+    let mut free = up(capacity / 2 + 4096);
+    let mut chosen: Vec<usize> = (0..now.len()).filter(|i| i % 3 == 1).collect();
+    for i in (1..chosen.len()).rev() {
+        let j = (rng.next() % (i as u64 + 1)) as usize;
+        chosen.swap(i, j);
+    }
+    let mut dsts = vec![None; now.len()];
+    for &i in &chosen {
+        dsts[i] = Some(free);
+        free = up(free + now[i].1);
+    }
+    let mut stay = Vec::new();
+    for (i, &(src, len)) in now.iter().enumerate() {
+        match dsts[i] {
+            Some(d) if d + len <= capacity => wave2.push(mv(src, d, len)),
+            _ => stay.push((src, len)),
+        }
+    }
+    // Wave 3: the blocks that stayed slide down by `align` steps, packed.
+    let mut wave3 = Vec::new();
+    if let Some(&(first, _)) = stay.first() {
+        let shift = align * rng.range(1, 3);
+        if first >= shift {
+            let mut d = first - shift;
+            for &(src, len) in &stay {
+                if d < src {
+                    wave3.push(mv(src, d, len));
+                    d = up(d + len);
+                } else {
+                    break;
+                }
+            }
+        }
+    }
+    plan_of(vec![wave1, wave2, wave3])
+}
+
+#[test]
+fn random_waves_match_a_host_copy_at_every_alignment() {
+    if !gpu_available() {
+        return;
+    }
+    let capacity = 32 * MIB;
+    let (mut b, _c) = backend(capacity);
+    let mut rng = Rng(2024);
+    for round in 0..24u64 {
+        let align = [1u64, 2, 4, 8, 16, 256][(round % 6) as usize];
+        let max_len = [3 * KIB, 40 * KIB, 100 * KIB][(round / 6 % 3) as usize];
+        let plan = random_plan(&mut rng, capacity, align, max_len);
+        check_against_host(
+            &mut b,
+            &plan,
+            round,
+            &format!(
+                "round {round} align {align} max_len {max_len} ({} moves)",
+                plan.move_count()
+            ),
+        );
+    }
+}
+
+#[test]
+fn unaligned_offsets_and_lengths_match_a_host_copy() {
+    if !gpu_available() {
+        return;
+    }
+    let capacity = 8 * MIB;
+    let (mut b, _c) = backend(capacity);
+    let mut rng = Rng(99);
+    for round in 0..40u64 {
+        // One move, arbitrary offsets and length, either sliding down over
+        // itself or into disjoint space above.
+        let len = rng.range(1, 300 * KIB);
+        let src = rng.range(0, MIB);
+        let dst = if round % 2 == 0 {
+            src.saturating_sub(rng.range(1, 5000))
+        } else {
+            src + len + rng.range(0, 5000)
+        };
+        check_against_host(
+            &mut b,
+            &plan_of(vec![vec![mv(src, dst, len)]]),
+            round,
+            &format!("round {round}"),
+        );
+    }
+}
+
+#[test]
+fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
+    if !gpu_available() {
+        return;
+    }
+    let count = if max_block() < 64 * MIB {
+        2_000
+    } else {
+        100_000
+    };
+    let mut rng = Rng(5);
+    let mut moves = Vec::with_capacity(count);
+    let (mut src, mut dst) = (0u64, 0u64);
+    for _ in 0..count {
+        src += rng.range(0, 256) * 256;
+        let len = rng.range(16, 256) * 256;
+        moves.push(mv(src, dst, len));
+        src += len;
+        dst += len;
+    }
+    let (mut b, c) = backend(src + MIB);
+    c.fill(0, src, 77);
+    let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
+    b.execute(&plan_of(vec![moves])).expect("execute");
+    let (bad, first) = c.check(&segs, 0, src, 77);
+    assert_eq!(bad, 0, "{bad} bad bytes, first at {first}");
+    b.synchronize().expect("no kernel error");
+}
+
+#[test]
+fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut b, _c) = backend(MIB);
+    // Move 0 writes over the source of move 1 before it is read.
+    let bad = plan_of(vec![vec![
+        mv(0, 150 * KIB, 100 * KIB),
+        mv(200 * KIB, 400 * KIB, 100 * KIB),
+    ]]);
+    assert!(bad.validate(MIB).is_err());
+    b.execute(&bad)
+        .expect("host checks pass: bounds and order are fine");
+    let mut out = [0u8; 16];
+    assert!(matches!(
+        b.read(0, &mut out),
+        Err(Error::InvalidPlan { .. })
+    ));
+    // The error is reported once; the backend keeps working.
+    b.read(0, &mut out).expect("read after the report");
+    b.write(0, &[1, 2, 3]).expect("write");
+    b.read(0, &mut out[..3]).expect("read");
+    assert_eq!(&out[..3], &[1, 2, 3]);
+}
+
+#[test]
+fn a_plan_breaking_rule_3_across_chunks_is_reported() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut b, _c) = backend(8 * MIB);
+    // 3000 moves (several chunks) of 512 B from 4 MiB down to 0; the first
+    // one's destination is then pointed at the source of move 2500, which
+    // only a later chunk reads.
+    let base = 4 * MIB;
+    let mut moves: Vec<Move> = (0..3000u64)
+        .map(|i| mv(base + i * 1024, i * 1024, 512))
+        .collect();
+    moves[0].dst = base + 2500 * 1024;
+    b.execute(&plan_of(vec![moves])).expect("host checks pass");
+    let mut out = [0u8; 4];
+    assert!(matches!(
+        b.read(0, &mut out),
+        Err(Error::InvalidPlan { .. })
+    ));
+    b.read(0, &mut out).expect("reported once");
+}
+
+#[test]
+fn bad_ranges_are_rejected_before_any_launch() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut b, _c) = backend(MIB);
+    assert!(matches!(
+        b.write(MIB - 2, &[0; 4]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        b.read(MIB, &mut [0; 1]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let outside = plan_of(vec![vec![mv(0, MIB - 10, 11)]]);
+    assert!(matches!(
+        b.execute(&outside),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let unsorted = plan_of(vec![vec![mv(500, 0, 10), mv(100, 50, 10)]]);
+    assert!(matches!(
+        b.execute(&unsorted),
+        Err(Error::InvalidPlan { .. })
+    ));
+    b.execute(&Plan::empty(PlanKind::Full)).expect("empty plan");
+    b.synchronize().expect("no kernel error");
+}
+
+// ---- the arena on CUDA ------------------------------------------------------
+
+const N: usize = 1 << 18; // f32 elements of the tensor the user kernels write
+
+fn iota(n: usize, start: f32) -> Vec<f32> {
+    (0..n).map(|i| start + i as f32).collect()
+}
+
+fn launch_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).min(1024) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// An arena whose tensor `x` (N f32s) sits above freed space, so that a
+/// compaction moves it; returns the arena, `x` and a live block below it.
+fn arena_with_a_movable_tensor() -> (Arena<CudaBackend>, Handle, Handle) {
+    let mut a = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
+    let low = a.alloc(MIB).expect("low");
+    let fillers: Vec<Handle> = (0..8).map(|_| a.alloc(MIB).expect("filler")).collect();
+    let x = a.alloc_elems::<f32>(N).expect("x");
+    for h in fillers {
+        a.free(h).expect("free filler");
+    }
+    (a, x, low)
+}
+
+#[test]
+fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut a, x, _low) = arena_with_a_movable_tensor();
+    let module = test_module(a.backend());
+    let f = module.load_function("test_iota_f32").expect("kernel");
+    // Take the stream first: the view borrows the arena mutably.
+    let stream = a.stream().clone();
+    {
+        let mut out = a.view_mut::<f32>(x).expect("view");
+        assert_eq!(out.len(), N);
+        let (n, start) = (N as u32, 7.0f32);
+        let mut b = stream.launch_builder(&f);
+        b.arg(&mut out).arg(&n).arg(&start);
+        // SAFETY: test_iota_f32(float*, u32, float) writes n floats of `out`.
+        unsafe { b.launch(launch_cfg(N)) }.expect("launch");
+    }
+    let before = a.info(x).expect("info").offset;
+    a.compact().expect("compact");
+    let after = a.info(x).expect("info").offset;
+    assert!(
+        after < before,
+        "the compaction moved x ({before} -> {after})"
+    );
+    assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 7.0));
+    // A read-only view of the moved tensor sees the same bytes.
+    let v = a.view::<f32>(x).expect("view");
+    assert_eq!(v.len(), N);
+    let back = a.stream().clone_dtoh(&v).expect("copy");
+    assert_eq!(back, iota(N, 7.0));
+}
+
+#[test]
+fn work_on_a_second_stream_is_joined_before_the_compaction() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut a, x, _low) = arena_with_a_movable_tensor();
+    let module = test_module(a.backend());
+    let slow = module.load_function("test_slow_iota_f32").expect("kernel");
+    let other = a.stream().context().new_stream().expect("stream");
+    // A raw pointer (no cudarc tracking): only `join` orders it.
+    a.pin(x).expect("pin");
+    let ptr = a.pinned_ptr(x).expect("pinned pointer");
+    let (n, start, spin) = (N as u32, 3.0f32, 20_000_000i64); // ~10 ms
+    let mut b = other.launch_builder(&slow);
+    b.arg(&ptr).arg(&n).arg(&start).arg(&spin);
+    // SAFETY: the kernel writes n floats at `ptr`, the pinned block x,
+    // which stays put until the unpin below, after the join.
+    unsafe { b.launch(launch_cfg(N)) }.expect("launch");
+    a.join(&other).expect("join");
+    a.unpin(x).expect("unpin");
+    let before = a.info(x).expect("info").offset;
+    a.compact().expect("compact");
+    assert!(a.info(x).expect("info").offset < before, "x moved");
+    assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 3.0));
+
+    // A view passed through cudarc's launch builder on the other stream is
+    // tracked by its events: dropping it makes the arena stream wait.
+    let y = a.alloc_elems::<f32>(N).expect("y");
+    let filler = a.alloc(4 * MIB).expect("filler");
+    let z = a.alloc_elems::<f32>(N).expect("z");
+    a.free(filler).expect("free");
+    {
+        let mut out = a.view_mut::<f32>(z).expect("view");
+        let mut b = other.launch_builder(&slow);
+        let start = 5.0f32;
+        b.arg(&mut out).arg(&n).arg(&start).arg(&spin);
+        // SAFETY: as above, into the viewed block.
+        unsafe { b.launch(launch_cfg(N)) }.expect("launch");
+    }
+    let before = a.info(z).expect("info").offset;
+    a.compact().expect("compact");
+    assert!(a.info(z).expect("info").offset < before, "z moved");
+    assert_eq!(a.download::<f32>(z).expect("download"), iota(N, 5.0));
+    a.free(y).expect("free y");
+}
+
+#[test]
+fn kernels_resolve_handles_through_the_device_table() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut a, x, low) = arena_with_a_movable_tensor();
+    a.compact().expect("compact");
+    let table = a.handle_table_ptr().expect("table");
+    assert_ne!(table, 0);
+    let slots = a.handle_table().len() as u32;
+    let module = test_module(a.backend());
+    let f = module.load_function("test_iota_by_handle").expect("kernel");
+    let base = a.backend().region_ptr();
+    let stream = a.stream().clone();
+    let flag = stream.clone_htod(&[0i32]).expect("flag");
+    let (n, start, bits) = (N as u32, 11.0f32, x.to_bits());
+    let mut b = stream.launch_builder(&f);
+    b.arg(&base)
+        .arg(&table)
+        .arg(&slots)
+        .arg(&bits)
+        .arg(&n)
+        .arg(&start)
+        .arg(&flag);
+    // SAFETY: the kernel resolves x through the table and writes n floats
+    // into it, or sets the flag.
+    unsafe { b.launch(launch_cfg(N)) }.expect("launch");
+    assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 11.0));
+    assert_eq!(stream.clone_dtoh(&flag).expect("flag"), vec![0]);
+    // A freed handle is refused by the checked resolve.
+    a.free(low).expect("free");
+    let table = a.handle_table_ptr().expect("table");
+    let stale = low.to_bits();
+    let n1 = 1u32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&base)
+        .arg(&table)
+        .arg(&slots)
+        .arg(&stale)
+        .arg(&n1)
+        .arg(&start)
+        .arg(&flag);
+    // SAFETY: as above; the stale handle must not resolve.
+    unsafe { b.launch(launch_cfg(1)) }.expect("launch");
+    assert_eq!(stream.clone_dtoh(&flag).expect("flag"), vec![1]);
+}
+
+#[test]
+fn views_check_types_lengths_and_aliasing() {
+    if !gpu_available() {
+        return;
+    }
+    let mut a = Arena::cuda(ArenaConfig::new(4 * MIB), 0).expect("CUDA arena");
+    let f = a.alloc_elems::<f32>(100).expect("f32s");
+    let g = a.alloc_elems::<f32>(100).expect("f32s");
+    let odd = a.alloc(10).expect("bytes");
+    assert!(matches!(a.view::<u32>(f), Err(Error::TypeMismatch { .. })));
+    assert!(matches!(
+        a.view::<f32>(odd),
+        Err(Error::NotWholeElements { .. })
+    ));
+    assert_eq!(a.view::<u8>(odd).expect("bytes view").len(), 10);
+    assert_eq!(a.view::<u16>(odd).expect("u16 view").len(), 5);
+    assert!(matches!(
+        a.views_mut::<f32, 2>([f, f]),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        a.views_io::<f32, f32, 1, 1>([f], [f]),
+        Err(Error::InvalidConfig { .. })
+    ));
+    {
+        let (ins, outs) = a.views_io::<f32, f32, 2, 1>([f, f], [g]).expect("views");
+        assert_eq!((ins[0].len(), outs[0].len()), (100, 100));
+    }
+    let [v, w] = a.views_mut::<f32, 2>([f, g]).expect("two views");
+    assert_ne!(v.device_address(), w.device_address());
+    drop((v, w));
+    assert_eq!(a.pinned_ptr(f), Err(Error::NotPinned));
+    a.pin(f).expect("pin");
+    assert_eq!(
+        a.pinned_ptr(f).expect("pointer"),
+        a.backend().region_ptr() + a.info(f).expect("info").offset
+    );
+    a.upload(f, &iota(100, 1.0)).expect("upload");
+    assert!(matches!(
+        a.upload(f, &iota(99, 1.0)),
+        Err(Error::LengthMismatch { .. })
+    ));
+    assert_eq!(a.download::<f32>(f).expect("download"), iota(100, 1.0));
+    a.synchronize().expect("no kernel error");
+}
+
+#[test]
+fn spilling_to_page_locked_memory_keeps_every_byte() {
+    if !gpu_available() {
+        return;
+    }
+    let (mut evictions, mut restores) = (0, 0);
+    for seed in 0..6 {
+        let cap = 256 * KIB;
+        let config = ArenaConfig::new(cap).with_spill_host_bytes(4 * cap);
+        let mut a = Arena::cuda(config, 0).expect("CUDA arena with a host tier");
+        let st = crate::spill::run_spill_program(&mut a, seed, 200);
+        evictions += st.evictions;
+        restores += st.restores;
+    }
+    assert!(
+        evictions > 10 && restores > 10,
+        "evictions {evictions}, restores {restores}"
+    );
+}
+
+#[test]
+fn random_arena_programs_keep_every_byte_on_cuda() {
+    if !gpu_available() {
+        return;
+    }
+    let programs = env_u64("CUARENA_GPU_PROGRAMS", 4000);
+    let threads = env_u64("CUARENA_GPU_THREADS", 4).max(1);
+    // Keep the primary context alive between programs.
+    let _context = CudaContext::new(0).expect("context");
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                for seed in (t..programs).step_by(threads as usize) {
+                    // Mostly the default 256 B alignment; some programs at 1,
+                    // 4 and 16 B exercise the kernel's narrow paths.
+                    let align = [256u64, 256, 1, 4, 16][(seed % 5) as usize];
+                    let config = ArenaConfig::new(MIB).with_alignment_bytes(align);
+                    let mut a = Arena::cuda(config, 0).expect("CUDA arena");
+                    crate::model::run_random_program(&mut a, seed, 400);
+                    a.synchronize().expect("no kernel error");
+                }
+            });
+        }
+    });
+    println!(
+        "{programs} random programs of 400 steps on CUDA in {:.1?}",
+        t0.elapsed()
+    );
+}

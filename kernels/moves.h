@@ -1,0 +1,63 @@
+// cuarena: shared definitions of the compaction kernels (kernels/moves.cu).
+//
+// The host side (src/backend/cuda/) mirrors `WaveArgs` field for field as a
+// #[repr(C)] struct; change both together.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Threads per CTA of the move kernel.
+#ifndef CUARENA_THREADS
+#define CUARENA_THREADS 256
+#endif
+
+// 16-byte vectors each thread stages in registers per tile.
+#ifndef CUARENA_VPT
+#define CUARENA_VPT 8
+#endif
+
+// Bytes of one tile: every CTA loads a whole tile into registers, then
+// stores it. A tile never spans two moves.
+#define CUARENA_TILE_BYTES ((u64)CUARENA_THREADS * CUARENA_VPT * 16)
+
+// Spin iterations (each with a short sleep) before a wait gives up and
+// reports CUARENA_ERR_TIMEOUT instead of hanging the GPU.
+#ifndef CUARENA_SPIN_LIMIT
+#define CUARENA_SPIN_LIMIT (1u << 26)
+#endif
+
+// Bits of the error word ctl[1].
+#define CUARENA_ERR_ORDER 1u   // a destination overlaps a later move's source
+#define CUARENA_ERR_TIMEOUT 2u // a wait never completed
+
+// One tile, written by cuarena_prep and read by cuarena_move.
+struct TileDesc {
+    u64 src;   // device address of the tile's first source byte
+    u64 dst;   // device address of its first destination byte
+    u32 n;     // bytes (1..=CUARENA_TILE_BYTES)
+    u32 lo;    // tiles lo..=hi must be loaded before the waiting part stores
+    u32 hi;    //   (lo > hi: none)
+    u32 wait;  // the first `wait` destination bytes lie below the tile's own
+               // source and may cover earlier tiles' sources: they store after
+               // the wait; the rest covers at most the tile's own source and
+               // stores right after the tile is loaded. Bits 24..: log2 of the
+               // access width (16, 8, 4, 2 or 1 bytes).
+};
+
+// One wave, passed by value. Per-move arrays are indexed by the move's
+// position in the wave; per-tile arrays by the tile's position.
+struct WaveArgs {
+    u64 base;             // device address of the arena region
+    const u64* src;       // [n_moves] source offsets (ascending, disjoint)
+    const u64* dst;       // [n_moves] destination offsets
+    const u64* len;       // [n_moves] bytes (> 0)
+    const u32* tile_base; // [n_moves] index of each move's first tile
+    TileDesc* tiles;      // [n_tiles] (prep)
+    u32* flags;           // [n_tiles] == epoch once the tile's source is in registers
+    u32* ctl;             // ctl[0]: ticket counter (reset by prep); ctl[1]: sticky error bits
+    u32 n_moves;
+    u32 n_tiles;
+    u32 epoch;            // distinct for every launch of cuarena_move on these flags
+    u32 pad;
+};

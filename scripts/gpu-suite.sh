@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# GPU suite: build here (no GPU, no CUDA needed), run there (the GPU machine,
+# which has CUDA but no Rust).
+#
+#   scripts/gpu-suite.sh build    build every test, bench and example
+#                                 executable in release mode, strip debug
+#                                 info, stage them into .gpu-stage/ and print
+#                                 what to pass to the device tool
+#   scripts/gpu-suite.sh run      (on the GPU machine) run the GPU tests, the
+#                                 moves bench, and the GPU tests again under
+#                                 compute-sanitizer memcheck and racecheck at
+#                                 reduced size; logs go to $OUT (or
+#                                 .gpu-stage/out), a short table is printed last
+#
+# Environment for `run` (all optional):
+#   SUITE_SKIP="bench racecheck"  parts to skip: tests bench memcheck racecheck
+#   SUITE_EXAMPLES="demo"         staged examples to run as well (none by default)
+#   CUARENA_GPU_PROGRAMS          random arena programs in the plain test run (default 4000)
+#   CUARENA_BENCH_REPS            bench repetitions (default 10)
+#   CUARENA_BENCH_SWEEP=1         bench other kernel shapes too
+#   SAN_MAX_BLOCK                 largest block under the sanitizers (default 4194304)
+#   SAN_PROGRAMS                  random programs under the sanitizers (default 20)
+#   STEP_TIMEOUT                  seconds each step may take (default 280)
+#
+# `build` honours CARGO_TARGET_DIR and STAGE (default: .gpu-stage in the repo).
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+stage="${STAGE:-$repo/.gpu-stage}"
+mode="${1:-build}"
+
+list_executables() {
+    # cargo's JSON messages -> "<target name> <executable>" per line
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], " ".join(m["target"]["kind"]), m["executable"])
+'
+}
+
+build() {
+    cd "$repo" || exit 1
+    rm -rf "$stage"
+    mkdir -p "$stage/bin"
+    local list
+    list="$(mktemp)"
+    echo "== building tests (release)" >&2
+    cargo test --release --no-run --message-format=json | list_executables >>"$list" || exit 1
+    echo "== building benches" >&2
+    cargo bench --no-run --message-format=json | list_executables >>"$list" || exit 1
+    echo "== building examples" >&2
+    cargo build --release --examples --message-format=json | list_executables >>"$list" || exit 1
+    while read -r name kind exe; do
+        local dest
+        case "$kind" in
+            lib) dest="unit-$name" ;;
+            test) dest="test-$name" ;;
+            bench) dest="bench-$name" ;;
+            example) dest="example-$name" ;;
+            *) dest="$kind-$name" ;;
+        esac
+        strip --strip-debug -o "$stage/bin/$dest" "$exe" || cp "$exe" "$stage/bin/$dest"
+        echo "staged $dest" >&2
+    done <"$list"
+    rm -f "$list"
+    du -sh "$stage" >&2
+    cat <<EOF
+
+Run it on the GPU machine with the device tool:
+  command: bash scripts/gpu-suite.sh run
+  carry:   [".gpu-stage"]
+EOF
+}
+
+run() {
+    cd "$repo" || exit 1
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    export PATH="/usr/local/cuda/bin:$PATH"
+    local out="${OUT:-$stage/out}"
+    mkdir -p "$out"
+    local bin="$stage/bin"
+    local skip=" ${SUITE_SKIP:-} "
+    local summary="$out/summary.txt"
+    : >"$summary"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$summary"
+
+    local t0 status
+    step() { # name, log, command...
+        local name="$1" log="$2"
+        shift 2
+        echo "== $name" >&2
+        t0=$(date +%s)
+        timeout --signal=INT --kill-after=10 "${STEP_TIMEOUT:-280}" "$@" >"$out/$log" 2>&1
+        status=$?
+        local verdict="ok"
+        [ $status -ne 0 ] && verdict="FAILED (exit $status)"
+        printf '%-28s %-18s %5ss  log %s\n' "$name" "$verdict" "$(($(date +%s) - t0))" "$log" >>"$summary"
+        tail -n 5 "$out/$log" >&2
+    }
+
+    if [[ $skip != *" tests "* ]]; then
+        step "gpu tests" tests.log "$bin/test-all" gpu --test-threads=1 --nocapture
+    fi
+    if [[ $skip != *" bench "* ]]; then
+        step "moves bench" bench.log "$bin/bench-moves" --bench
+    fi
+    # Reduced sizes, and one host thread: racecheck loses track of kernels
+    # launched from several threads at once (and then hangs).
+    local san_env=(env CUARENA_GPU_MAX_BLOCK="${SAN_MAX_BLOCK:-4194304}" CUARENA_GPU_PROGRAMS="${SAN_PROGRAMS:-20}" CUARENA_GPU_THREADS=1)
+    if [[ $skip != *" memcheck "* ]]; then
+        step "memcheck (reduced)" memcheck.log "${san_env[@]}" compute-sanitizer --tool memcheck \
+            --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
+    fi
+    if [[ $skip != *" racecheck "* ]]; then
+        step "racecheck (reduced)" racecheck.log "${san_env[@]}" compute-sanitizer --tool racecheck \
+            --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
+    fi
+    for ex in ${SUITE_EXAMPLES:-}; do
+        step "example $ex" "example-$ex.log" "$bin/example-$ex"
+    done
+
+    echo
+    echo "== results"
+    for log in tests memcheck racecheck; do
+        [ -e "$out/$log.log" ] || continue
+        printf '%-10s %s\n' "$log" "$(grep -hE '^test result' "$out/$log.log" | tail -n 1)"
+        grep -hE '^test .*(FAILED|panicked)|random programs' "$out/$log.log" | sed "s/^/           /"
+    done
+    grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out"/memcheck.log "$out"/racecheck.log 2>/dev/null
+    grep -hE "^device |end-to-end" "$out/bench.log" 2>/dev/null
+    sed -n '/^moves bench/,$p' "$out/bench.log" 2>/dev/null
+    echo
+    cat "$summary"
+}
+
+case "$mode" in
+    build) build ;;
+    run) run ;;
+    *)
+        echo "usage: $0 [build|run]" >&2
+        exit 2
+        ;;
+esac
