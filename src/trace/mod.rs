@@ -21,6 +21,8 @@ mod csv;
 mod ops;
 mod pickle;
 pub mod replay;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 
 use std::io::Read;
 use std::path::Path;

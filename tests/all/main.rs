@@ -4,3 +4,5 @@ mod model;
 mod spill;
 mod trace;
 mod gpu;
+mod gpu_graph;
+mod gpu_spill;

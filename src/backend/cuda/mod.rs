@@ -57,7 +57,10 @@
 //! by 256 B at about 0.88x a non-overlapping copy.
 
 mod arena_ext;
+pub mod baselines;
+pub mod graph;
 mod kernels;
+pub mod pattern;
 mod stage;
 
 pub use arena_ext::{ArenaViewMut, IoViews};

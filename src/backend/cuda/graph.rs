@@ -1,0 +1,1 @@
+//! Launching user kernels with handle arguments, and CUDA graph helpers (being written).

@@ -1,0 +1,1 @@
+//! Pattern fill and check kernels for GPU trace replay (being written).

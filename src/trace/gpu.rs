@@ -1,0 +1,1 @@
+//! Trace replay on the GPU (being written).

@@ -1,0 +1,1 @@
+//! GPU tests of device-side handle resolution and CUDA graphs (being written).

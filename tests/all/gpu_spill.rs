@@ -1,0 +1,1 @@
+//! GPU tests of spilling (being written).
