@@ -149,6 +149,26 @@ pub enum Error {
         elem_bytes: u64,
     },
 
+    /// A kernel's output views would alias: one block named twice among
+    /// the outputs, or as both an input and an output.
+    #[error("output view {output} names a block that is also another output or an input (a block may be written through one view only)")]
+    AliasedViews {
+        /// Index of the offending output handle.
+        output: usize,
+    },
+
+    /// A typed view of a block whose address is not aligned for the type
+    /// (a block allocated with an alignment below the element's).
+    #[error("block at offset {offset} is not aligned for {requested_type} ({elem_align_bytes}-byte alignment)")]
+    MisalignedView {
+        /// Offset of the block.
+        offset: u64,
+        /// The view's element type.
+        requested_type: &'static str,
+        /// Alignment the type needs.
+        elem_align_bytes: u64,
+    },
+
     /// A byte range outside the arena's region (a backend bounds check).
     #[error("range {offset}..{offset}+{len} is outside the region of {capacity_bytes} B")]
     OutOfBounds {

@@ -707,11 +707,11 @@ fn views_check_types_lengths_and_aliasing() {
     assert_eq!(a.view::<u16>(odd).expect("u16 view").len(), 5);
     assert!(matches!(
         a.views_mut::<f32, 2>([f, f]),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::AliasedViews { output: 1 })
     ));
     assert!(matches!(
         a.views_io::<f32, f32, 1, 1>([f], [f]),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::AliasedViews { output: 0 })
     ));
     {
         let (ins, outs) = a.views_io::<f32, f32, 2, 1>([f, f], [g]).expect("views");

@@ -178,9 +178,10 @@ impl Arena<CudaBackend> {
         let offset = self.resolve(h)?;
         let address = self.backend().region_ptr() + offset;
         if address % std::mem::align_of::<T>() as u64 != 0 {
-            return Err(Error::TypeMismatch {
-                block_type: "bytes aligned below the element type's alignment",
+            return Err(Error::MisalignedView {
+                offset,
                 requested_type,
+                elem_align_bytes: std::mem::align_of::<T>() as u64,
             });
         }
         let len = usize::try_from(info.size_bytes / elem).map_err(|_| Error::TooLarge {
@@ -193,7 +194,8 @@ impl Arena<CudaBackend> {
     /// A view of block `h` as `T`s, for kernel arguments and copies.
     ///
     /// Fails with [`Error::TypeMismatch`] for a block allocated for another
-    /// element type (or placed below `T`'s alignment),
+    /// element type, [`Error::MisalignedView`] for one placed below `T`'s
+    /// alignment,
     /// [`Error::NotWholeElements`], or [`Error::NotResident`] for a spilled
     /// block (call [`make_resident`](Arena::make_resident) first).
     pub fn view<T: Pod>(&self, h: Handle) -> Result<CudaView<'_, T>> {
@@ -224,7 +226,7 @@ impl Arena<CudaBackend> {
 
     /// Mutable views of `N` distinct blocks at once (a kernel with several
     /// outputs). A handle given twice is rejected with
-    /// [`Error::InvalidConfig`].
+    /// [`Error::AliasedViews`].
     pub fn views_mut<T: Pod, const N: usize>(
         &mut self,
         handles: [Handle; N],
@@ -235,7 +237,7 @@ impl Arena<CudaBackend> {
 
     /// Views for a kernel that reads `inputs` (as `I`) and writes `outputs`
     /// (as `O`): the outputs must be distinct from each other and from the
-    /// inputs ([`Error::InvalidConfig`] otherwise); inputs may repeat.
+    /// inputs ([`Error::AliasedViews`] otherwise); inputs may repeat.
     pub fn views_io<I: Pod, O: Pod, const M: usize, const N: usize>(
         &mut self,
         inputs: [Handle; M],
@@ -243,12 +245,7 @@ impl Arena<CudaBackend> {
     ) -> Result<IoViews<'_, I, O, M, N>> {
         for (k, h) in outputs.iter().enumerate() {
             if outputs[..k].contains(h) || inputs.contains(h) {
-                return Err(Error::InvalidConfig {
-                    reason: format!(
-                        "output view {k} names a block that is also another output or an input; \
-                         a block may be written through one view only"
-                    ),
-                });
+                return Err(Error::AliasedViews { output: k });
             }
         }
         let this: &Self = self;
