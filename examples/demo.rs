@@ -31,7 +31,7 @@ fn run() -> cuarena::Result<()> {
         use cuarena::backend::cuda::CudaBackend;
         match CudaBackend::available() {
             Ok(()) => {
-                let cap = 16u64 << 30;
+                let cap = 4u64 << 30;
                 let mut ours = Arena::cuda(ArenaConfig::new(cap), 0)?;
                 let mut base = Arena::cuda(ArenaConfig::new(cap), 0)?;
                 println!("backend: CUDA ({}), two arenas of {} each", ours.backend().device_name(), fmt_bytes(cap));
