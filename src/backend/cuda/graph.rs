@@ -72,13 +72,13 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    result, CudaFunction, CudaGraph, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaGraph, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
-use super::{driver_err, CudaBackend, DeviceBuf};
+use super::{driver_err, CudaBackend};
 use crate::arena::Arena;
 use crate::error::{Error, Result};
-use crate::handle::{Handle, TableEntry};
+use crate::handle::Handle;
 
 /// Slots [`ArenaGraph::capture`] reserves in the device table at least
 /// (65,536 slots, 1 MiB): enough for that many blocks live at once.
@@ -156,48 +156,16 @@ fn check_resident(arena: &Arena<CudaBackend>, h: Handle) -> Result<DeviceHandle>
 
 /// Slots the backend's device table holds now (0 before the first sync).
 pub fn handle_table_capacity(arena: &Arena<CudaBackend>) -> usize {
-    arena.backend().scratch.table.bytes / std::mem::size_of::<TableEntry>()
+    arena.backend().table_capacity_slots()
 }
 
 /// Grows the backend's device table to hold at least `slots` entries now,
 /// so that it keeps its address (and captured graphs stay valid) until more
 /// than `slots` handles' slots are in use: slots are reused, so that is the
-/// most blocks live at once (spilled ones included), plus one. Waits for
-/// the arena stream when it grows; returns the table's address.
+/// most blocks live at once (spilled ones included), plus one. Returns the
+/// table's address, flushed.
 pub fn reserve_handle_table(arena: &mut Arena<CudaBackend>, slots: usize) -> Result<u64> {
-    let entry = std::mem::size_of::<TableEntry>();
-    let need = slots.checked_mul(entry).ok_or(Error::InvalidConfig {
-        reason: format!("a table of {slots} slots overflows usize"),
-    })?;
-    let backend = arena.backend_mut();
-    if backend.scratch.table.bytes < need {
-        backend
-            .ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let stream = backend.stream.cu_stream();
-        // SAFETY: a plain allocation in the bound context.
-        let ptr = unsafe { result::malloc_sync(need) }.map_err(driver_err("cuMemAlloc"))?;
-        let mut grown = DeviceBuf { ptr, bytes: need };
-        let old = &backend.scratch.table;
-        // SAFETY: `grown` holds `need` bytes and the old table `old.bytes`
-        // < need; the memset and the copy are ordered on the arena stream
-        // after every table update and kernel enqueued so far, and the
-        // stream is synchronised below before the old table is freed.
-        unsafe {
-            result::memset_d8_async(ptr, 0, need, stream).map_err(driver_err("cuMemsetD8Async"))?;
-            if old.bytes > 0 {
-                result::memcpy_dtod_async(ptr, old.ptr, old.bytes, stream)
-                    .map_err(driver_err("cuMemcpyDtoDAsync"))?;
-            }
-        }
-        std::mem::swap(&mut backend.scratch.table, &mut grown);
-        backend
-            .stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
-        drop(grown);
-    }
+    arena.backend_mut().reserve_table(slots)?;
     arena.flush_table()?;
     Ok(arena.backend().table_ptr())
 }
@@ -501,7 +469,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<HandleArgs>(), 24);
         assert_eq!(std::mem::align_of::<HandleArgs>(), 8);
         assert_eq!(std::mem::size_of::<DeviceHandle>(), 8);
-        assert_eq!(std::mem::size_of::<TableEntry>(), 16);
+        assert_eq!(std::mem::size_of::<crate::handle::TableEntry>(), 16);
     }
 
     #[test]

@@ -329,6 +329,13 @@ struct Scratch {
     host_tier_bytes: u64,
     /// Device copy of the arena's handle table.
     table: DeviceBuf,
+    /// Tables outgrown: kept until drop, since enqueued kernels and
+    /// captured graphs may still hold their address.
+    retired_tables: Vec<DeviceBuf>,
+    /// Page-locked source of table uploads, so they never block the host.
+    table_staging: PinnedBuf,
+    /// Recorded after the last upload from `table_staging`.
+    table_upload_done: CudaEvent,
     /// Per-move arrays (see `stage`).
     moves: DeviceBuf,
     /// Per-tile descriptors (written by the prep kernel).
@@ -493,6 +500,9 @@ impl CudaBackend {
             host_tier: PinnedBuf::EMPTY,
             host_tier_bytes: 0,
             table: DeviceBuf::EMPTY,
+            retired_tables: Vec::new(),
+            table_staging: PinnedBuf::EMPTY,
+            table_upload_done: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             moves: DeviceBuf::EMPTY,
             tiles: DeviceBuf::EMPTY,
             flags: DeviceBuf::EMPTY,
@@ -579,9 +589,55 @@ impl CudaBackend {
         self.check_status(true)
     }
 
+    /// Grows the device copy of the handle table to at least `slots`
+    /// entries now, and returns its address. A table that grows gets a new
+    /// address; the old buffer is kept (not updated) until the backend is
+    /// dropped, so kernels already enqueued and captured graphs never read
+    /// freed memory. Reserve up front for the most blocks you will have.
+    pub fn reserve_table(&mut self, slots: usize) -> Result<u64> {
+        let entry = std::mem::size_of::<TableEntry>();
+        let need = slots.checked_mul(entry).ok_or_else(|| Error::InvalidConfig {
+            reason: format!("a table of {slots} slots overflows usize"),
+        })?;
+        let old_bytes = self.scratch.table.bytes;
+        if old_bytes < need {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver_err("cuCtxSetCurrent"))?;
+            let want = need.max(old_bytes.saturating_mul(2)).max(64 * entry);
+            // SAFETY: a plain allocation in the bound context.
+            let ptr = unsafe { result::malloc_sync(want) }.map_err(driver_err("cuMemAlloc"))?;
+            let mut grown = DeviceBuf { ptr, bytes: want };
+            let stream = self.stream.cu_stream();
+            // SAFETY: `grown` holds `want` bytes and the old table
+            // `old_bytes` < want; both are ordered on the arena stream after
+            // every update enqueued so far, and the old buffer stays
+            // allocated (retired) until drop.
+            unsafe {
+                result::memset_d8_async(ptr, 0, want, stream)
+                    .map_err(driver_err("cuMemsetD8Async"))?;
+                if old_bytes > 0 {
+                    result::memcpy_dtod_async(ptr, self.scratch.table.ptr, old_bytes, stream)
+                        .map_err(driver_err("cuMemcpyDtoDAsync"))?;
+                }
+            }
+            std::mem::swap(&mut self.scratch.table, &mut grown);
+            if grown.bytes > 0 {
+                self.scratch.retired_tables.push(grown);
+            }
+        }
+        Ok(self.scratch.table.ptr)
+    }
+
+    /// Entries the device table holds now (0 before the first sync).
+    pub fn table_capacity_slots(&self) -> usize {
+        self.scratch.table.bytes / std::mem::size_of::<TableEntry>()
+    }
+
     /// Device address of the backend's copy of the arena's handle table
     /// (`TableEntry` records, see `kernels/cuarena.cuh`), 0 before the
-    /// first sync. Valid until the table next grows; the arena's
+    /// first sync. Updated until the table next grows (see
+    /// [`reserve_table`](Self::reserve_table)); the arena's
     /// `handle_table_ptr` flushes it first.
     pub fn table_ptr(&self) -> u64 {
         self.scratch.table.ptr
@@ -775,50 +831,41 @@ impl Backend for CudaBackend {
         if entries.is_empty() {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let entry = std::mem::size_of::<TableEntry>();
-        let need = (first + entries.len()) * entry;
-        let t = &mut self.scratch.table;
-        if t.bytes < need {
-            // Grow, keeping the slots already there (only changed slots
-            // are ever sent).
-            let want = need.max(t.bytes.saturating_mul(2)).max(64 * entry);
-            // SAFETY: a plain allocation in the bound context.
-            let ptr = unsafe { result::malloc_sync(want) }.map_err(driver_err("cuMemAlloc"))?;
-            let mut grown = DeviceBuf { ptr, bytes: want };
-            let stream = self.stream.cu_stream();
-            // SAFETY: `grown` holds `want` bytes, the old table `t.bytes`
-            // < want; both copies are ordered on the arena stream, which is
-            // synchronised before the old table is freed (by the swap's
-            // drop of `grown` below).
-            unsafe {
-                result::memset_d8_async(ptr, 0, want, stream)
-                    .map_err(driver_err("cuMemsetD8Async"))?;
-                if t.bytes > 0 {
-                    result::memcpy_dtod_async(ptr, t.ptr, t.bytes, stream)
-                        .map_err(driver_err("cuMemcpyDtoDAsync"))?;
-                }
-            }
-            std::mem::swap(t, &mut grown);
-            self.stream
-                .synchronize()
-                .map_err(driver_err("cuStreamSynchronize"))?;
-            drop(grown);
-        }
+        let slots = first
+            .checked_add(entries.len())
+            .ok_or_else(|| Error::InvalidConfig {
+                reason: "handle table slot overflow".into(),
+            })?;
+        self.reserve_table(slots)?;
         let bytes: &[u8] = bytemuck::cast_slice(entries);
-        // SAFETY: the table holds `need` bytes; from pageable memory the
-        // driver stages `bytes` before returning, and the copy is ordered
-        // on the arena stream after the moves that produced these offsets.
+        let words = bytes.len().div_ceil(8);
+        // The staging buffer must not change under the previous upload
+        // (normally long done: it only waits behind the moves before it).
+        self.scratch
+            .table_upload_done
+            .synchronize()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        self.scratch.table_staging.reserve(words)?;
+        let staged = &mut bytemuck::cast_slice_mut::<u64, u8>(self.scratch.table_staging.as_mut_slice())[..bytes.len()];
+        staged.copy_from_slice(bytes);
+        let entry = std::mem::size_of::<TableEntry>();
+        // SAFETY: the table holds `slots` entries (reserved above); the
+        // source is page-locked staging that is not touched again before
+        // `table_upload_done` (recorded right after) completes; the copy is
+        // ordered on the arena stream after the moves that produced these
+        // offsets.
         unsafe {
             result::memcpy_htod_async(
                 self.scratch.table.ptr + (first * entry) as u64,
-                bytes,
+                &*staged,
                 self.stream.cu_stream(),
             )
         }
-        .map_err(driver_err("cuMemcpyHtoDAsync"))
+        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        self.scratch
+            .table_upload_done
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))
     }
 
     fn execute(&mut self, plan: &Plan) -> Result<()> {
@@ -1030,6 +1077,10 @@ impl Drop for CudaBackend {
         self.scratch.flags.release();
         self.scratch.ctl.release();
         self.scratch.table.release();
+        for t in &mut self.scratch.retired_tables {
+            t.release();
+        }
+        self.scratch.table_staging.release();
         self.scratch.staging.release();
         self.scratch.status.release();
         self.scratch.host_tier.release();
