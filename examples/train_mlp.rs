@@ -10,6 +10,19 @@
 //! compactions it will make (placement depends only on that sequence).
 //! Also `--steps N`, `--max-batch N`, `--every N`, `--seed N`, `--lr X`.
 //!
+//! `--oversubscribe R` (R >= 1, e.g. 1.5) gives the arena only peak live / R
+//! bytes and a host tier of 2 x peak live (page-locked memory on the GPU):
+//! the working set no longer fits, and the arena spills least recently used
+//! tensors to the tier and brings them back when a kernel needs them. Every
+//! launch first calls `make_resident(&[operands...])`, so a tensor in use by
+//! the current launch is never the victim. On the GPU, the run that fits
+//! (1.05 x peak, no tier) is made first with the same seed, and the two loss
+//! curves are compared: the math is identical, so they should match
+//! exactly. Spill and restore copies are timed with CUDA events.
+//! `--data-pool` draws batches from one pool of inputs made up front (a
+//! cheap data loader: the host's Gaussian sampling otherwise dominates the
+//! step time); `benches/spill.rs` times the loop that way.
+//!
 //! Every tensor lives in one arena: weights, momentum, gradients,
 //! activations, the batch's inputs and labels, and the loss accumulators.
 //! Batch sizes are drawn uniformly from 16..4096 every step, batches are
@@ -51,23 +64,36 @@ const TARGET_LOSS: f32 = 0.5;
 const PREFETCH: usize = 3;
 /// Arena capacity over the dry run's peak of live bytes.
 const HEADROOM: f64 = 1.05;
+/// Host tier over the dry run's peak of live bytes, when oversubscribed.
+const HOST_TIER: f64 = 2.0;
 
 // ---- settings ---------------------------------------------------------------
 
 #[derive(Debug, Clone)]
-struct Settings {
-    steps: usize,
+pub(crate) struct Settings {
+    pub(crate) steps: usize,
     min_batch: usize,
     max_batch: usize,
     /// Print (and evaluate) every this many steps.
-    every: usize,
+    pub(crate) every: usize,
     lr: f32,
     momentum: f32,
     seed: u64,
+    /// Peak live bytes over the arena's capacity (spilling on), or `None`
+    /// for an arena that fits (1.05 x peak, no host tier).
+    pub(crate) oversubscribe: Option<f64>,
+    /// Batches are windows of one pool of inputs made before the loop (a
+    /// cheap data loader, so that timings show the device's work) instead
+    /// of fresh Gaussian inputs for every batch.
+    pub(crate) data_pool: bool,
+    /// Time every spill and restore copy with CUDA events (two event
+    /// records per copy; off for throughput measurements).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) time_copies: bool,
 }
 
 impl Settings {
-    fn gpu() -> Self {
+    pub(crate) fn gpu() -> Self {
         Self {
             steps: 3000,
             min_batch: 16,
@@ -76,6 +102,9 @@ impl Settings {
             lr: 0.05,
             momentum: 0.9,
             seed: 0x5eed_c0de,
+            oversubscribe: None,
+            data_pool: false,
+            time_copies: true,
         }
     }
 
@@ -115,6 +144,7 @@ impl Settings {
             };
             match a.as_str() {
                 "--cpu" | "--dry" => {}
+                "--data-pool" => self.data_pool = true,
                 "--steps" => self.steps = value("--steps")?.max(1),
                 "--max-batch" => self.max_batch = value("--max-batch")?.max(self.min_batch),
                 "--every" => self.every = value("--every")?.max(1),
@@ -123,9 +153,19 @@ impl Settings {
                     let v = it.next().ok_or("--lr needs a value")?;
                     self.lr = v.parse::<f32>().map_err(|e| format!("--lr {v}: {e}"))?;
                 }
+                "--oversubscribe" => {
+                    let v = it.next().ok_or("--oversubscribe needs a value")?;
+                    let r = v
+                        .parse::<f64>()
+                        .map_err(|e| format!("--oversubscribe {v}: {e}"))?;
+                    if !(r >= 1.0 && r.is_finite()) {
+                        return Err(format!("--oversubscribe {v}: must be a ratio >= 1").into());
+                    }
+                    self.oversubscribe = Some(r);
+                }
                 other => {
                     return Err(format!(
-                        "unknown argument {other} (expected --cpu, --dry, --steps N, --max-batch N, --every N, --seed N, --lr X)"
+                        "unknown argument {other} (expected --cpu, --dry, --steps N, --max-batch N, --every N, --seed N, --lr X, --oversubscribe R, --data-pool)"
                     )
                     .into())
                 }
@@ -387,6 +427,15 @@ fn make_teacher(rng: &mut Rng) -> HostNet {
 trait Exec {
     type B: Backend;
     fn arena(&mut self) -> &mut Arena<Self::B>;
+    /// Brings an operation's operands onto the device together (spilling
+    /// others, never these) and counts them as used, in this order. Every
+    /// executor calls it with the same operands in the same order before
+    /// each operation, so the spill decisions of the GPU, the host
+    /// reference and the dry run are the same.
+    fn resident(&mut self, ops: &[Option<Handle>]) -> Res<()> {
+        let hs: Vec<Handle> = ops.iter().flatten().copied().collect();
+        Ok(self.arena().make_resident(&hs)?)
+    }
     /// C[m×n] = op(A) · op(B) with inner dimension k.
     fn matmul(
         &mut self,
@@ -419,6 +468,18 @@ trait Exec {
 /// Allocation sequence only: a metadata arena, every operation a no-op.
 struct Dry {
     arena: Arena<MetaBackend>,
+    /// Largest sum of the reserved bytes of one operation's operands: the
+    /// least an oversubscribed arena must hold.
+    max_operands: u64,
+}
+
+impl Dry {
+    fn new(config: ArenaConfig) -> Res<Self> {
+        Ok(Self {
+            arena: Arena::metadata(config)?,
+            max_operands: 0,
+        })
+    }
 }
 
 impl Exec for Dry {
@@ -426,47 +487,57 @@ impl Exec for Dry {
     fn arena(&mut self) -> &mut Arena<MetaBackend> {
         &mut self.arena
     }
+    fn resident(&mut self, ops: &[Option<Handle>]) -> Res<()> {
+        let mut hs = Vec::with_capacity(ops.len());
+        let mut bytes = 0;
+        for &h in ops.iter().flatten() {
+            bytes += self.arena.info(h)?.reserved_bytes;
+            hs.push(h);
+        }
+        self.max_operands = self.max_operands.max(bytes);
+        Ok(self.arena.make_resident(&hs)?)
+    }
     fn matmul(
         &mut self,
         _: Op,
-        _: Handle,
-        _: Handle,
-        _: Handle,
+        a: Handle,
+        b: Handle,
+        c: Handle,
         _: (usize, usize, usize),
     ) -> Res<()> {
-        Ok(())
+        self.resident(&[Some(a), Some(b), Some(c)])
     }
-    fn bias_add(&mut self, _: Handle, _: Handle, _: usize, _: usize) -> Res<()> {
-        Ok(())
+    fn bias_add(&mut self, z: Handle, b: Handle, _: usize, _: usize) -> Res<()> {
+        self.resident(&[Some(z), Some(b)])
     }
-    fn relu(&mut self, _: Handle, _: Handle, _: usize) -> Res<()> {
-        Ok(())
+    fn relu(&mut self, z: Handle, h: Handle, _: usize) -> Res<()> {
+        self.resident(&[Some(z), Some(h)])
     }
-    fn relu_bwd(&mut self, _: Handle, _: Handle, _: Handle, _: usize) -> Res<()> {
-        Ok(())
+    fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, _: usize) -> Res<()> {
+        self.resident(&[Some(dh), Some(z), Some(dz)])
     }
-    fn col_sum(&mut self, _: Handle, _: Handle, _: usize, _: usize) -> Res<()> {
-        Ok(())
+    fn col_sum(&mut self, x: Handle, out: Handle, _: usize, _: usize) -> Res<()> {
+        self.resident(&[Some(x), Some(out)])
     }
     fn softmax_xent(
         &mut self,
-        _: Handle,
-        _: Handle,
-        _: Option<Handle>,
-        _: Handle,
+        logits: Handle,
+        labels: Handle,
+        dlogits: Option<Handle>,
+        stats: Handle,
         _: usize,
         _: usize,
     ) -> Res<()> {
-        Ok(())
+        self.resident(&[Some(logits), Some(labels), dlogits, Some(stats)])
     }
-    fn argmax(&mut self, _: Handle, _: Handle, _: usize, _: usize) -> Res<()> {
-        Ok(())
+    fn argmax(&mut self, logits: Handle, labels: Handle, _: usize, _: usize) -> Res<()> {
+        self.resident(&[Some(logits), Some(labels)])
     }
-    fn mean2_acc(&mut self, _: Handle, _: Handle, _: usize) -> Res<()> {
-        Ok(())
+    fn mean2_acc(&mut self, stats: Handle, out: Handle, _: usize) -> Res<()> {
+        self.resident(&[Some(stats), Some(out)])
     }
-    fn sgd(&mut self, _: Handle, _: Handle, _: Handle, _: usize, _: f32, _: f32) -> Res<()> {
-        Ok(())
+    fn sgd(&mut self, w: Handle, g: Handle, v: Handle, _: usize, _: f32, _: f32) -> Res<()> {
+        self.resident(&[Some(w), Some(g), Some(v)])
     }
 }
 
@@ -479,6 +550,15 @@ struct Cpu {
 impl Cpu {
     fn f(&mut self, h: Handle) -> Res<Vec<f32>> {
         Ok(self.arena.read::<f32>(h)?)
+    }
+
+    /// Runs `f` with `ops` resident; afterwards counts them as used again,
+    /// in the same order, so that the reads and writes in between (which
+    /// touch them in another order) leave the LRU as a kernel launch does.
+    fn op(&mut self, ops: &[Option<Handle>], f: impl FnOnce(&mut Self) -> Res<()>) -> Res<()> {
+        self.resident(ops)?;
+        f(self)?;
+        self.resident(ops)
     }
 }
 
@@ -495,25 +575,35 @@ impl Exec for Cpu {
         c: Handle,
         (m, n, k): (usize, usize, usize),
     ) -> Res<()> {
-        let (a, b) = (self.f(a)?, self.f(b)?);
-        Ok(self.arena.write(c, &host::matmul(op, &a, &b, m, n, k))?)
+        self.op(&[Some(a), Some(b), Some(c)], |e| {
+            let (a, b) = (e.f(a)?, e.f(b)?);
+            Ok(e.arena.write(c, &host::matmul(op, &a, &b, m, n, k))?)
+        })
     }
     fn bias_add(&mut self, z: Handle, b: Handle, _rows: usize, _cols: usize) -> Res<()> {
-        let (mut zv, b) = (self.f(z)?, self.f(b)?);
-        host::bias_add(&mut zv, &b);
-        Ok(self.arena.write(z, &zv)?)
+        self.op(&[Some(z), Some(b)], |e| {
+            let (mut zv, b) = (e.f(z)?, e.f(b)?);
+            host::bias_add(&mut zv, &b);
+            Ok(e.arena.write(z, &zv)?)
+        })
     }
     fn relu(&mut self, z: Handle, h: Handle, _len: usize) -> Res<()> {
-        let z = self.f(z)?;
-        Ok(self.arena.write(h, &host::relu(&z))?)
+        self.op(&[Some(z), Some(h)], |e| {
+            let z = e.f(z)?;
+            Ok(e.arena.write(h, &host::relu(&z))?)
+        })
     }
     fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, _len: usize) -> Res<()> {
-        let (dh, z) = (self.f(dh)?, self.f(z)?);
-        Ok(self.arena.write(dz, &host::relu_bwd(&dh, &z))?)
+        self.op(&[Some(dh), Some(z), Some(dz)], |e| {
+            let (dh, z) = (e.f(dh)?, e.f(z)?);
+            Ok(e.arena.write(dz, &host::relu_bwd(&dh, &z))?)
+        })
     }
     fn col_sum(&mut self, x: Handle, out: Handle, _rows: usize, cols: usize) -> Res<()> {
-        let x = self.f(x)?;
-        Ok(self.arena.write(out, &host::col_sum(&x, cols))?)
+        self.op(&[Some(x), Some(out)], |e| {
+            let x = e.f(x)?;
+            Ok(e.arena.write(out, &host::col_sum(&x, cols))?)
+        })
     }
     fn softmax_xent(
         &mut self,
@@ -524,57 +614,244 @@ impl Exec for Cpu {
         _rows: usize,
         cols: usize,
     ) -> Res<()> {
-        let z = self.f(logits)?;
-        let y = self.arena.read::<i32>(labels)?;
-        let (d, s) = host::softmax_xent(&z, &y, cols);
-        if let Some(dl) = dlogits {
-            self.arena.write(dl, &d)?;
-        }
-        Ok(self.arena.write(stats, &s)?)
+        self.op(&[Some(logits), Some(labels), dlogits, Some(stats)], |e| {
+            let z = e.f(logits)?;
+            let y = e.arena.read::<i32>(labels)?;
+            let (d, s) = host::softmax_xent(&z, &y, cols);
+            if let Some(dl) = dlogits {
+                e.arena.write(dl, &d)?;
+            }
+            Ok(e.arena.write(stats, &s)?)
+        })
     }
     fn argmax(&mut self, logits: Handle, labels: Handle, _rows: usize, cols: usize) -> Res<()> {
-        let z = self.f(logits)?;
-        let y: Vec<i32> = z
-            .chunks_exact(cols)
-            .map(|r| host::argmax(r) as i32)
-            .collect();
-        Ok(self.arena.write(labels, &y)?)
+        self.op(&[Some(logits), Some(labels)], |e| {
+            let z = e.f(logits)?;
+            let y: Vec<i32> = z
+                .chunks_exact(cols)
+                .map(|r| host::argmax(r) as i32)
+                .collect();
+            Ok(e.arena.write(labels, &y)?)
+        })
     }
     fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()> {
-        let s = self.f(stats)?;
-        let mut o = self.f(out)?;
-        o[0] += s[..n].iter().sum::<f32>() / n as f32;
-        o[1] += s[n..2 * n].iter().sum::<f32>() / n as f32;
-        Ok(self.arena.write(out, &o)?)
+        self.op(&[Some(stats), Some(out)], |e| {
+            let s = e.f(stats)?;
+            let mut o = e.f(out)?;
+            o[0] += s[..n].iter().sum::<f32>() / n as f32;
+            o[1] += s[n..2 * n].iter().sum::<f32>() / n as f32;
+            Ok(e.arena.write(out, &o)?)
+        })
     }
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, _len: usize, lr: f32, mu: f32) -> Res<()> {
-        let (mut wv, gv, mut vv) = (self.f(w)?, self.f(g)?, self.f(v)?);
-        for ((wi, &gi), vi) in wv.iter_mut().zip(&gv).zip(vv.iter_mut()) {
-            *vi = mu * *vi + gi;
-            *wi -= lr * *vi;
-        }
-        self.arena.write(v, &vv)?;
-        Ok(self.arena.write(w, &wv)?)
+        self.op(&[Some(w), Some(g), Some(v)], |e| {
+            let (mut wv, gv, mut vv) = (e.f(w)?, e.f(g)?, e.f(v)?);
+            for ((wi, &gi), vi) in wv.iter_mut().zip(&gv).zip(vv.iter_mut()) {
+                *vi = mu * *vi + gi;
+                *wi -= lr * *vi;
+            }
+            e.arena.write(v, &vv)?;
+            Ok(e.arena.write(w, &wv)?)
+        })
     }
 }
 
 #[cfg(feature = "cuda")]
-mod gpu {
+pub(crate) mod gpu {
     //! The CUDA executor: `kernels/mlp.cu` compiled with NVRTC, launched on
-    //! the arena stream.
+    //! the arena stream; and the CUDA backend with its spills and restores
+    //! timed by CUDA events.
 
+    use std::cell::RefCell;
     use std::sync::Arc;
 
     use cuarena::backend::cuda::cudarc::driver::{
-        CudaFunction, CudaModule, LaunchConfig, PushKernelArg,
+        sys, CudaEvent, CudaFunction, CudaModule, DriverError, LaunchConfig, PushKernelArg,
     };
     use cuarena::backend::cuda::cudarc::nvrtc::{
         compile_ptx_with_opts, CompileError, CompileOptions, Ptx,
     };
     use cuarena::backend::cuda::CudaBackend;
-    use cuarena::{Arena, ArenaConfig, Handle};
+    use cuarena::backend::Backend;
+    use cuarena::plan::Plan;
+    use cuarena::{Arena, ArenaConfig, Handle, TableEntry};
 
     use super::{Exec, Op, Res};
+
+    /// Which way a host-tier copy went.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Dir {
+        /// Device to host (a spill).
+        Out,
+        /// Host to device (a restore).
+        In,
+    }
+
+    /// Time spent in spills and restores (CUDA events around each copy on
+    /// the arena stream), and every copy in order.
+    #[derive(Debug, Clone, Default)]
+    pub struct SpillTiming {
+        /// Milliseconds in device-to-host spill copies.
+        pub out_ms: f64,
+        /// Milliseconds in host-to-device restore copies.
+        pub in_ms: f64,
+        /// Direction and bytes of every copy.
+        pub copies: Vec<(Dir, u64)>,
+    }
+
+    impl SpillTiming {
+        /// Bytes copied in direction `d`.
+        pub fn bytes(&self, d: Dir) -> u64 {
+            self.copies.iter().filter(|c| c.0 == d).map(|c| c.1).sum()
+        }
+    }
+
+    /// Event pairs recorded and not yet read.
+    #[derive(Debug, Default)]
+    struct Events {
+        start: Vec<CudaEvent>,
+        end: Vec<CudaEvent>,
+        pending: usize,
+        timing: SpillTiming,
+    }
+
+    /// Copies timed at most before the host waits for them.
+    const MAX_PENDING: usize = 4096;
+
+    fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
+        move |e| cuarena::Error::Driver {
+            call,
+            message: format!("{e:?}"),
+        }
+    }
+
+    /// The CUDA backend with a CUDA event recorded before and after each
+    /// spill and restore copy when `enabled` (the arena decides; this only
+    /// measures).
+    #[derive(Debug)]
+    pub struct Timed {
+        inner: CudaBackend,
+        enabled: bool,
+        events: RefCell<Events>,
+    }
+
+    impl Timed {
+        pub fn new(inner: CudaBackend, enabled: bool) -> Self {
+            Self {
+                inner,
+                enabled,
+                events: RefCell::new(Events::default()),
+            }
+        }
+
+        pub fn inner(&self) -> &CudaBackend {
+            &self.inner
+        }
+
+        /// Spill timing so far (waits for the copies still in flight).
+        pub fn timing(&self) -> cuarena::Result<SpillTiming> {
+            self.harvest()?;
+            Ok(self.events.borrow().timing.clone())
+        }
+
+        /// Makes sure there are `pairs` pairs of timing events.
+        fn create_events(&mut self, pairs: usize) -> cuarena::Result<()> {
+            let ev = self.events.get_mut();
+            let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let ctx = self.inner.context();
+            while ev.start.len() < pairs {
+                ev.start
+                    .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
+                ev.end
+                    .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
+            }
+            Ok(())
+        }
+
+        /// Reads the pending event pairs (waiting for the last one).
+        fn harvest(&self) -> cuarena::Result<()> {
+            let mut guard = self.events.borrow_mut();
+            let ev = &mut *guard;
+            if ev.pending == 0 {
+                return Ok(());
+            }
+            ev.end[ev.pending - 1]
+                .synchronize()
+                .map_err(drv("cuEventSynchronize"))?;
+            let first = ev.timing.copies.len() - ev.pending;
+            for i in 0..ev.pending {
+                let ms = f64::from(
+                    ev.start[i]
+                        .elapsed_ms(&ev.end[i])
+                        .map_err(drv("cuEventElapsedTime"))?,
+                );
+                match ev.timing.copies[first + i].0 {
+                    Dir::Out => ev.timing.out_ms += ms,
+                    Dir::In => ev.timing.in_ms += ms,
+                }
+            }
+            ev.pending = 0;
+            Ok(())
+        }
+
+        fn timed(
+            &mut self,
+            dir: Dir,
+            len: u64,
+            copy: impl FnOnce(&mut CudaBackend) -> cuarena::Result<()>,
+        ) -> cuarena::Result<()> {
+            if !self.enabled {
+                return copy(&mut self.inner);
+            }
+            if self.events.borrow().pending >= MAX_PENDING {
+                self.harvest()?;
+            }
+            let i = self.events.get_mut().pending;
+            self.create_events(i + 1)?;
+            let ev = self.events.get_mut();
+            let stream = self.inner.stream().clone();
+            ev.start[i].record(&stream).map_err(drv("cuEventRecord"))?;
+            copy(&mut self.inner)?;
+            let ev = self.events.get_mut();
+            ev.end[i].record(&stream).map_err(drv("cuEventRecord"))?;
+            ev.pending += 1;
+            ev.timing.copies.push((dir, len));
+            Ok(())
+        }
+    }
+
+    impl Backend for Timed {
+        fn capacity_bytes(&self) -> u64 {
+            self.inner.capacity_bytes()
+        }
+        fn write(&mut self, offset: u64, bytes: &[u8]) -> cuarena::Result<()> {
+            self.inner.write(offset, bytes)
+        }
+        fn read(&mut self, offset: u64, out: &mut [u8]) -> cuarena::Result<()> {
+            self.inner.read(offset, out)?;
+            // The stream is idle now: reading the events costs nothing.
+            self.harvest()
+        }
+        fn execute(&mut self, plan: &Plan) -> cuarena::Result<()> {
+            self.inner.execute(plan)
+        }
+        fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> cuarena::Result<()> {
+            self.inner.sync_table(entries, first)
+        }
+        fn reserve_host_tier(&mut self, bytes: u64) -> cuarena::Result<()> {
+            if self.enabled {
+                // Up front, not in the training loop.
+                self.create_events(MAX_PENDING)?;
+            }
+            self.inner.reserve_host_tier(bytes)
+        }
+        fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> cuarena::Result<()> {
+            self.timed(Dir::Out, len, |b| b.spill(offset, host_offset, len))
+        }
+        fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> cuarena::Result<()> {
+            self.timed(Dir::In, len, |b| b.restore(host_offset, offset, len))
+        }
+    }
 
     const SOURCE: &str = include_str!("../kernels/mlp.cu");
 
@@ -618,9 +895,12 @@ mod gpu {
     type Operand = (Option<Handle>, usize);
 
     pub struct Gpu {
-        pub arena: Arena<CudaBackend>,
+        pub arena: Arena<Timed>,
         k: Kernels,
     }
+
+    /// Picks a kernel of [`Kernels`].
+    type Pick = fn(&Kernels) -> &CudaFunction;
 
     fn dim(n: usize) -> Res<i32> {
         Ok(i32::try_from(n).map_err(|_| format!("dimension {n} does not fit the kernels' int"))?)
@@ -636,11 +916,11 @@ mod gpu {
     }
 
     impl Gpu {
-        /// An arena of `capacity` bytes on device 0; compiles the kernels
-        /// into `ptx` the first time (the device's architecture is known
-        /// once a backend exists).
-        pub fn new(capacity: u64, ptx: &mut Option<Ptx>) -> Res<Self> {
-            let backend = CudaBackend::new(0, capacity)?;
+        /// An arena of `config` on device 0; compiles the kernels into
+        /// `ptx` the first time (the device's architecture is known once a
+        /// backend exists).
+        pub fn new(config: ArenaConfig, ptx: &mut Option<Ptx>, time_copies: bool) -> Res<Self> {
+            let backend = CudaBackend::new(0, config.capacity_bytes)?;
             let code = match ptx {
                 Some(p) => p.clone(),
                 None => {
@@ -665,34 +945,43 @@ mod gpu {
                 sgd: f("mlp_sgd_momentum")?,
                 _module: module,
             };
-            let arena = Arena::with_backend(ArenaConfig::new(capacity), backend)?;
+            let arena = Arena::with_backend(config, Timed::new(backend, time_copies))?;
             Ok(Self { arena, k })
         }
 
-        /// Launches `f` with the operands' device addresses, then `ints`,
-        /// then `floats` (the argument order of every kernel in mlp.cu).
+        /// Launches the kernel `pick` names with the operands' device
+        /// addresses, then `ints`, then `floats` (the argument order of
+        /// every kernel in mlp.cu).
         ///
-        /// Why the addresses cannot go stale: they are resolved here, after
-        /// the last call that could compact (every `alloc` happens before
-        /// the launch that uses the block) and used only to enqueue this one
-        /// launch; `&self` keeps the arena from moving anything until we
-        /// return, and no address outlives this function. The kernel runs
-        /// on the arena stream, so it executes before any compaction,
-        /// transfer or reuse of a freed block enqueued later on that stream:
-        /// on the GPU it sees exactly the layout these addresses describe.
+        /// Why the addresses cannot go stale: first `make_resident` brings
+        /// every operand onto the device together (with spilling on, it may
+        /// spill other blocks, restore these and compact, all enqueued on
+        /// the arena stream before this launch; it never spills one of
+        /// these). Then the addresses are resolved, after the last call
+        /// that could move anything (every `alloc` happens before the
+        /// launch that uses the block), and used only to enqueue this one
+        /// launch; from there on only `&self.arena` is used, so nothing
+        /// moves until we return, and no address outlives this function.
+        /// The kernel runs on the arena stream, so it executes before any
+        /// compaction, spill, transfer or reuse of a freed block enqueued
+        /// later on that stream: on the GPU it sees exactly the layout
+        /// these addresses describe.
         fn launch(
-            &self,
-            f: &CudaFunction,
+            &mut self,
+            pick: Pick,
             cfg: LaunchConfig,
             operands: &[Operand],
             ints: &[i32],
             floats: &[f32],
         ) -> Res<()> {
-            let base = self.arena.backend().region_ptr();
             let mut ptrs = [0u64; 4];
             if operands.len() > ptrs.len() {
                 return Err("too many operands".into());
             }
+            let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.0).collect();
+            self.resident(&handles)?;
+            let f = pick(&self.k);
+            let base = self.arena.backend().inner().region_ptr();
             for (p, &(h, elems)) in ptrs.iter_mut().zip(operands) {
                 if let Some(h) = h {
                     let size = self.arena.size_bytes(h)?;
@@ -704,7 +993,7 @@ mod gpu {
                     *p = base + self.arena.resolve(h)?;
                 }
             }
-            let mut b = self.arena.backend().stream().launch_builder(f);
+            let mut b = self.arena.backend().inner().stream().launch_builder(f);
             for p in &ptrs[..operands.len()] {
                 b.arg(p);
             }
@@ -717,8 +1006,9 @@ mod gpu {
             // SAFETY: every call below passes the pointers, ints and floats
             // of the kernel's C signature in order and type (pointers as
             // u64, `int` as i32, `float` as f32). Each pointer is the
-            // current address of a live, resident block of this arena (or
-            // null where the kernel accepts null), at least as large as the
+            // current address of a live block of this arena, resident with
+            // all the others (or null where the kernel accepts null), at
+            // least as large as the
             // elements the kernel touches for the given dimensions (checked
             // above), and the launch is ordered on the arena stream (see
             // the comment on this function).
@@ -728,8 +1018,8 @@ mod gpu {
     }
 
     impl Exec for Gpu {
-        type B = CudaBackend;
-        fn arena(&mut self) -> &mut Arena<CudaBackend> {
+        type B = Timed;
+        fn arena(&mut self) -> &mut Arena<Timed> {
             &mut self.arena
         }
         fn matmul(
@@ -740,10 +1030,10 @@ mod gpu {
             c: Handle,
             (m, n, k): (usize, usize, usize),
         ) -> Res<()> {
-            let f = match op {
-                Op::NN => &self.k.mm_nn,
-                Op::TN => &self.k.mm_tn,
-                Op::NT => &self.k.mm_nt,
+            let f: Pick = match op {
+                Op::NN => |k| &k.mm_nn,
+                Op::TN => |k| &k.mm_tn,
+                Op::NT => |k| &k.mm_nt,
             };
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
@@ -756,7 +1046,7 @@ mod gpu {
         fn bias_add(&mut self, z: Handle, b: Handle, rows: usize, cols: usize) -> Res<()> {
             let ops = [(Some(z), rows * cols), (Some(b), cols)];
             self.launch(
-                &self.k.bias_add,
+                |k| &k.bias_add,
                 cfg_1d(rows * cols),
                 &ops,
                 &[dim(rows)?, dim(cols)?],
@@ -765,11 +1055,11 @@ mod gpu {
         }
         fn relu(&mut self, z: Handle, h: Handle, len: usize) -> Res<()> {
             let ops = [(Some(z), len), (Some(h), len)];
-            self.launch(&self.k.relu_fwd, cfg_1d(len), &ops, &[dim(len)?], &[])
+            self.launch(|k| &k.relu_fwd, cfg_1d(len), &ops, &[dim(len)?], &[])
         }
         fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, len: usize) -> Res<()> {
             let ops = [(Some(dh), len), (Some(z), len), (Some(dz), len)];
-            self.launch(&self.k.relu_bwd, cfg_1d(len), &ops, &[dim(len)?], &[])
+            self.launch(|k| &k.relu_bwd, cfg_1d(len), &ops, &[dim(len)?], &[])
         }
         fn col_sum(&mut self, x: Handle, out: Handle, rows: usize, cols: usize) -> Res<()> {
             let cfg = LaunchConfig {
@@ -778,7 +1068,7 @@ mod gpu {
                 shared_mem_bytes: 0,
             };
             let ops = [(Some(x), rows * cols), (Some(out), cols)];
-            self.launch(&self.k.col_sum, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
+            self.launch(|k| &k.col_sum, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
         }
         fn softmax_xent(
             &mut self,
@@ -801,7 +1091,7 @@ mod gpu {
                 (Some(stats), 2 * rows),
             ];
             self.launch(
-                &self.k.softmax_xent,
+                |k| &k.softmax_xent,
                 cfg,
                 &ops,
                 &[dim(rows)?, dim(cols)?],
@@ -815,7 +1105,7 @@ mod gpu {
                 shared_mem_bytes: 0,
             };
             let ops = [(Some(logits), rows * cols), (Some(labels), rows)];
-            self.launch(&self.k.argmax, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
+            self.launch(|k| &k.argmax, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
         }
         fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()> {
             let cfg = LaunchConfig {
@@ -824,7 +1114,7 @@ mod gpu {
                 shared_mem_bytes: 0,
             };
             let ops = [(Some(stats), 2 * n), (Some(out), 2)];
-            self.launch(&self.k.mean2_acc, cfg, &ops, &[dim(n)?], &[])
+            self.launch(|k| &k.mean2_acc, cfg, &ops, &[dim(n)?], &[])
         }
         fn sgd(
             &mut self,
@@ -836,7 +1126,7 @@ mod gpu {
             mu: f32,
         ) -> Res<()> {
             let ops = [(Some(w), len), (Some(g), len), (Some(v), len)];
-            self.launch(&self.k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
+            self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
         }
     }
 }
@@ -1051,14 +1341,23 @@ fn make_batch<E: Exec>(
     sched: &mut Rng,
     data: &mut Rng,
     buf: &mut Vec<f32>,
+    pool: &[f32],
 ) -> Res<Batch> {
     let n = sched.batch(s.min_batch, s.max_batch);
     let x = alloc_f32(e, n * IN)?;
     let y = e.arena().alloc_elems::<i32>(n)?;
     if e.arena().backend().stores_bytes() {
-        buf.clear();
-        buf.extend((0..n * IN).map(|_| data.normal()));
-        e.arena().write(x, buf)?;
+        if pool.len() >= n * IN {
+            let start = data.below(pool.len() - n * IN + 1);
+            e.arena().write(x, &pool[start..start + n * IN])?;
+        } else {
+            buf.clear();
+            buf.extend((0..n * IN).map(|_| data.normal()));
+            e.arena().write(x, buf)?;
+        }
+    } else {
+        // What the write does to the spill policy: x is used.
+        e.arena().make_resident(&[x])?;
     }
     label(e, teacher, x, y, n)?;
     Ok(Batch { x, y, n })
@@ -1074,12 +1373,12 @@ fn take_metrics<E: Exec>(e: &mut E, m: Handle, count: usize) -> Res<(f32, f32)> 
 
 /// One line of the learning curve.
 #[derive(Debug, Clone, Copy)]
-struct Point {
-    step: usize,
+pub(crate) struct Point {
+    pub(crate) step: usize,
     batch: usize,
     /// Mean loss and accuracy of the training batches since the last point.
-    train: Option<(f32, f32)>,
-    eval_loss: f32,
+    pub(crate) train: Option<(f32, f32)>,
+    pub(crate) eval_loss: f32,
     eval_acc: f32,
 }
 
@@ -1119,12 +1418,13 @@ fn evaluate<E: Exec>(
     take_metrics(e, metrics, 1)
 }
 
-struct Outcome {
-    curve: Vec<Point>,
+pub(crate) struct Outcome {
+    pub(crate) curve: Vec<Point>,
     net: Net,
     eval_x: Handle,
     eval_y: Handle,
-    seconds: f64,
+    /// Wall time of the training loop (evaluations included).
+    pub(crate) seconds: f64,
 }
 
 /// The whole run: set-up, `s.steps` training steps, an evaluation every
@@ -1141,6 +1441,11 @@ fn train<E: Exec>(
     let mut sched = Rng::new(s.seed ^ 0x5c4e_d01e);
     let mut data = Rng::new(s.seed ^ 0xda7a);
     let mut buf = Vec::new();
+    let pool: Vec<f32> = if s.data_pool && e.arena().backend().stores_bytes() {
+        (0..4 * s.max_batch * IN).map(|_| data.normal()).collect()
+    } else {
+        Vec::new()
+    };
     let teacher_dev = Net::upload(e, teacher, false)?;
     let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
     e.arena().write(eval_x, eval_inputs)?;
@@ -1175,6 +1480,7 @@ fn train<E: Exec>(
             &mut sched,
             &mut data,
             &mut buf,
+            &pool,
         )?);
     }
     for step in 1..=s.steps {
@@ -1193,6 +1499,7 @@ fn train<E: Exec>(
             &mut sched,
             &mut data,
             &mut buf,
+            &pool,
         )?);
         let grads = backward(e, &net, batch.x, n, &fwd, dlogits)?;
         free(e, batch.y)?;
@@ -1231,21 +1538,44 @@ fn train<E: Exec>(
 }
 
 /// Runs the allocation sequence of `train(s)` on a metadata arena and
-/// returns (peak live bytes, the capacity to give a real arena).
-fn capacity_for(
-    teacher: &HostNet,
-    student: &HostNet,
-    eval_inputs: &[f32],
-    s: &Settings,
-) -> Res<(u64, u64)> {
-    let mut dry = Dry {
-        arena: Arena::metadata(ArenaConfig::new(1 << 40))?,
-    };
-    train(&mut dry, teacher, student, eval_inputs, s, false)?;
+/// returns (peak live bytes, the configuration to give a real arena).
+fn capacity_for(p: &Problem, s: &Settings) -> Res<(u64, ArenaConfig)> {
+    let (peak, max_operands, align) = dry_peak(p, s)?;
+    let config = arena_config(peak, align, s.oversubscribe);
+    if config.capacity_bytes < max_operands {
+        return Err(format!(
+            "--oversubscribe {}: an arena of {} cannot hold the operands of one kernel together \
+             (up to {}, the eval batch or the largest batch's activations); the most these settings allow is {:.2}",
+            s.oversubscribe.unwrap_or(1.0),
+            fmt_bytes(config.capacity_bytes),
+            fmt_bytes(max_operands),
+            peak as f64 / max_operands as f64
+        )
+        .into());
+    }
+    Ok((peak, config))
+}
+
+/// The allocation sequence of `train(s)` on an unbounded metadata arena:
+/// (peak live bytes, most bytes one operation needs resident together,
+/// the arena's alignment).
+fn dry_peak(p: &Problem, s: &Settings) -> Res<(u64, u64, u64)> {
+    let mut dry = Dry::new(ArenaConfig::new(1 << 40))?;
+    train(&mut dry, &p.teacher, &p.student, &p.eval_x, s, false)?;
     let peak = dry.arena.stats().peak_allocated_bytes;
-    let align = dry.arena.config().alignment_bytes;
-    let cap = ((peak as f64 * HEADROOM) as u64).div_ceil(align) * align;
-    Ok((peak, cap))
+    Ok((peak, dry.max_operands, dry.arena.config().alignment_bytes))
+}
+
+/// The arena for a run whose peak of live bytes is `peak`: 1.05 x peak and
+/// no host tier, or (oversubscribed by `ratio`) peak / ratio and a host
+/// tier of 2 x peak.
+fn arena_config(peak: u64, align: u64, ratio: Option<f64>) -> ArenaConfig {
+    let round = |bytes: f64| (bytes as u64).div_ceil(align) * align;
+    match ratio {
+        None => ArenaConfig::new(round(peak as f64 * HEADROOM)),
+        Some(r) => ArenaConfig::new(round(peak as f64 / r))
+            .with_spill_host_bytes(round(peak as f64 * HOST_TIER)),
+    }
 }
 
 /// Largest difference of two parameter sets' updates from `init`,
@@ -1324,24 +1654,42 @@ fn summary_of_run<B: Backend>(
         st.compaction_time.as_secs_f64() * 1e3,
         st.planning_time.as_secs_f64() * 1e3
     );
-    let same = (
-        predicted.targeted_compactions,
-        predicted.full_compactions,
-        predicted.moves,
-        predicted.bytes_moved,
-    ) == (
-        st.targeted_compactions,
-        st.full_compactions,
-        st.moves,
-        st.bytes_moved,
-    );
+    let decisions = |st: &Stats| {
+        [
+            st.targeted_compactions,
+            st.full_compactions,
+            st.moves,
+            st.bytes_moved,
+            st.evictions,
+            st.restores,
+            st.bytes_evicted,
+            st.bytes_restored,
+        ]
+    };
+    let same = decisions(predicted) == decisions(&st);
     println!(
-        "a metadata arena of the same capacity fed the same sequence predicted {} compactions, {} moves, {} moved: {}",
+        "a metadata arena of the same capacity fed the same sequence predicted {} compactions, {} moves, {} moved, {} evictions, {} restores: {}",
         predicted.targeted_compactions + predicted.full_compactions,
         predicted.moves,
         fmt_bytes(predicted.bytes_moved),
+        predicted.evictions,
+        predicted.restores,
         if same { "identical" } else { "DIFFERENT" }
     );
+    let tier = arena.config().spill_host_bytes;
+    if tier > 0 {
+        println!(
+            "spilling: capacity {:.3} x peak live ({} x oversubscribed), host tier {}; {} evictions ({} out), {} restores ({} in), {:.1} copies per step",
+            st.capacity_bytes as f64 / peak as f64,
+            s.oversubscribe.unwrap_or(1.0),
+            fmt_bytes(tier),
+            st.evictions,
+            fmt_bytes(st.bytes_evicted),
+            st.restores,
+            fmt_bytes(st.bytes_restored),
+            (st.evictions + st.restores) as f64 / s.steps as f64
+        );
+    }
     println!(
         "arena: capacity {} = {:.3} x peak live {} (dry run); peak reached {}; {} allocations, {} failed",
         fmt_bytes(st.capacity_bytes),
@@ -1385,13 +1733,24 @@ fn main() -> Res<()> {
     }
 }
 
-/// Teacher, initial student and eval inputs, from the seed.
-fn problem(s: &Settings) -> (HostNet, HostNet, Vec<f32>) {
+/// Teacher, initial student and eval inputs.
+pub(crate) struct Problem {
+    teacher: HostNet,
+    student: HostNet,
+    eval_x: Vec<f32>,
+}
+
+/// The problem of a seed.
+pub(crate) fn problem(s: &Settings) -> Problem {
     let mut rng = Rng::new(s.seed);
     let teacher = make_teacher(&mut rng);
     let student = HostNet::random(&[IN, HIDDEN, HIDDEN, CLASSES], 0.25, &mut rng);
     let eval_x = (0..EVAL_ROWS * IN).map(|_| rng.normal()).collect();
-    (teacher, student, eval_x)
+    Problem {
+        teacher,
+        student,
+        eval_x,
+    }
 }
 
 fn describe(s: &Settings, teacher: &HostNet, eval_x: &[f32]) {
@@ -1454,101 +1813,166 @@ fn verify<E: Exec>(e: &mut E, out: &Outcome, teacher: &HostNet, eval_inputs: &[f
 /// The statistics of `train(s)` on an arena of `capacity`, as predicted by
 /// a metadata arena: placement and compaction depend only on the sequence
 /// of allocations and frees, not on the bytes.
-fn predict(
-    teacher: &HostNet,
-    student: &HostNet,
-    eval_inputs: &[f32],
-    s: &Settings,
-    capacity: u64,
-) -> Res<Stats> {
-    let mut dry = Dry {
-        arena: Arena::metadata(ArenaConfig::new(capacity))?,
-    };
-    train(&mut dry, teacher, student, eval_inputs, s, false)?;
+fn predict(p: &Problem, s: &Settings, config: &ArenaConfig) -> Res<Stats> {
+    let mut dry = Dry::new(config.clone())?;
+    train(&mut dry, &p.teacher, &p.student, &p.eval_x, s, false)?;
     Ok(dry.arena.stats())
 }
 
+/// "peak live …; arena capacity … (… x peak)[, host tier …]".
+fn arena_line(peak: u64, config: &ArenaConfig) -> String {
+    let mut line = format!(
+        "peak live {}; arena capacity {} ({:.3} x peak)",
+        fmt_bytes(peak),
+        fmt_bytes(config.capacity_bytes),
+        config.capacity_bytes as f64 / peak.max(1) as f64
+    );
+    if config.spill_host_bytes > 0 {
+        line += &format!(", host tier {}", fmt_bytes(config.spill_host_bytes));
+    }
+    line
+}
+
 fn run_dry(s: Settings) -> Res<()> {
-    let (teacher, student, eval_x) = problem(&s);
-    let (peak, cap) = capacity_for(&teacher, &student, &eval_x, &s)?;
+    let p = problem(&s);
+    let (peak, config) = capacity_for(&p, &s)?;
     let t0 = Instant::now();
-    let st = predict(&teacher, &student, &eval_x, &s, cap)?;
+    let st = predict(&p, &s, &config)?;
     println!(
-        "dry run of {} steps (batches {}..{}) in {:.1} ms: peak live {}, capacity {}; {} compactions ({} targeted, {} full), {} moves, {} moved, {} allocations",
+        "dry run of {} steps (batches {}..{}) in {:.1} ms: {}; {} compactions ({} targeted, {} full), {} moves, {} moved, {} allocations; {} evictions ({}), {} restores ({})",
         s.steps,
         s.min_batch,
         s.max_batch,
         t0.elapsed().as_secs_f64() * 1e3,
-        fmt_bytes(peak),
-        fmt_bytes(cap),
+        arena_line(peak, &config),
         st.targeted_compactions + st.full_compactions,
         st.targeted_compactions,
         st.full_compactions,
         st.moves,
         fmt_bytes(st.bytes_moved),
-        st.allocs
+        st.allocs,
+        st.evictions,
+        fmt_bytes(st.bytes_evicted),
+        st.restores,
+        fmt_bytes(st.bytes_restored)
     );
     Ok(())
 }
 
 fn run_cpu(s: Settings) -> Res<()> {
     println!("train_mlp on the host reference (no GPU used)");
-    let (teacher, student, eval_x) = problem(&s);
-    describe(&s, &teacher, &eval_x);
-    let (peak, cap) = capacity_for(&teacher, &student, &eval_x, &s)?;
-    println!(
-        "dry run: peak live {}; arena capacity {}",
-        fmt_bytes(peak),
-        fmt_bytes(cap)
-    );
+    let p = problem(&s);
+    describe(&s, &p.teacher, &p.eval_x);
+    let (peak, config) = capacity_for(&p, &s)?;
+    println!("dry run: {}", arena_line(peak, &config));
     let mut cpu = Cpu {
-        arena: Arena::host(ArenaConfig::new(cap))?,
+        arena: Arena::host(config.clone())?,
     };
-    let out = train(&mut cpu, &teacher, &student, &eval_x, &s, true)?;
-    let predicted = predict(&teacher, &student, &eval_x, &s, cap)?;
+    let out = train(&mut cpu, &p.teacher, &p.student, &p.eval_x, &s, true)?;
+    let predicted = predict(&p, &s, &config)?;
     summary_of_run(&cpu.arena, peak, &predicted, &out, &s)?;
-    verify(&mut cpu, &out, &teacher, &eval_x)
+    verify(&mut cpu, &out, &p.teacher, &p.eval_x)
+}
+
+/// A finished GPU training run and what it needs to be checked.
+#[cfg(feature = "cuda")]
+pub(crate) struct GpuRun {
+    /// The executor, with the arena as the run left it.
+    pub(crate) gpu: gpu::Gpu,
+    pub(crate) out: Outcome,
+    /// Peak live bytes of the dry run.
+    pub(crate) peak: u64,
+    /// The metadata arena's statistics for the same sequence.
+    pub(crate) predicted: Stats,
+}
+
+/// One training run on the GPU, the arena sized from the dry run's peak
+/// by `s.oversubscribe` (see [`arena_config`]).
+#[cfg(feature = "cuda")]
+pub(crate) fn gpu_train(
+    s: &Settings,
+    p: &Problem,
+    ptx: &mut Option<cuarena::backend::cuda::cudarc::nvrtc::Ptx>,
+    log: bool,
+) -> Res<GpuRun> {
+    let (peak, config) = capacity_for(p, s)?;
+    if log {
+        println!("dry run (metadata arena): {}\n", arena_line(peak, &config));
+    }
+    let mut gpu = gpu::Gpu::new(config.clone(), ptx, s.time_copies)?;
+    let out = train(&mut gpu, &p.teacher, &p.student, &p.eval_x, s, log)?;
+    let predicted = predict(p, s, &config)?;
+    Ok(GpuRun {
+        gpu,
+        out,
+        peak,
+        predicted,
+    })
+}
+
+/// "N out, X in Y ms (Z GB/s)" for the copies of direction `d`.
+#[cfg(feature = "cuda")]
+fn copies_line(t: &gpu::SpillTiming, d: gpu::Dir) -> String {
+    let (n, ms) = match d {
+        gpu::Dir::Out => (t.copies.iter().filter(|c| c.0 == d).count(), t.out_ms),
+        gpu::Dir::In => (t.copies.iter().filter(|c| c.0 == d).count(), t.in_ms),
+    };
+    let bytes = t.bytes(d);
+    format!(
+        "{n} copies, {} in {ms:.2} ms ({:.1} GB/s)",
+        fmt_bytes(bytes),
+        bytes as f64 / (ms * 1e6).max(f64::MIN_POSITIVE)
+    )
 }
 
 #[cfg(feature = "cuda")]
 fn run_gpu(s: Settings) -> Res<()> {
     use gpu::Gpu;
 
-    let (teacher, student, eval_x) = problem(&s);
-    describe(&s, &teacher, &eval_x);
+    let p = problem(&s);
+    describe(&s, &p.teacher, &p.eval_x);
     let mut ptx = None;
 
     // 1. The GPU against the host reference: a short run with the same
-    //    seeds and the same tight capacity on both.
-    let c = Settings::check();
-    let (_, cap) = capacity_for(&teacher, &student, &eval_x, &c)?;
+    //    seeds and the same tight capacity (and host tier) on both;
+    //    oversubscribed as asked, or as much as its smaller batches allow.
+    let mut c = Settings::check();
+    if let Some(r) = s.oversubscribe {
+        let (peak, max_operands, _) = dry_peak(&p, &c)?;
+        c.oversubscribe = Some(r.min(0.999 * peak as f64 / max_operands as f64).max(1.0));
+    }
+    let (check_peak, config) = capacity_for(&p, &c)?;
+    let check_capacity = config.capacity_bytes as f64 / check_peak as f64;
     let t0 = Instant::now();
-    let mut g = Gpu::new(cap, &mut ptx)?;
+    let mut g = Gpu::new(config.clone(), &mut ptx, true)?;
     println!(
         "device: {} ({}), NVRTC + context {:.2} s",
-        g.arena.backend().device_name(),
-        g.arena.backend().arch(),
+        g.arena.backend().inner().device_name(),
+        g.arena.backend().inner().arch(),
         t0.elapsed().as_secs_f64()
     );
-    let go = train(&mut g, &teacher, &student, &eval_x, &c, false)?;
+    let go = train(&mut g, &p.teacher, &p.student, &p.eval_x, &c, false)?;
     let gw = go.net.download(&mut g)?;
     let gstats = g.arena.stats();
     drop(g);
     let mut h = Cpu {
-        arena: Arena::host(ArenaConfig::new(cap))?,
+        arena: Arena::host(config)?,
     };
-    let ho = train(&mut h, &teacher, &student, &eval_x, &c, false)?;
+    let ho = train(&mut h, &p.teacher, &p.student, &p.eval_x, &c, false)?;
     let hw = ho.net.download(&mut h)?;
-    let (rel, upd) = update_error(&student, &gw, &hw);
+    let (rel, upd) = update_error(&p.student, &gw, &hw);
     let (gp, hp) = (
         go.curve.last().ok_or("no evaluation")?,
         ho.curve.last().ok_or("no evaluation")?,
     );
     println!(
-        "check vs host reference ({} steps, {} compactions on each): weight updates differ by {:.2e} of the largest ({:.2e}); \
+        "check vs host reference ({} steps, capacity {:.3} x peak, {} compactions, {} evictions, {} restores on each): weight updates differ by {:.2e} of the largest ({:.2e}); \
          train loss {:.5} vs {:.5}, eval loss {:.5} vs {:.5}",
         c.steps,
+        check_capacity,
         gstats.targeted_compactions + gstats.full_compactions,
+        gstats.evictions,
+        gstats.restores,
         rel,
         upd,
         gp.train.map_or(f32::NAN, |t| t.0),
@@ -1556,20 +1980,89 @@ fn run_gpu(s: Settings) -> Res<()> {
         gp.eval_loss,
         hp.eval_loss
     );
+    let hstats = h.arena.stats();
+    if (gstats.evictions, gstats.restores) != (hstats.evictions, hstats.restores) {
+        return Err("the GPU and host runs spilled differently".into());
+    }
     if rel.is_nan() || rel >= 1e-3 {
         return Err("the GPU kernels disagree with the host reference".into());
     }
 
-    // 2. The real run.
-    let (peak, cap) = capacity_for(&teacher, &student, &eval_x, &s)?;
-    println!(
-        "dry run (metadata arena): peak live {}; CUDA arena capacity {} ({HEADROOM} x)\n",
-        fmt_bytes(peak),
-        fmt_bytes(cap)
+    // 2. Oversubscribed: first the run that fits, same seed, for its curve.
+    let reference = match s.oversubscribe {
+        Some(_) => {
+            let fit = Settings {
+                oversubscribe: None,
+                ..s.clone()
+            };
+            let r = gpu_train(&fit, &p, &mut ptx, false)?;
+            println!(
+                "the run that fits ({}): {} steps in {:.2} s",
+                arena_line(r.peak, r.gpu.arena.config()),
+                fit.steps,
+                r.out.seconds
+            );
+            Some(r.out)
+        }
+        None => None,
+    };
+
+    // 3. The real run.
+    let mut r = gpu_train(&s, &p, &mut ptx, true)?;
+    summary_of_run(&r.gpu.arena, r.peak, &r.predicted, &r.out, &s)?;
+    if s.oversubscribe.is_some() {
+        let t = r.gpu.arena.backend().timing()?;
+        println!(
+            "spill copies timed with CUDA events: out {}; in {}; together {:.1} GB/s",
+            copies_line(&t, gpu::Dir::Out),
+            copies_line(&t, gpu::Dir::In),
+            (t.bytes(gpu::Dir::Out) + t.bytes(gpu::Dir::In)) as f64
+                / ((t.out_ms + t.in_ms) * 1e6).max(f64::MIN_POSITIVE)
+        );
+    }
+    if let Some(fit) = reference {
+        compare_curves(&fit, &r.out, s.oversubscribe.unwrap_or(1.0))?;
+    }
+    verify(&mut r.gpu, &r.out, &p.teacher, &p.eval_x)
+}
+
+/// The oversubscribed run's loss curve against the run that fits: the same
+/// kernels on the same data in the same order, so the same numbers.
+#[cfg(feature = "cuda")]
+fn compare_curves(fit: &Outcome, over: &Outcome, ratio: f64) -> Res<()> {
+    if fit.curve.len() != over.curve.len() {
+        return Err("the two runs evaluated at different steps".into());
+    }
+    let (mut max_diff, mut bit_exact) = (0.0f32, true);
+    for (a, b) in fit.curve.iter().zip(&over.curve) {
+        let pairs = [
+            (a.eval_loss, b.eval_loss),
+            (a.train.map_or(0.0, |t| t.0), b.train.map_or(0.0, |t| t.0)),
+        ];
+        for (x, y) in pairs {
+            max_diff = max_diff.max((x - y).abs());
+            bit_exact &= x.to_bits() == y.to_bits();
+        }
+    }
+    let (fa, oa) = (
+        fit.curve.last().ok_or("no evaluation")?,
+        over.curve.last().ok_or("no evaluation")?,
     );
-    let mut g = Gpu::new(cap, &mut ptx)?;
-    let out = train(&mut g, &teacher, &student, &eval_x, &s, true)?;
-    let predicted = predict(&teacher, &student, &eval_x, &s, cap)?;
-    summary_of_run(&g.arena, peak, &predicted, &out, &s)?;
-    verify(&mut g, &out, &teacher, &eval_x)
+    println!(
+        "loss curve at {ratio} x oversubscribed vs the run that fits (same seed), {} points: final train loss {:.6} vs {:.6}, \
+         final eval loss {:.6} vs {:.6}; largest difference {max_diff:.2e} ({}); time {:.2} s vs {:.2} s ({:.2} x)",
+        fit.curve.len(),
+        oa.train.map_or(f32::NAN, |t| t.0),
+        fa.train.map_or(f32::NAN, |t| t.0),
+        oa.eval_loss,
+        fa.eval_loss,
+        if bit_exact { "bit-identical" } else { "not bit-identical" },
+        over.seconds,
+        fit.seconds,
+        over.seconds / fit.seconds.max(f64::MIN_POSITIVE)
+    );
+    if max_diff.is_nan() || max_diff > 1e-4 {
+        return Err("the oversubscribed run's loss curve differs from the run that fits".into());
+    }
+    Ok(())
 }
