@@ -64,17 +64,46 @@ impl<B: Backend> Arena<B> {
     fn lru_victim(&self, keep: &[BlockKey]) -> Option<BlockKey> {
         self.blocks
             .iter()
-            .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
+            .filter(|(k, b)| {
+                matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
+            })
             .min_by_key(|(_, b)| b.last_use.load(Ordering::Relaxed))
             .map(|(k, _)| k)
     }
 
     /// Spills LRU blocks until a full compaction can make a hole for the
     /// request, then compacts and places it.
-    pub(super) fn alloc_by_spilling(&mut self, reserved: u64, align: u64, keep: &[BlockKey]) -> Result<NodeId> {
+    pub(super) fn alloc_by_spilling(
+        &mut self,
+        reserved: u64,
+        align: u64,
+        keep: &[BlockKey],
+    ) -> Result<NodeId> {
         let capacity = self.config.capacity_bytes;
         loop {
+            // The last eviction may have opened a hole that fits as it is.
+            if let Some((node, _)) = self.index.alloc(reserved, align) {
+                return Ok(node);
+            }
             if self.index.free_bytes() >= reserved {
+                // A targeted compaction moves only the blocks around one window.
+                let t0 = std::time::Instant::now();
+                self.collect_live();
+                let plan = planner::plan_targeted(
+                    &self.live,
+                    capacity,
+                    planner::Request {
+                        size: reserved,
+                        align,
+                    },
+                );
+                self.counters.planning += t0.elapsed();
+                if let Some(plan) = plan {
+                    self.execute(plan, t0)?;
+                    if let Some((node, _)) = self.index.alloc(reserved, align) {
+                        return Ok(node);
+                    }
+                }
                 self.collect_live();
                 if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
                     let t0 = std::time::Instant::now();
@@ -90,7 +119,12 @@ impl<B: Backend> Arena<B> {
                 // Everything left is pinned or needed by this request.
                 self.counters.failed_allocs += 1;
                 self.collect_live();
-                let needed: u64 = self.live.iter().filter(|l| l.pinned).map(|l| l.len).sum::<u64>()
+                let needed: u64 = self
+                    .live
+                    .iter()
+                    .filter(|l| l.pinned)
+                    .map(|l| l.len)
+                    .sum::<u64>()
                     + keep
                         .iter()
                         .filter_map(|k| self.blocks.get(*k))
