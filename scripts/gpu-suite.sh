@@ -7,14 +7,17 @@
 #                                 info, stage them into .gpu-stage/ and print
 #                                 what to pass to the device tool
 #   scripts/gpu-suite.sh run      (on the GPU machine) run the GPU tests, the
-#                                 moves bench, and the GPU tests again under
+#                                 GPU benches (moves, handles, spill), the
+#                                 examples (demo, train_mlp, GPU trace replay),
+#                                 and the GPU tests again under
 #                                 compute-sanitizer memcheck and racecheck at
 #                                 reduced size; logs go to $OUT (or
 #                                 .gpu-stage/out), a short table is printed last
 #
 # Environment for `run` (all optional):
-#   SUITE_SKIP="bench racecheck"  parts to skip: tests bench memcheck racecheck
-#   SUITE_EXAMPLES="demo"         staged examples to run as well (none by default)
+#   SUITE_SKIP="bench racecheck"  parts to skip: tests bench examples replay memcheck racecheck
+#   SUITE_BENCHES="moves handles spill"  GPU benches to run (default all three)
+#   SUITE_EXAMPLES="demo train_mlp"      examples to run (default these two)
 #   CUARENA_GPU_PROGRAMS          random arena programs in the plain test run (default 4000)
 #   CUARENA_BENCH_REPS            bench repetitions (default 10)
 #   CUARENA_BENCH_SWEEP=1         bench other kernel shapes too
@@ -68,6 +71,12 @@ build() {
         echo "staged $dest" >&2
     done <"$list"
     rm -f "$list"
+    # The shared trace lives beside the checkout; the GPU machine sees only
+    # the repo and what is carried.
+    mkdir -p "$stage/traces"
+    for t in "$repo/../shared/traces/resnet50_varbatch.csv.gz" "$repo"/tests/data/*.pickle.gz; do
+        [ -e "$t" ] && cp "$t" "$stage/traces/"
+    done
     du -sh "$stage" >&2
     cat <<EOF
 
@@ -107,7 +116,21 @@ run() {
         step "gpu tests" tests.log "$bin/test-all" gpu --test-threads=1 --nocapture
     fi
     if [[ $skip != *" bench "* ]]; then
-        step "moves bench" bench.log "$bin/bench-moves" --bench
+        for b in ${SUITE_BENCHES:-moves handles spill}; do
+            local log=bench.log
+            [ "$b" != moves ] && log="bench-$b.log"
+            step "$b bench" "$log" "$bin/bench-$b" --bench
+        done
+    fi
+    if [[ $skip != *" examples "* ]]; then
+        for ex in ${SUITE_EXAMPLES:-demo train_mlp}; do
+            step "example $ex" "example-$ex.log" "$bin/example-$ex"
+        done
+        [ -e out/demo_memory_map.svg ] && cp out/demo_memory_map.svg "$out/"
+    fi
+    if [[ $skip != *" replay "* ]] && [ -e "$stage/traces/resnet50_varbatch.csv.gz" ]; then
+        step "replay --gpu (resnet50)" example-replay.log "$bin/example-replay" \
+            "$stage/traces/resnet50_varbatch.csv.gz" --gpu --find-min --svg "$out/replay_timeline.svg"
     fi
     # Reduced sizes, and one host thread: racecheck loses track of kernels
     # launched from several threads at once (and then hangs).
@@ -120,9 +143,6 @@ run() {
         step "racecheck (reduced)" racecheck.log "${san_env[@]}" compute-sanitizer --tool racecheck \
             --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
     fi
-    for ex in ${SUITE_EXAMPLES:-}; do
-        step "example $ex" "example-$ex.log" "$bin/example-$ex"
-    done
 
     echo
     echo "== results"
@@ -134,8 +154,18 @@ run() {
     grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out"/memcheck.log "$out"/racecheck.log 2>/dev/null
     grep -hE "^device |end-to-end" "$out/bench.log" 2>/dev/null
     sed -n '/^moves bench/,$p' "$out/bench.log" 2>/dev/null
+    for log in bench-handles bench-spill; do
+        [ -e "$out/$log.log" ] && { echo "-- $log"; grep -E '^\|' "$out/$log.log"; }
+    done
+    for ex in demo train_mlp replay; do
+        [ -e "$out/example-$ex.log" ] && { echo "-- example $ex"; tail -n 25 "$out/example-$ex.log"; }
+    done
     echo
     cat "$summary"
+    # At most a few files come back from the device tool: pack the logs.
+    if [ -n "${OUT:-}" ]; then
+        (cd "$out" && tar czf all-logs.tgz ./*.log && rm -f ./*.log)
+    fi
 }
 
 case "$mode" in

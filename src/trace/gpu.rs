@@ -1,1 +1,748 @@
-//! Trace replay on the GPU (being written).
+//! Trace replay on the GPU: an [`Ops`] program on an
+//! [`Arena<CudaBackend>`] with real bytes and real moves.
+//!
+//! Every allocation is filled on the device with a pattern derived from its
+//! block id (the `pattern_fill` kernel of `kernels/pattern.cu`; no host
+//! upload, so a trace that allocates hundreds of GiB over its run costs
+//! device bandwidth only), and every free checks it first
+//! (`pattern_check`, which counts mismatching 32-bit words into a device
+//! counter). Compactions move the bytes with the arena's own kernels in
+//! between, so a move that loses, overlaps or misplaces a byte shows up as
+//! a mismatch. Any mismatch fails the replay ([`Outcome::Failed`] with
+//! [`Error::Poisoned`] naming the first free whose check failed).
+//!
+//! # Sampling
+//!
+//! [`CheckSampling`] says how much of each tensor is read back. The
+//! default checks **every byte of every tensor that was moved** (its offset
+//! at the free differs from its offset at the allocation), every byte of
+//! every 8th tensor (by id), and the first and last 64 KiB of all others;
+//! tensors still live at the end are checked the same way. Fills always
+//! write every byte. [`CheckSampling::ALL`] checks everything.
+//!
+//! # Passes
+//!
+//! The program runs [`GpuReplayOptions::warmup_passes`] times (default 1)
+//! and then once more, timed, on the same arena; each pass starts from an
+//! empty arena, so it makes the same placement and compaction decisions
+//! (the arena is deterministic), and every pass is checked. The warm-up
+//! grows the arena's scratch buffers to what the program's largest
+//! compaction needs and loads every kernel: growing a buffer inside a
+//! compaction waits for the stream, which would otherwise put a host stall
+//! inside the first large compaction's timing. Both passes are reported.
+//!
+//! # Timing
+//!
+//! - **Device time moving**: CUDA events on the arena stream before and
+//!   after every allocation that compacts. An allocation that will compact
+//!   is known beforehand (its rounded size fits in the free bytes but in no
+//!   hole); before it, a short delay kernel keeps the stream busy while the
+//!   host plans and enqueues the moves, so the start event fires only when
+//!   the moves are already queued and the interval holds device work, not
+//!   host planning. If the start event has already completed when the
+//!   allocation returns, the GPU may have idled inside the interval: that
+//!   compaction's time is an upper bound ([`CompactionTiming::exact`] is
+//!   false) and the delay doubles for the next one.
+//! - **Allocator time**: host time inside `Arena::alloc` and `Arena::free`
+//!   (planning and enqueueing included).
+//! - **Wall time**: a whole pass, pattern launches, delays, the checks of
+//!   the tensors live at its end and a final synchronisation included;
+//!   arena creation and kernel compilation excluded.
+
+use std::time::{Duration, Instant};
+
+use super::ops::{round_up, Op, Ops};
+use super::Outcome;
+use crate::arena::Arena;
+use crate::backend::cuda::cudarc::driver::{sys, CudaEvent};
+use crate::backend::cuda::pattern::{CheckRange, PatternKernels};
+use crate::backend::cuda::{driver_err, CudaBackend};
+use crate::config::{ArenaConfig, CompactionPolicy};
+use crate::error::{Error, Result};
+use crate::handle::Handle;
+use crate::Stats;
+
+/// How much of each tensor a GPU replay reads back at its free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckSampling {
+    /// Bytes checked at each end of a tensor that is not checked in full.
+    pub edge_bytes: u64,
+    /// Every tensor whose id is a multiple of this is checked in full (1:
+    /// all; 0: none but the moved ones).
+    pub full_every: u32,
+    /// Tensors that moved since their allocation are checked in full.
+    pub full_if_moved: bool,
+}
+
+impl CheckSampling {
+    /// Every byte of every tensor.
+    pub const ALL: CheckSampling = CheckSampling {
+        edge_bytes: u64::MAX,
+        full_every: 1,
+        full_if_moved: true,
+    };
+
+    /// The range to check of tensor `id`, moved or not.
+    pub fn range(&self, id: u32, moved: bool) -> CheckRange {
+        let every = self.full_every != 0 && id % self.full_every == 0;
+        if every || (moved && self.full_if_moved) {
+            CheckRange::Full
+        } else {
+            CheckRange::Edges(self.edge_bytes)
+        }
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        if *self == CheckSampling::ALL {
+            return "every byte of every tensor".to_owned();
+        }
+        format!(
+            "every byte of {}every {} tensor, first and last {} of the others",
+            if self.full_if_moved {
+                "moved tensors and "
+            } else {
+                ""
+            },
+            ordinal(self.full_every),
+            crate::fmt_bytes(self.edge_bytes)
+        )
+    }
+}
+
+fn ordinal(n: u32) -> String {
+    match n {
+        0 => "no".to_owned(),
+        1 => "".to_owned(),
+        2 => "2nd".to_owned(),
+        3 => "3rd".to_owned(),
+        n => format!("{n}th"),
+    }
+}
+
+impl Default for CheckSampling {
+    /// Moved tensors and every 8th tensor in full, 64 KiB at each end of
+    /// the others.
+    fn default() -> Self {
+        CheckSampling {
+            edge_bytes: 64 << 10,
+            full_every: 8,
+            full_if_moved: true,
+        }
+    }
+}
+
+/// Options of [`replay_gpu`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReplayOptions {
+    /// CUDA device ordinal.
+    pub ordinal: usize,
+    /// What the checks read.
+    pub sampling: CheckSampling,
+    /// Passes over the program before the timed one, on the same arena
+    /// (checked like the timed one). They grow the arena's scratch buffers
+    /// to what the program needs and load every kernel, so the timed pass
+    /// measures the steady state; each starts from an empty arena and
+    /// makes the same placement decisions.
+    pub warmup_passes: u32,
+    /// Initial delay enqueued before an allocation that will compact (see
+    /// the module's "Timing"); doubles, up to 64 ms, after a compaction
+    /// whose timing came out inexact.
+    pub settle_delay: Duration,
+    /// Self-test of the checks: right after block `id` is filled (in every
+    /// pass), its bytes are overwritten from the host (`0xA5`, through
+    /// `Arena::write`), so its check must fail and the replay must report
+    /// it. `None` for real runs.
+    pub corrupt_block: Option<u32>,
+}
+
+impl Default for GpuReplayOptions {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            sampling: CheckSampling::default(),
+            warmup_passes: 1,
+            settle_delay: Duration::from_millis(2),
+            corrupt_block: None,
+        }
+    }
+}
+
+/// The device time of one compacting allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionTiming {
+    /// Index of the op in [`Ops::ops`].
+    pub op: usize,
+    /// Its trace event.
+    pub event: u64,
+    /// Targeted compactions it ran.
+    pub targeted: u64,
+    /// Full compactions it ran.
+    pub full: u64,
+    /// Bytes it moved.
+    pub bytes_moved: u64,
+    /// Host time of the `Arena::alloc` call (planning, enqueueing the moves,
+    /// and any wait for the stream inside it).
+    pub host_time: Duration,
+    /// Device time between the events around it.
+    pub device_time: Duration,
+    /// False when the GPU may have idled inside the interval (the time is
+    /// then an upper bound).
+    pub exact: bool,
+}
+
+/// What one pass over the program did.
+#[derive(Debug, Clone, Default)]
+pub struct PassReport {
+    /// Ops that ran successfully.
+    pub ops_run: usize,
+    /// Peak bytes reserved by live blocks (sizes rounded to the alignment).
+    pub peak_live_bytes: u64,
+    /// Targeted compactions.
+    pub targeted_compactions: u64,
+    /// Full compactions.
+    pub full_compactions: u64,
+    /// Blocks moved.
+    pub moves: u64,
+    /// Bytes moved.
+    pub bytes_moved: u64,
+    /// Host time planning compactions.
+    pub planning_time: Duration,
+    /// Host time in compactions (planning and executing the plans).
+    pub compaction_time: Duration,
+    /// Every compacting allocation with its device time.
+    pub compactions: Vec<CompactionTiming>,
+    /// Sum of the compactions' device time.
+    pub move_device_time: Duration,
+    /// Compactions that happened where none was predicted (no events
+    /// around them; their moving time is missing from the sum). Zero
+    /// unless the arena's policy changes.
+    pub untimed_compactions: u64,
+    /// Host time inside `Arena::alloc` and `Arena::free`.
+    pub allocator_time: Duration,
+    /// Wall time of the pass (see the module's "Timing").
+    pub wall_time: Duration,
+    /// Device time of the delay kernels enqueued before compactions (part
+    /// of `wall_time`).
+    pub delay_time: Duration,
+    /// Bytes written by fills.
+    pub bytes_filled: u64,
+    /// Bytes read by checks.
+    pub bytes_checked: u64,
+    /// Tensors checked in full.
+    pub checked_full: u64,
+    /// Tensors checked at their edges only.
+    pub checked_edges: u64,
+}
+
+impl PassReport {
+    /// Wall time per op run.
+    pub fn time_per_op(&self) -> Duration {
+        per(self.wall_time, self.ops_run)
+    }
+
+    /// Allocator time per op run.
+    pub fn allocator_time_per_op(&self) -> Duration {
+        per(self.allocator_time, self.ops_run)
+    }
+
+    /// Compactions whose device time is an upper bound.
+    pub fn inexact_compactions(&self) -> usize {
+        self.compactions.iter().filter(|c| !c.exact).count()
+    }
+}
+
+/// What a GPU replay did.
+#[derive(Debug, Clone)]
+pub struct GpuReplayReport {
+    /// The device's name.
+    pub device_name: String,
+    /// Arena capacity.
+    pub capacity_bytes: u64,
+    /// Arena alignment.
+    pub alignment_bytes: u64,
+    /// Completed, or the op that failed: an allocation the arena refused,
+    /// or the first free whose pattern check failed (in any pass).
+    pub outcome: Outcome,
+    /// The pass (0-based, warm-ups first) in which the replay failed.
+    pub failed_pass: Option<u32>,
+    /// The last pass run: the timed one, unless an earlier one failed.
+    pub timed: PassReport,
+    /// The warm-up passes run before it.
+    pub warmup: Vec<PassReport>,
+    /// Mismatching 32-bit words found in all passes (bytes in a tensor's
+    /// unaligned tail).
+    pub mismatched_words: u64,
+    /// The sampling used.
+    pub sampling: CheckSampling,
+    /// The trace's recorded wall time: last minus first `time_us` of the
+    /// program's events.
+    pub trace_wall_time: Duration,
+}
+
+impl GpuReplayReport {
+    /// True when every op of every pass ran and every check passed.
+    pub fn completed(&self) -> bool {
+        matches!(self.outcome, Outcome::Completed)
+    }
+
+    /// The trace event at which the replay failed.
+    pub fn failed_event(&self) -> Option<u64> {
+        match self.outcome {
+            Outcome::Completed => None,
+            Outcome::Failed { event, .. } => Some(event),
+        }
+    }
+
+    /// The timed pass's device time moving over the trace's recorded wall
+    /// time (`None` when the trace has no time span).
+    pub fn moving_fraction(&self) -> Option<f64> {
+        let wall = self.trace_wall_time.as_secs_f64();
+        (wall > 0.0).then(|| self.timed.move_device_time.as_secs_f64() / wall)
+    }
+}
+
+fn per(d: Duration, n: usize) -> Duration {
+    d / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The program's recorded wall time: last minus first `time_us` (zero for
+/// programs without times).
+pub fn trace_wall_time(ops: &Ops) -> Duration {
+    match (ops.time_us.first(), ops.time_us.last()) {
+        (Some(&a), Some(&b)) if b > a => Duration::from_micros((b - a) as u64),
+        _ => Duration::ZERO,
+    }
+}
+
+/// Events around one compacting allocation, read after the pass.
+struct Pending {
+    op: usize,
+    event: u64,
+    start: CudaEvent,
+    end: CudaEvent,
+    targeted: u64,
+    full: u64,
+    bytes_moved: u64,
+    host_time: Duration,
+    exact: bool,
+}
+
+/// The replay's state across passes.
+struct Run<'a> {
+    ops: &'a Ops,
+    arena: Arena<CudaBackend>,
+    kernels: PatternKernels,
+    sampling: CheckSampling,
+    handles: Vec<Option<Handle>>,
+    /// Offset of each block at its allocation.
+    offsets: Vec<u64>,
+    align: u64,
+    delay: Duration,
+    /// Tag of this pass's op 0 (tags of pass p start at p * (ops + 1)).
+    tag_base: u64,
+    /// Reserved bytes of the live blocks.
+    live: u64,
+    pending: Vec<Pending>,
+    pass: PassReport,
+    corrupt_block: Option<u32>,
+}
+
+/// Most delay enqueued before one compaction.
+const MAX_DELAY: Duration = Duration::from_millis(64);
+
+impl Run<'_> {
+    fn timing_event(&self) -> Result<CudaEvent> {
+        self.arena
+            .backend()
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver_err("cuEventCreate"))
+    }
+
+    fn tag(&self, i: usize) -> u32 {
+        tag(self.tag_base.saturating_add(i as u64))
+    }
+
+    /// Runs op `i`; `Ok(Err(e))` is the arena refusing it, `Err` a device
+    /// failure that ends the replay.
+    fn op(&mut self, i: usize, op: Op) -> Result<std::result::Result<(), Error>> {
+        match op {
+            Op::Alloc { id, size } => {
+                let Some(slot) = self.handles.get(id as usize) else {
+                    return Ok(Err(Error::InvalidConfig {
+                        reason: format!("op names block {id}, beyond the program's sizes"),
+                    }));
+                };
+                if size == 0 || slot.is_some() {
+                    return Ok(Ok(()));
+                }
+                let before = self.arena.stats();
+                let reserved = round_up(size, self.align);
+                let predicted = will_compact(&before, reserved);
+                let start = if predicted {
+                    let ns = u64::try_from(self.delay.as_nanos()).unwrap_or(u64::MAX);
+                    self.kernels.delay(ns)?;
+                    self.pass.delay_time += self.delay;
+                    let e = self.timing_event()?;
+                    e.record(self.arena.stream())
+                        .map_err(driver_err("cuEventRecord"))?;
+                    Some(e)
+                } else {
+                    None
+                };
+                let t = Instant::now();
+                let r = self.arena.alloc(size);
+                let host_time = t.elapsed();
+                self.pass.allocator_time += host_time;
+                let after = self.arena.stats();
+                let targeted = after.targeted_compactions - before.targeted_compactions;
+                let full = after.full_compactions - before.full_compactions;
+                if let Some(start) = start {
+                    let end = self.timing_event()?;
+                    end.record(self.arena.stream())
+                        .map_err(driver_err("cuEventRecord"))?;
+                    if targeted + full > 0 {
+                        // Still pending: the moves were queued before the
+                        // GPU reached the start event.
+                        let exact = !start
+                            .try_is_complete()
+                            .map_err(driver_err("cuEventQuery"))?;
+                        if !exact {
+                            self.delay = (self.delay * 2).min(MAX_DELAY);
+                        }
+                        self.pending.push(Pending {
+                            op: i,
+                            event: self.ops.event_index.get(i).copied().unwrap_or(i as u64),
+                            start,
+                            end,
+                            targeted,
+                            full,
+                            bytes_moved: after.bytes_moved - before.bytes_moved,
+                            host_time,
+                            exact,
+                        });
+                    }
+                } else if targeted + full > 0 {
+                    self.pass.untimed_compactions += targeted + full;
+                }
+                let h = match r {
+                    Ok(h) => h,
+                    Err(e) => return Ok(Err(e)),
+                };
+                self.kernels.fill(&self.arena, h, id)?;
+                if self.corrupt_block == Some(id) {
+                    let len = usize::try_from(size).map_err(|_| Error::TooLarge {
+                        requested_bytes: size,
+                        capacity_bytes: usize::MAX as u64,
+                    })?;
+                    self.arena.write(h, &vec![0xA5u8; len])?;
+                }
+                self.pass.bytes_filled += size;
+                self.live += reserved;
+                self.pass.peak_live_bytes = self.pass.peak_live_bytes.max(self.live);
+                self.offsets[id as usize] = self.arena.resolve(h)?;
+                self.handles[id as usize] = Some(h);
+                Ok(Ok(()))
+            }
+            Op::Free { id } => {
+                let Some(h) = self.handles.get_mut(id as usize).and_then(Option::take) else {
+                    return Ok(Ok(()));
+                };
+                self.check(h, id, self.tag(i))?;
+                let reserved = self.arena.info(h)?.reserved_bytes;
+                let t = Instant::now();
+                let r = self.arena.free(h);
+                self.pass.allocator_time += t.elapsed();
+                if r.is_ok() {
+                    self.live -= reserved;
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    /// Enqueues the check of live block `h` (id `id`) under `tag`.
+    fn check(&mut self, h: Handle, id: u32, tag: u32) -> Result<()> {
+        let moved = self.arena.resolve(h)? != self.offsets[id as usize];
+        let range = self.sampling.range(id, moved);
+        let len = self.arena.size_bytes(h)?;
+        self.kernels.check(&self.arena, h, id, range, tag)?;
+        self.pass.bytes_checked += range.bytes_of(len);
+        if range.bytes_of(len) == len {
+            self.pass.checked_full += 1;
+        } else {
+            self.pass.checked_edges += 1;
+        }
+        Ok(())
+    }
+
+    /// One pass over the program from an empty arena, leaving it empty.
+    /// Returns the pass's report and how it ended (before pattern checks,
+    /// which are read once after all passes).
+    fn run_pass(&mut self, pass: u32) -> Result<(PassReport, Outcome)> {
+        let ops = self.ops;
+        self.tag_base = u64::from(pass) * (ops.ops.len() as u64 + 1);
+        self.pass = PassReport::default();
+        self.live = 0;
+        let s0 = self.arena.stats();
+        let t0 = Instant::now();
+        let mut outcome = Outcome::Completed;
+        for (i, &op) in ops.ops.iter().enumerate() {
+            if let Err(error) = self.op(i, op)? {
+                outcome = Outcome::Failed {
+                    op: i,
+                    event: ops.event_index.get(i).copied().unwrap_or(i as u64),
+                    error,
+                };
+                break;
+            }
+            self.pass.ops_run = i + 1;
+        }
+        // Tensors still live are checked too, tagged with the op after the
+        // last one run.
+        let end_tag = self.tag(self.pass.ops_run);
+        for id in 0..self.handles.len() {
+            if let Some(h) = self.handles[id] {
+                self.check(h, id as u32, end_tag)?;
+            }
+        }
+        let synced = self.arena.synchronize();
+        self.pass.wall_time = t0.elapsed();
+        if let (Err(error), Outcome::Completed) = (synced, &outcome) {
+            // The move kernels reported a bad plan: as loud as a mismatch.
+            let op = self.pass.ops_run;
+            outcome = Outcome::Failed {
+                op,
+                event: ops.event_index.get(op).copied().unwrap_or(op as u64),
+                error,
+            };
+        }
+        // Empty the arena for the next pass (after the checks above, in
+        // stream order).
+        for slot in self.handles.iter_mut() {
+            if let Some(h) = slot.take() {
+                self.arena.free(h)?;
+            }
+        }
+        let st = self.arena.stats();
+        let p = &mut self.pass;
+        p.targeted_compactions = st.targeted_compactions - s0.targeted_compactions;
+        p.full_compactions = st.full_compactions - s0.full_compactions;
+        p.moves = st.moves - s0.moves;
+        p.bytes_moved = st.bytes_moved - s0.bytes_moved;
+        p.planning_time = st.planning_time.saturating_sub(s0.planning_time);
+        p.compaction_time = st.compaction_time.saturating_sub(s0.compaction_time);
+        for e in self.pending.drain(..) {
+            let ms = e
+                .start
+                .elapsed_ms(&e.end)
+                .map_err(driver_err("cuEventElapsedTime"))?;
+            let device_time = Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+            p.move_device_time += device_time;
+            p.compactions.push(CompactionTiming {
+                op: e.op,
+                event: e.event,
+                targeted: e.targeted,
+                full: e.full,
+                bytes_moved: e.bytes_moved,
+                host_time: e.host_time,
+                device_time,
+                exact: e.exact,
+            });
+        }
+        Ok((std::mem::take(&mut self.pass), outcome))
+    }
+}
+
+/// Whether an allocation of `reserved` bytes (rounded to the alignment, at
+/// the arena's own alignment) compacts under [`CompactionPolicy::Auto`]
+/// without pins or spilling: it fits in the free bytes but in no hole.
+/// Exact, since the free-space index fails only when no hole can hold a
+/// request.
+fn will_compact(stats: &Stats, reserved: u64) -> bool {
+    reserved > stats.largest_free_bytes && reserved <= stats.free_bytes
+}
+
+/// A check tag (saturating below `u32::MAX`, which means "none").
+fn tag(i: u64) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX - 1).min(u32::MAX - 1)
+}
+
+/// Replays `ops` on a CUDA arena built from `config` (its compaction policy
+/// set to [`CompactionPolicy::Auto`]) on device `options.ordinal`, with
+/// pattern fills and checks: `options.warmup_passes` passes, then the timed
+/// one (see the [module documentation](self)).
+///
+/// Errors when there is no usable device, the arena or the kernels cannot
+/// be made, or a CUDA call fails; an allocation the arena refuses and a
+/// failed pattern check are an [`Outcome::Failed`] in the report.
+pub fn replay_gpu(
+    ops: &Ops,
+    config: &ArenaConfig,
+    options: &GpuReplayOptions,
+) -> Result<GpuReplayReport> {
+    CudaBackend::available().map_err(|reason| Error::NoDevice { reason })?;
+    let config = config.clone().with_compaction(CompactionPolicy::Auto);
+    let arena = Arena::cuda(config.clone(), options.ordinal)?;
+    let kernels = PatternKernels::load(arena.backend())?;
+    let device_name = arena.backend().device_name().to_owned();
+    let mut run = Run {
+        ops,
+        arena,
+        kernels,
+        sampling: options.sampling,
+        handles: vec![None; ops.sizes.len()],
+        offsets: vec![0; ops.sizes.len()],
+        align: config.alignment_bytes,
+        delay: options.settle_delay.max(Duration::from_micros(1)),
+        tag_base: 0,
+        live: 0,
+        pending: Vec::new(),
+        pass: PassReport::default(),
+        corrupt_block: options.corrupt_block,
+    };
+    run.arena.synchronize()?;
+
+    let mut passes = Vec::new();
+    let mut outcome = Outcome::Completed;
+    let mut failed_pass = None;
+    for pass in 0..=options.warmup_passes {
+        let (report, o) = run.run_pass(pass)?;
+        passes.push(report);
+        if let Outcome::Failed { .. } = o {
+            outcome = o;
+            failed_pass = Some(pass);
+            break;
+        }
+    }
+    let (mismatched_words, first_bad) = run.kernels.mismatches()?;
+    if let Some(bad) = first_bad {
+        let n = ops.ops.len() as u64 + 1;
+        let (pass, op) = ((u64::from(bad) / n) as u32, (u64::from(bad) % n) as usize);
+        let earlier = match (&outcome, failed_pass) {
+            (Outcome::Failed { op: f, .. }, Some(fp)) => (fp, *f) < (pass, op),
+            _ => false,
+        };
+        if !earlier {
+            let event = ops.event_index.get(op).copied().unwrap_or(op as u64);
+            let ran = passes.get(pass as usize).map_or(0, |p| p.ops_run);
+            let what = if op >= ran {
+                "the check of the tensors still live at the end".to_owned()
+            } else {
+                format!("the free at op {op} (trace event {event})")
+            };
+            outcome = Outcome::Failed {
+                op,
+                event,
+                error: Error::Poisoned {
+                    reason: format!(
+                        "pattern check: {mismatched_words} words do not hold their tensor's \
+                         pattern; the first failing check was {what} in pass {pass}"
+                    ),
+                },
+            };
+            failed_pass = Some(pass);
+        }
+    }
+    let timed = passes.pop().unwrap_or_default();
+    Ok(GpuReplayReport {
+        device_name,
+        capacity_bytes: config.capacity_bytes,
+        alignment_bytes: config.alignment_bytes,
+        outcome,
+        failed_pass,
+        timed,
+        warmup: passes,
+        mismatched_words,
+        sampling: options.sampling,
+        trace_wall_time: trace_wall_time(ops),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_picks_ranges() {
+        let s = CheckSampling::default();
+        assert_eq!(s.range(8, false), CheckRange::Full);
+        assert_eq!(s.range(9, true), CheckRange::Full);
+        assert_eq!(s.range(9, false), CheckRange::Edges(64 << 10));
+        assert_eq!(CheckSampling::ALL.range(9, false), CheckRange::Full);
+        let none = CheckSampling {
+            full_every: 0,
+            full_if_moved: false,
+            ..s
+        };
+        assert_eq!(none.range(0, true), CheckRange::Edges(64 << 10));
+        assert!(s.describe().contains("every 8th tensor"));
+        assert_eq!(CheckSampling::ALL.describe(), "every byte of every tensor");
+    }
+
+    #[test]
+    fn trace_wall_time_spans_the_program() {
+        let mut ops = Ops::from_ops([Op::Alloc { id: 0, size: 1 }, Op::Free { id: 0 }]);
+        assert_eq!(trace_wall_time(&ops), Duration::ZERO);
+        ops.time_us = vec![1_000, 3_500];
+        assert_eq!(trace_wall_time(&ops), Duration::from_micros(2_500));
+        assert_eq!(tag(5), 5);
+        assert_eq!(tag(u64::MAX), u32::MAX - 1);
+    }
+
+    /// The prediction that places the timing events is exact: on a
+    /// metadata arena replaying a real trace at its smallest capacity, an
+    /// allocation compacts if and only if it was predicted to.
+    #[test]
+    fn compaction_prediction_is_exact_on_a_real_trace() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/resnet50_varbatch_h100.pickle.gz");
+        let trace = crate::trace::Trace::read(&path).unwrap();
+        let ops = trace.ops(0);
+        let cap = crate::trace::find_min_capacity(&ops, 256)
+            .unwrap()
+            .capacity_bytes;
+        let mut arena = Arena::metadata(ArenaConfig::new(cap)).unwrap();
+        let mut handles = vec![None; ops.sizes.len()];
+        let (mut predicted, mut compacted) = (0, 0);
+        for &op in &ops.ops {
+            match op {
+                Op::Alloc { id, size } if size > 0 => {
+                    let before = arena.stats();
+                    let p = will_compact(&before, round_up(size, 256));
+                    handles[id as usize] = Some(arena.alloc(size).unwrap());
+                    let after = arena.stats();
+                    let c = after.targeted_compactions + after.full_compactions
+                        > before.targeted_compactions + before.full_compactions;
+                    assert_eq!(p, c);
+                    predicted += u32::from(p);
+                    compacted += u32::from(c);
+                }
+                Op::Alloc { .. } => {}
+                Op::Free { id } => {
+                    if let Some(h) = handles[id as usize].take() {
+                        arena.free(h).unwrap();
+                    }
+                }
+            }
+        }
+        assert!(compacted > 0);
+        assert_eq!(predicted, compacted);
+    }
+
+    #[test]
+    fn without_a_device_the_replay_says_why() {
+        if CudaBackend::available().is_ok() {
+            println!("skipped: a GPU is present");
+            return;
+        }
+        let ops = Ops::from_ops([Op::Alloc { id: 0, size: 256 }]);
+        let r = replay_gpu(
+            &ops,
+            &ArenaConfig::new(1 << 20),
+            &GpuReplayOptions::default(),
+        );
+        assert!(matches!(r, Err(Error::NoDevice { .. })), "{r:?}");
+    }
+}
