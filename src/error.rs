@@ -227,6 +227,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// A verification found bytes that are not what was written: a tensor
+    /// lost its data (reported by the replay and demo checks, never expected).
+    #[error("data mismatch: {mismatched_words} words of {what} do not hold what was written")]
+    DataMismatch {
+        /// Which tensor or check.
+        what: String,
+        /// 32-bit words that differ.
+        mismatched_words: u64,
+    },
+
     /// A trace file could not be read or parsed.
     #[error("trace {path}: record {record}: {message}")]
     Trace {

@@ -102,7 +102,13 @@ pub fn run<B: Backend, C: Backend>(
             let bytes = batch * unit * (1 + layer % 3);
             // Activations die within the step: their bytes are never checked.
             let h = arena.alloc(bytes)?;
-            let b = baseline_alloc(baseline, bytes, step, &mut baseline_result, &mut baseline_failed_at);
+            let b = baseline_alloc(
+                baseline,
+                bytes,
+                step,
+                &mut baseline_result,
+                &mut baseline_failed_at,
+            );
             acts.push((h, b));
         }
         // Every step something long-lived stays: a cache block sized by
@@ -112,7 +118,13 @@ pub fn run<B: Backend, C: Backend>(
             let seed = next();
             let h = arena.alloc(bytes)?;
             fill(arena, h, seed, bytes)?;
-            let b = baseline_alloc(baseline, bytes, step, &mut baseline_result, &mut baseline_failed_at);
+            let b = baseline_alloc(
+                baseline,
+                bytes,
+                step,
+                &mut baseline_result,
+                &mut baseline_failed_at,
+            );
             keep.push((h, b, seed, bytes));
         }
         // Old cache entries expire in random order, leaving holes.
@@ -131,7 +143,10 @@ pub fn run<B: Backend, C: Backend>(
             }
         }
         if last_print.elapsed() > Duration::from_secs(2) {
-            progress(&format!("  step {step}/{steps} ({:.0} s)", started.elapsed().as_secs_f64()));
+            progress(&format!(
+                "  step {step}/{steps} ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            ));
             last_print = Instant::now();
         }
     }
@@ -167,9 +182,15 @@ pub fn run<B: Backend, C: Backend>(
     if arena.backend().stores_bytes() {
         for &(h, _, seed, bytes) in &keep {
             let got: Vec<u64> = arena.read(h)?;
-            if got.iter().enumerate().any(|(i, &w)| w != word(seed, i as u64)) {
-                return Err(Error::Poisoned {
-                    reason: format!("tensor of {bytes} B lost its bytes in compaction"),
+            let bad = got
+                .iter()
+                .enumerate()
+                .filter(|&(i, &w)| w != word(seed, i as u64))
+                .count();
+            if bad > 0 {
+                return Err(Error::DataMismatch {
+                    what: format!("a live tensor of {bytes} B"),
+                    mismatched_words: 2 * bad as u64,
                 });
             }
             verified.0 += 1;

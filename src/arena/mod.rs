@@ -303,7 +303,10 @@ impl<B: Backend> Arena<B> {
         c.requested_bytes += bytes;
         let allocated = self.config.capacity_bytes - self.index.free_bytes();
         c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
-        Ok(Handle { key, arena: self.id })
+        Ok(Handle {
+            key,
+            arena: self.id,
+        })
     }
 
     /// Records a slot's new state: `Some((offset, bytes))` live, `None` freed.
@@ -367,7 +370,9 @@ impl<B: Backend> Arena<B> {
             return Ok(node);
         }
         match self.alloc_by_compacting(reserved, align) {
-            Err(Error::OutOfMemory { .. }) if self.tier.is_some() => self.alloc_by_spilling(reserved, align, keep),
+            Err(Error::OutOfMemory { .. }) if self.tier.is_some() => {
+                self.alloc_by_spilling(reserved, align, keep)
+            }
             r => r,
         }
     }
@@ -490,7 +495,13 @@ impl<B: Backend> Arena<B> {
             .filter_map(|node| {
                 let key = *self.owners.get(node as usize)?;
                 let b = self.blocks.get(key)?;
-                Some(self.info_of(Handle { key, arena: self.id }, b))
+                Some(self.info_of(
+                    Handle {
+                        key,
+                        arena: self.id,
+                    },
+                    b,
+                ))
             })
             .collect()
     }
@@ -536,7 +547,10 @@ impl<B: Backend> Arena<B> {
             restores: c.restores,
             bytes_evicted: c.bytes_evicted,
             bytes_restored: c.bytes_restored,
-            host_tier_used_bytes: self.tier.as_ref().map_or(0, |t| t.capacity() - t.free_bytes()),
+            host_tier_used_bytes: self
+                .tier
+                .as_ref()
+                .map_or(0, |t| t.capacity() - t.free_bytes()),
         }
     }
 
@@ -695,8 +709,11 @@ impl<B: Backend> Arena<B> {
         let execution = t1.elapsed();
         // New layout: every live block at its old or new offset.
         self.layout.clear();
-        self.layout
-            .extend(self.live.iter().map(|l| (l.offset, l.len, BlockKey::from(KeyData::from_ffi(l.key)))));
+        self.layout.extend(
+            self.live
+                .iter()
+                .map(|l| (l.offset, l.len, BlockKey::from(KeyData::from_ffi(l.key)))),
+        );
         for m in plan.moves() {
             let key = BlockKey::from(KeyData::from_ffi(m.key));
             if let Some(b) = self.blocks.get(key) {
@@ -720,7 +737,9 @@ impl<B: Backend> Arena<B> {
         }
         // The table's new offsets follow the moves in stream order.
         if let Err(e) = self.flush_table() {
-            self.poisoned = Some(format!("handle table update failed after a compaction: {e}"));
+            self.poisoned = Some(format!(
+                "handle table update failed after a compaction: {e}"
+            ));
             return Err(e);
         }
         let c = &mut self.counters;

@@ -104,30 +104,74 @@ impl Stats {
         let _ = writeln!(s, "| {:<29} | {:>18} |", "cuarena memory summary", "");
         let _ = writeln!(s, "{line}");
         row(&mut s, "capacity", fmt_bytes(self.capacity_bytes));
-        row(&mut s, "allocated (reserved)", fmt_bytes(self.allocated_bytes));
-        row(&mut s, "requested by live blocks", fmt_bytes(self.requested_bytes));
-        row(&mut s, "peak allocated", fmt_bytes(self.peak_allocated_bytes));
+        row(
+            &mut s,
+            "allocated (reserved)",
+            fmt_bytes(self.allocated_bytes),
+        );
+        row(
+            &mut s,
+            "requested by live blocks",
+            fmt_bytes(self.requested_bytes),
+        );
+        row(
+            &mut s,
+            "peak allocated",
+            fmt_bytes(self.peak_allocated_bytes),
+        );
         row(&mut s, "free", fmt_bytes(self.free_bytes));
-        row(&mut s, "largest free hole", fmt_bytes(self.largest_free_bytes));
-        row(&mut s, "fragmentation", format!("{:.1} %", 100.0 * self.fragmentation));
+        row(
+            &mut s,
+            "largest free hole",
+            fmt_bytes(self.largest_free_bytes),
+        );
+        row(
+            &mut s,
+            "fragmentation",
+            format!("{:.1} %", 100.0 * self.fragmentation),
+        );
         let _ = writeln!(s, "{line}");
         row(&mut s, "live blocks", self.live_blocks.to_string());
         row(&mut s, "pinned blocks", self.pinned_blocks.to_string());
         row(&mut s, "free regions", self.free_regions.to_string());
-        row(&mut s, "allocs / frees", format!("{} / {}", self.allocs, self.frees));
+        row(
+            &mut s,
+            "allocs / frees",
+            format!("{} / {}", self.allocs, self.frees),
+        );
         row(&mut s, "failed allocs", self.failed_allocs.to_string());
         let _ = writeln!(s, "{line}");
-        row(&mut s, "compactions (targeted/full)", format!("{} / {}", self.targeted_compactions, self.full_compactions));
+        row(
+            &mut s,
+            "compactions (targeted/full)",
+            format!("{} / {}", self.targeted_compactions, self.full_compactions),
+        );
         row(&mut s, "blocks moved", self.moves.to_string());
         row(&mut s, "bytes moved", fmt_bytes(self.bytes_moved));
-        row(&mut s, "planning time", format!("{:.3} ms", self.planning_time.as_secs_f64() * 1e3));
-        row(&mut s, "compaction time", format!("{:.3} ms", self.compaction_time.as_secs_f64() * 1e3));
+        row(
+            &mut s,
+            "planning time",
+            format!("{:.3} ms", self.planning_time.as_secs_f64() * 1e3),
+        );
+        row(
+            &mut s,
+            "compaction time",
+            format!("{:.3} ms", self.compaction_time.as_secs_f64() * 1e3),
+        );
         if self.evictions + self.restores > 0 || self.host_tier_used_bytes > 0 {
             let _ = writeln!(s, "{line}");
-            row(&mut s, "spilled / restored blocks", format!("{} / {}", self.evictions, self.restores));
+            row(
+                &mut s,
+                "spilled / restored blocks",
+                format!("{} / {}", self.evictions, self.restores),
+            );
             row(&mut s, "bytes spilled", fmt_bytes(self.bytes_evicted));
             row(&mut s, "bytes restored", fmt_bytes(self.bytes_restored));
-            row(&mut s, "host tier in use", fmt_bytes(self.host_tier_used_bytes));
+            row(
+                &mut s,
+                "host tier in use",
+                fmt_bytes(self.host_tier_used_bytes),
+            );
         }
         let _ = writeln!(s, "{line}");
         s

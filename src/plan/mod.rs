@@ -135,7 +135,11 @@ fn invalid(reason: String) -> Error {
 fn validate_wave(w: usize, wave: &Wave, capacity_bytes: u64) -> Result<()> {
     let moves = &wave.moves;
     for (i, m) in moves.iter().enumerate() {
-        let in_bounds = |start: u64| start.checked_add(m.len).is_some_and(|e| e <= capacity_bytes);
+        let in_bounds = |start: u64| {
+            start
+                .checked_add(m.len)
+                .is_some_and(|e| e <= capacity_bytes)
+        };
         if m.len == 0 || !in_bounds(m.src) || !in_bounds(m.dst) {
             return Err(invalid(format!(
                 "wave {w} move {i} ({m:?}) is empty or outside the region of {capacity_bytes} B"
@@ -191,7 +195,12 @@ mod tests {
     use super::*;
 
     fn mv(src: u64, dst: u64, len: u64) -> Move {
-        Move { key: src, src, dst, len }
+        Move {
+            key: src,
+            src,
+            dst,
+            len,
+        }
     }
     fn plan(moves: Vec<Move>) -> Plan {
         let mut p = Plan::empty(PlanKind::Full);
@@ -227,7 +236,9 @@ mod tests {
 
     #[test]
     fn unsorted_and_out_of_bounds_are_rejected() {
-        assert!(plan(vec![mv(200, 0, 10), mv(100, 50, 10)]).validate(1000).is_err());
+        assert!(plan(vec![mv(200, 0, 10), mv(100, 50, 10)])
+            .validate(1000)
+            .is_err());
         assert!(plan(vec![mv(995, 0, 10)]).validate(1000).is_err());
         assert!(plan(vec![mv(0, u64::MAX - 5, 10)]).validate(1000).is_err());
         assert!(plan(vec![mv(0, 10, 0)]).validate(1000).is_err());

@@ -84,7 +84,12 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
             continue;
         }
         let mut dst = b.offset;
-        for (k, gap) in gaps.iter_mut().enumerate().take(own_gap + 1).skip(first_open) {
+        for (k, gap) in gaps
+            .iter_mut()
+            .enumerate()
+            .take(own_gap + 1)
+            .skip(first_open)
+        {
             let pos = align_up(gap.0, b.align);
             if pos.checked_add(b.len).is_some_and(|e| e <= gap.1) {
                 // Invariant: in its own gap the cursor never passes the block,
@@ -154,9 +159,19 @@ pub fn plan_targeted(blocks: &[LiveBlock], capacity: u64, req: Request) -> Optio
     }
     let holes = holes_of(blocks, capacity);
     let slide = plan_slide(blocks, &holes, req);
-    let evac = plan_evacuate(blocks, &holes, capacity, req, slide.as_ref().map(|p| p.bytes_moved()));
+    let evac = plan_evacuate(
+        blocks,
+        &holes,
+        capacity,
+        req,
+        slide.as_ref().map(|p| p.bytes_moved()),
+    );
     match (slide, evac) {
-        (Some(s), Some(e)) => Some(if e.bytes_moved() < s.bytes_moved() { e } else { s }),
+        (Some(s), Some(e)) => Some(if e.bytes_moved() < s.bytes_moved() {
+            e
+        } else {
+            s
+        }),
         (s, e) => s.or(e),
     }
 }
@@ -268,37 +283,39 @@ fn plan_evacuate(
     const CANDIDATES: usize = 4;
     // Candidate starts: every region start (hole or block), in address
     // order, aligned up. Keep the cheapest few windows in one pass.
-    let mut best: smallvec::SmallVec<[(u64, u64, usize, usize); CANDIDATES]> = smallvec::SmallVec::new();
+    let mut best: smallvec::SmallVec<[(u64, u64, usize, usize); CANDIDATES]> =
+        smallvec::SmallVec::new();
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut cost = 0u64;
     let mut pinned_inside = 0u32;
-    let mut consider = |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
-        let x = align_up(s, req.align);
-        let Some(end) = x.checked_add(req.size).filter(|&e| e <= capacity) else {
-            return false;
-        };
-        while *hi < blocks.len() && blocks[*hi].offset < end {
-            *cost += blocks[*hi].copy_len;
-            *pinned += u32::from(blocks[*hi].pinned);
-            *hi += 1;
-        }
-        while *lo < *hi && blocks[*lo].end() <= x {
-            *cost -= blocks[*lo].copy_len;
-            *pinned -= u32::from(blocks[*lo].pinned);
-            *lo += 1;
-        }
-        if *pinned == 0 && beat.is_none_or(|b| *cost < b) {
-            let cand = (*cost, x, *lo, *hi);
-            if best.len() < CANDIDATES {
-                best.push(cand);
-            } else if let Some(worst) = best.iter_mut().max_by_key(|c| (c.0, c.1)) {
-                if (cand.0, cand.1) < (worst.0, worst.1) {
-                    *worst = cand;
+    let mut consider =
+        |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
+            let x = align_up(s, req.align);
+            let Some(end) = x.checked_add(req.size).filter(|&e| e <= capacity) else {
+                return false;
+            };
+            while *hi < blocks.len() && blocks[*hi].offset < end {
+                *cost += blocks[*hi].copy_len;
+                *pinned += u32::from(blocks[*hi].pinned);
+                *hi += 1;
+            }
+            while *lo < *hi && blocks[*lo].end() <= x {
+                *cost -= blocks[*lo].copy_len;
+                *pinned -= u32::from(blocks[*lo].pinned);
+                *lo += 1;
+            }
+            if *pinned == 0 && beat.is_none_or(|b| *cost < b) {
+                let cand = (*cost, x, *lo, *hi);
+                if best.len() < CANDIDATES {
+                    best.push(cand);
+                } else if let Some(worst) = best.iter_mut().max_by_key(|c| (c.0, c.1)) {
+                    if (cand.0, cand.1) < (worst.0, worst.1) {
+                        *worst = cand;
+                    }
                 }
             }
-        }
-        true
-    };
+            true
+        };
     let mut cursor = 0;
     let mut ended = false;
     for b in blocks {
@@ -346,7 +363,11 @@ fn pack_evacuees(
     let mut order: Vec<usize> = (lo..hi).collect();
     order.sort_unstable_by_key(|&i| std::cmp::Reverse(blocks[i].len));
     let mut moves = Vec::with_capacity(order.len());
-    let fits = |(start, end): (u64, u64), b: &LiveBlock| align_up(start, b.align).checked_add(b.len).is_some_and(|e| e <= end);
+    let fits = |(start, end): (u64, u64), b: &LiveBlock| {
+        align_up(start, b.align)
+            .checked_add(b.len)
+            .is_some_and(|e| e <= end)
+    };
     if order.len() <= 16 {
         for i in order {
             let b = &blocks[i];
@@ -362,10 +383,16 @@ fn pack_evacuees(
             if dst > start {
                 free.push((start, dst));
             }
-            moves.push(Move { key: b.key, src: b.offset, dst, len: b.copy_len });
+            moves.push(Move {
+                key: b.key,
+                src: b.offset,
+                dst,
+                len: b.copy_len,
+            });
         }
     } else {
-        let mut by_size: BTreeMap<(u64, u64), ()> = free.iter().map(|&(s, e)| ((e - s, s), ())).collect();
+        let mut by_size: BTreeMap<(u64, u64), ()> =
+            free.iter().map(|&(s, e)| ((e - s, s), ())).collect();
         for i in order {
             let b = &blocks[i];
             let found = by_size
@@ -382,7 +409,12 @@ fn pack_evacuees(
             if rest > 0 {
                 by_size.insert((rest, dst + b.len), ());
             }
-            moves.push(Move { key: b.key, src: b.offset, dst, len: b.copy_len });
+            moves.push(Move {
+                key: b.key,
+                src: b.offset,
+                dst,
+                len: b.copy_len,
+            });
         }
     }
     moves.sort_unstable_by_key(|m| m.src);
@@ -396,25 +428,42 @@ mod tests {
     use super::*;
 
     fn blk(key: u64, offset: u64, len: u64) -> LiveBlock {
-        LiveBlock { key, offset, len, copy_len: len, align: 1, pinned: false }
+        LiveBlock {
+            key,
+            offset,
+            len,
+            copy_len: len,
+            align: 1,
+            pinned: false,
+        }
     }
     fn pinned(key: u64, offset: u64, len: u64) -> LiveBlock {
-        LiveBlock { pinned: true, ..blk(key, offset, len) }
+        LiveBlock {
+            pinned: true,
+            ..blk(key, offset, len)
+        }
     }
 
     /// Applies a plan to a layout and returns the sorted result, checking
     /// the plan's validity and that nothing overlaps afterwards.
     fn apply(blocks: &[LiveBlock], plan: &Plan, capacity: u64) -> Vec<(u64, u64, u64)> {
         plan.validate(capacity).expect("plan breaks the wave rule");
-        let mut out: Vec<(u64, u64, u64)> = blocks.iter().map(|b| (b.offset, b.len, b.key)).collect();
+        let mut out: Vec<(u64, u64, u64)> =
+            blocks.iter().map(|b| (b.offset, b.len, b.key)).collect();
         for m in plan.moves() {
-            let e = out.iter_mut().find(|e| e.2 == m.key).expect("move of unknown block");
+            let e = out
+                .iter_mut()
+                .find(|e| e.2 == m.key)
+                .expect("move of unknown block");
             assert_eq!(e.0, m.src, "move source is not where the block is");
             e.0 = m.dst;
         }
         out.sort_unstable();
         for w in out.windows(2) {
-            assert!(w[0].0 + w[0].1 <= w[1].0, "blocks overlap after plan: {w:?}");
+            assert!(
+                w[0].0 + w[0].1 <= w[1].0,
+                "blocks overlap after plan: {w:?}"
+            );
         }
         out
     }
@@ -431,7 +480,10 @@ mod tests {
     #[test]
     fn four_gib_block_sliding_down_by_256_bytes() {
         let g = 4u64 << 30;
-        let blocks = [LiveBlock { align: 256, ..blk(7, 256, g) }];
+        let blocks = [LiveBlock {
+            align: 256,
+            ..blk(7, 256, g)
+        }];
         let plan = plan_full(&blocks, g + 256);
         assert_eq!(plan.move_count(), 1);
         let m = plan.moves().next().copied().expect("one move");
@@ -452,7 +504,13 @@ mod tests {
 
     #[test]
     fn holes_between_pins_become_one_region_per_gap() {
-        let blocks = [blk(1, 10, 10), pinned(2, 40, 10), blk(3, 60, 10), blk(4, 80, 5), pinned(5, 90, 10)];
+        let blocks = [
+            blk(1, 10, 10),
+            pinned(2, 40, 10),
+            blk(3, 60, 10),
+            blk(4, 80, 5),
+            pinned(5, 90, 10),
+        ];
         let plan = plan_full(&blocks, 120);
         let out = apply(&blocks, &plan, 120);
         // Gap [0,40): block 1 at 0 and block 3 moves past the pin into it.
@@ -473,7 +531,10 @@ mod tests {
     fn all_blocks_pinned_moves_nothing() {
         let blocks = [pinned(1, 10, 10), pinned(2, 40, 10)];
         assert!(plan_full(&blocks, 100).is_empty());
-        assert_eq!(plan_targeted(&blocks, 100, Request { size: 60, align: 1 }), None);
+        assert_eq!(
+            plan_targeted(&blocks, 100, Request { size: 60, align: 1 }),
+            None
+        );
         assert_eq!(largest_hole_after_full(&blocks, 100, 1), 50);
     }
 
@@ -485,10 +546,18 @@ mod tests {
             blocks.push(blk(i, i * 200, 100));
         }
         let cap = 20_000;
-        let req = Request { size: 300, align: 1 };
+        let req = Request {
+            size: 300,
+            align: 1,
+        };
         let t = plan_targeted(&blocks, cap, req).expect("targeted plan");
         let f = plan_full(&blocks, cap);
-        assert!(t.bytes_moved() < f.bytes_moved() / 10, "{} vs {}", t.bytes_moved(), f.bytes_moved());
+        assert!(
+            t.bytes_moved() < f.bytes_moved() / 10,
+            "{} vs {}",
+            t.bytes_moved(),
+            f.bytes_moved()
+        );
         let out = apply(&blocks, &t, cap);
         let layout: Vec<(u64, u64)> = out.iter().map(|e| (e.0, e.1)).collect();
         assert!(largest_aligned_hole(&layout, cap, 1) >= 300);
@@ -502,7 +571,10 @@ mod tests {
             blk(3, 1024, 256),
             blk(4, 1536, 256),
         ];
-        let req = Request { size: 1024, align: 512 };
+        let req = Request {
+            size: 1024,
+            align: 512,
+        };
         let t = plan_targeted(&blocks, 4096, req).expect("plan");
         let out = apply(&blocks, &t, 4096);
         assert!(out.contains(&(512, 256, 2)));
@@ -513,6 +585,16 @@ mod tests {
     #[test]
     fn targeted_falls_back_to_none_when_pins_split_space() {
         let blocks = [pinned(1, 100, 100), pinned(2, 300, 100)];
-        assert_eq!(plan_targeted(&blocks, 500, Request { size: 150, align: 1 }), None);
+        assert_eq!(
+            plan_targeted(
+                &blocks,
+                500,
+                Request {
+                    size: 150,
+                    align: 1
+                }
+            ),
+            None
+        );
     }
 }

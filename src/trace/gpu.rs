@@ -9,7 +9,7 @@
 //! counter). Compactions move the bytes with the arena's own kernels in
 //! between, so a move that loses, overlaps or misplaces a byte shows up as
 //! a mismatch. Any mismatch fails the replay ([`Outcome::Failed`] with
-//! [`Error::Poisoned`] naming the first free whose check failed).
+//! [`Error::DataMismatch`] naming the first free whose check failed).
 //!
 //! # Sampling
 //!
@@ -635,11 +635,9 @@ pub fn replay_gpu(
             outcome = Outcome::Failed {
                 op,
                 event,
-                error: Error::Poisoned {
-                    reason: format!(
-                        "pattern check: {mismatched_words} words do not hold their tensor's \
-                         pattern; the first failing check was {what} in pass {pass}"
-                    ),
+                error: Error::DataMismatch {
+                    what: format!("the tensors checked ({what} in pass {pass} failed first)"),
+                    mismatched_words,
                 },
             };
             failed_pass = Some(pass);

@@ -18,11 +18,11 @@
 //! (pickle); nothing here panics on bad input.
 
 mod csv;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod ops;
 mod pickle;
 pub mod replay;
-#[cfg(feature = "cuda")]
-pub mod gpu;
 
 use std::io::Read;
 use std::path::Path;

@@ -46,10 +46,28 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
     let stats = a.stats();
 
     assert_eq!(a.alloc(0), Err(Error::ZeroSize));
-    assert!(matches!(a.alloc_aligned(8, 384), Err(Error::InvalidAlignment { align_bytes: 384, .. })));
-    assert!(matches!(a.alloc(64 * KIB + 1), Err(Error::TooLarge { capacity_bytes: 65536, .. })));
-    assert!(matches!(a.alloc(u64::MAX - 3), Err(Error::SizeOverflow { .. })));
-    assert!(matches!(a.alloc_elems::<u64>(usize::MAX), Err(Error::SizeOverflow { .. })));
+    assert!(matches!(
+        a.alloc_aligned(8, 384),
+        Err(Error::InvalidAlignment {
+            align_bytes: 384,
+            ..
+        })
+    ));
+    assert!(matches!(
+        a.alloc(64 * KIB + 1),
+        Err(Error::TooLarge {
+            capacity_bytes: 65536,
+            ..
+        })
+    ));
+    assert!(matches!(
+        a.alloc(u64::MAX - 3),
+        Err(Error::SizeOverflow { .. })
+    ));
+    assert!(matches!(
+        a.alloc_elems::<u64>(usize::MAX),
+        Err(Error::SizeOverflow { .. })
+    ));
     assert_eq!(
         a.read::<u8>(h).map(|v| v.len()),
         Ok(1000),
@@ -58,10 +76,19 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
     let mut short = vec![0u8; 999];
     assert_eq!(
         a.read_into(h, &mut short),
-        Err(Error::LengthMismatch { block_bytes: 1000, slice_bytes: 999 })
+        Err(Error::LengthMismatch {
+            block_bytes: 1000,
+            slice_bytes: 999
+        })
     );
     assert!(matches!(a.read::<u32>(t), Err(Error::TypeMismatch { .. })));
-    assert!(matches!(a.read::<[u8; 3]>(h), Err(Error::NotWholeElements { block_bytes: 1000, elem_bytes: 3 })));
+    assert!(matches!(
+        a.read::<[u8; 3]>(h),
+        Err(Error::NotWholeElements {
+            block_bytes: 1000,
+            elem_bytes: 3
+        })
+    ));
     assert_eq!(a.unpin(h), Err(Error::NotPinned));
     a.pin(h).expect("pin");
     assert_eq!(a.free(h), Err(Error::Pinned { pins: 1 }));
@@ -112,25 +139,41 @@ fn fragmented_arena_compacts_instead_of_failing() {
     // Larger than any hole, smaller than the free bytes.
     let want = 256 * KIB;
     match b.alloc(want) {
-        Err(Error::OutOfMemory { requested_bytes, free_bytes, largest_free_bytes, reachable_bytes }) => {
+        Err(Error::OutOfMemory {
+            requested_bytes,
+            free_bytes,
+            largest_free_bytes,
+            reachable_bytes,
+        }) => {
             assert_eq!(requested_bytes, want);
             assert_eq!(free_bytes, cap / 2);
             assert_eq!(largest_free_bytes, 16 * KIB);
-            assert_eq!(reachable_bytes, cap / 2, "a full compaction would merge all free space");
+            assert_eq!(
+                reachable_bytes,
+                cap / 2,
+                "a full compaction would merge all free space"
+            );
         }
         other => panic!("the non-moving baseline should fail, got {other:?}"),
     }
     let h = a.alloc(want).expect("the compacting arena succeeds");
     let s = a.stats();
     assert_eq!(s.targeted_compactions, 1);
-    assert!(s.bytes_moved > 0 && s.bytes_moved <= want, "targeted moved {} B", s.bytes_moved);
+    assert!(
+        s.bytes_moved > 0 && s.bytes_moved <= want,
+        "targeted moved {} B",
+        s.bytes_moved
+    );
     for (h, data) in &kept_a {
         assert_eq!(&a.read::<u8>(*h).expect("read"), data);
     }
     // Every free byte is usable: fill the rest exactly.
     let rest = a.stats().free_bytes;
     a.alloc(rest).expect("fill to the last byte");
-    assert!(matches!(a.alloc(1), Err(Error::OutOfMemory { free_bytes: 0, .. })));
+    assert!(matches!(
+        a.alloc(1),
+        Err(Error::OutOfMemory { free_bytes: 0, .. })
+    ));
     a.free(h).expect("free");
 }
 
@@ -169,13 +212,19 @@ fn pinned_blocks_never_move_and_bound_what_compaction_reaches() {
     let st = a.stats();
     assert_eq!(st.pinned_blocks, 2);
     match a.alloc(40 * KIB) {
-        Err(Error::OutOfMemory { reachable_bytes, free_bytes, .. }) => {
+        Err(Error::OutOfMemory {
+            reachable_bytes,
+            free_bytes,
+            ..
+        }) => {
             assert_eq!(free_bytes, 40 * KIB);
             assert!(reachable_bytes < 40 * KIB);
         }
         other => panic!("no gap between pins can hold 40 KiB: {other:?}"),
     }
-    let h = a.alloc(20 * KIB).expect("a gap can hold 20 KiB after compaction");
+    let h = a
+        .alloc(20 * KIB)
+        .expect("a gap can hold 20 KiB after compaction");
     assert_eq!(a.info(blocks[3]).expect("info").offset, at3);
     assert_eq!(a.info(blocks[7]).expect("info").offset, at7);
     a.compact().expect("compact");
@@ -187,7 +236,10 @@ fn pinned_blocks_never_move_and_bound_what_compaction_reaches() {
 }
 
 fn pattern_backend(cap: u64, seed: u64) -> HostBackend {
-    let mut b = HostBackend::new(cap).expect("backend").with_seed(seed).with_validation(false);
+    let mut b = HostBackend::new(cap)
+        .expect("backend")
+        .with_seed(seed)
+        .with_validation(false);
     let data: Vec<u8> = (0..cap).map(|i| (i * 7 + i / 256) as u8).collect();
     b.write(0, &data).expect("fill");
     b
@@ -200,14 +252,27 @@ fn a_wrong_plan_is_caught_by_the_host_backend() {
     let mut plan = Plan::empty(PlanKind::Full);
     plan.waves.push(Wave {
         moves: vec![
-            Move { key: 1, src: 0, dst: 8 * KIB, len: 4 * KIB },
-            Move { key: 2, src: 8 * KIB, dst: 16 * KIB, len: 4 * KIB },
+            Move {
+                key: 1,
+                src: 0,
+                dst: 8 * KIB,
+                len: 4 * KIB,
+            },
+            Move {
+                key: 2,
+                src: 8 * KIB,
+                dst: 16 * KIB,
+                len: 4 * KIB,
+            },
         ],
     });
     let cap = 32 * KIB;
     // Validation names the broken rule.
     let mut strict = HostBackend::new(cap).expect("backend");
-    assert!(matches!(strict.execute(&plan), Err(Error::InvalidPlan { .. })));
+    assert!(matches!(
+        strict.execute(&plan),
+        Err(Error::InvalidPlan { .. })
+    ));
     // Without validation the interleaved schedule corrupts move 1's bytes.
     let mut corrupted = 0;
     for seed in 0..8 {
@@ -216,7 +281,10 @@ fn a_wrong_plan_is_caught_by_the_host_backend() {
         b.execute(&plan).expect("runs");
         corrupted += usize::from(b.bytes()[16 * KIB as usize..20 * KIB as usize] != want[..]);
     }
-    assert!(corrupted > 0, "the strict schedule never exposed the conflict");
+    assert!(
+        corrupted > 0,
+        "the strict schedule never exposed the conflict"
+    );
 }
 
 #[test]
@@ -224,7 +292,14 @@ fn a_valid_chain_survives_every_schedule() {
     // Adjacent blocks sliding down by 16 B, each destination covering the
     // previous source: valid, so every interleaving must keep the bytes.
     let mut plan = Plan::empty(PlanKind::Full);
-    let moves = (0..20).map(|i| Move { key: i, src: 16 + i * 1000, dst: i * 1000, len: 1000 }).collect();
+    let moves = (0..20)
+        .map(|i| Move {
+            key: i,
+            src: 16 + i * 1000,
+            dst: i * 1000,
+            len: 1000,
+        })
+        .collect();
     plan.waves.push(Wave { moves });
     for seed in 0..20 {
         let mut b = pattern_backend(32 * KIB, seed);
@@ -247,14 +322,21 @@ impl Backend for Failing {
         self.0.read(o, b)
     }
     fn execute(&mut self, _: &Plan) -> Result<()> {
-        Err(Error::Driver { call: "test", message: "injected".into() })
+        Err(Error::Driver {
+            call: "test",
+            message: "injected".into(),
+        })
     }
 }
 
 #[test]
 fn a_failed_compaction_poisons_the_arena() {
     let cap = 64 * KIB;
-    let mut a = Arena::with_backend(ArenaConfig::new(cap), Failing(HostBackend::new(cap).expect("b"))).expect("arena");
+    let mut a = Arena::with_backend(
+        ArenaConfig::new(cap),
+        Failing(HostBackend::new(cap).expect("b")),
+    )
+    .expect("arena");
     fragment(&mut a, 16, 4 * KIB);
     assert!(matches!(a.alloc(16 * KIB), Err(Error::Driver { .. })));
     assert!(matches!(a.alloc(256), Err(Error::Poisoned { .. })));
@@ -263,12 +345,18 @@ fn a_failed_compaction_poisons_the_arena() {
 
 #[test]
 fn config_is_validated() {
-    assert!(matches!(Arena::host(ArenaConfig::new(1000)), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(
+        Arena::host(ArenaConfig::new(1000)),
+        Err(Error::InvalidConfig { .. })
+    ));
     assert!(matches!(
         Arena::host(ArenaConfig::new(4096).with_alignment_bytes(100)),
         Err(Error::InvalidAlignment { .. })
     ));
-    assert!(matches!(Arena::host(ArenaConfig::new(0)), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(
+        Arena::host(ArenaConfig::new(0)),
+        Err(Error::InvalidConfig { .. })
+    ));
 }
 
 /// The demo's claim, proven in CI: the non-moving baseline fails where the
@@ -279,8 +367,14 @@ fn the_demo_scenario_holds_on_the_host_backend() {
     let mut ours = Arena::host(ArenaConfig::new(cap)).expect("arena");
     let mut base = Arena::host(ArenaConfig::new(cap)).expect("baseline");
     let r = cuarena::scenario::run(&mut ours, &mut base, 120, &mut |_| {}).expect("scenario");
-    assert!(r.request_bytes > r.before.largest_free_bytes && r.request_bytes <= r.before.free_bytes);
-    assert!(matches!(r.baseline, Err(Error::OutOfMemory { .. })), "{:?}", r.baseline);
+    assert!(
+        r.request_bytes > r.before.largest_free_bytes && r.request_bytes <= r.before.free_bytes
+    );
+    assert!(
+        matches!(r.baseline, Err(Error::OutOfMemory { .. })),
+        "{:?}",
+        r.baseline
+    );
     assert!(r.compacted());
     assert!(r.bytes_moved() > 0);
     assert!(r.verified.0 > 1);
@@ -297,7 +391,9 @@ fn the_backend_table_follows_compactions() {
         let mut live = Vec::new();
         let mut x = seed * 7919 + 1;
         for _ in 0..400 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let size = 256 + (x >> 33) % (8 * KIB);
             if (x >> 20) % 3 == 0 && !live.is_empty() {
                 let h = live.swap_remove(((x >> 40) as usize) % live.len());
@@ -311,7 +407,10 @@ fn the_backend_table_follows_compactions() {
             }
             if a.stats().moves != before {
                 // Right after a compaction the device copy is current.
-                assert_eq!(a.backend().table(), &a.handle_table()[..a.backend().table().len()]);
+                assert_eq!(
+                    a.backend().table(),
+                    &a.handle_table()[..a.backend().table().len()]
+                );
             }
         }
         a.flush_table().expect("flush");

@@ -1,8 +1,8 @@
 //! All integration tests in one binary (one link, one run), a module per topic.
 mod arena;
-mod model;
-mod spill;
-mod trace;
 mod gpu;
 mod gpu_graph;
 mod gpu_spill;
+mod model;
+mod spill;
+mod trace;

@@ -14,14 +14,28 @@ use proptest::prelude::*;
 /// One step of a program. Indices pick a live block modulo the live count.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
-    Alloc { size: u64, align_log2: u8 },
+    Alloc {
+        size: u64,
+        align_log2: u8,
+    },
     /// Asks for a fraction (1..=255 / 255) of the free bytes: usually more
     /// than the largest hole, so it forces a compaction.
-    AllocFree { frac: u8 },
-    Free { idx: usize },
-    Write { idx: usize, seed: u8 },
-    Pin { idx: usize },
-    Unpin { idx: usize },
+    AllocFree {
+        frac: u8,
+    },
+    Free {
+        idx: usize,
+    },
+    Write {
+        idx: usize,
+        seed: u8,
+    },
+    Pin {
+        idx: usize,
+    },
+    Unpin {
+        idx: usize,
+    },
     Compact,
     /// Bad input: each must fail with its own error and change nothing.
     ZeroAlloc,
@@ -29,7 +43,9 @@ pub(crate) enum Op {
     TooLarge,
     DoubleFree,
     ForeignHandle,
-    WrongLengthRead { idx: usize },
+    WrongLengthRead {
+        idx: usize,
+    },
 }
 
 struct ModelBlock {
@@ -78,7 +94,11 @@ impl<'a, B: Backend> Model<'a, B> {
     }
 
     fn snapshot(&self) -> Vec<(u64, u64, u32)> {
-        self.arena.blocks().iter().map(|b| (b.offset, b.size_bytes, b.pins)).collect()
+        self.arena
+            .blocks()
+            .iter()
+            .map(|b| (b.offset, b.size_bytes, b.pins))
+            .collect()
     }
 
     /// Runs `op`, then checks every invariant.
@@ -88,11 +108,19 @@ impl<'a, B: Backend> Model<'a, B> {
         let before = self.snapshot();
         let stats_before = self.arena.stats();
         let expect_unchanged = |m: &Self, what: &str| {
-            assert_eq!(m.snapshot(), before, "step {step}: {what} changed the arena");
+            assert_eq!(
+                m.snapshot(),
+                before,
+                "step {step}: {what} changed the arena"
+            );
         };
         match *op {
             Op::Alloc { size, align_log2 } => {
-                let align = if align_log2 == 0 { 0 } else { 1u64 << align_log2 };
+                let align = if align_log2 == 0 {
+                    0
+                } else {
+                    1u64 << align_log2
+                };
                 self.alloc(size, align, step, &before, &stats_before);
             }
             Op::AllocFree { frac } => {
@@ -106,7 +134,10 @@ impl<'a, B: Backend> Model<'a, B> {
                 let i = idx % n;
                 let r = self.arena.free(self.blocks[i].handle);
                 if self.blocks[i].pins > 0 {
-                    assert!(matches!(r, Err(Error::Pinned { .. })), "step {step}: freed a pinned block");
+                    assert!(
+                        matches!(r, Err(Error::Pinned { .. })),
+                        "step {step}: freed a pinned block"
+                    );
                     expect_unchanged(self, "freeing a pinned block");
                 } else {
                     r.expect("free");
@@ -117,7 +148,9 @@ impl<'a, B: Backend> Model<'a, B> {
             Op::Write { idx, seed } if n > 0 => {
                 let i = idx % n;
                 let data = pattern(step as u64 * 256 + seed as u64, self.blocks[i].size);
-                self.arena.write(self.blocks[i].handle, &data).expect("write");
+                self.arena
+                    .write(self.blocks[i].handle, &data)
+                    .expect("write");
                 self.blocks[i].data = data;
             }
             Op::Pin { idx } if n > 0 => {
@@ -138,15 +171,27 @@ impl<'a, B: Backend> Model<'a, B> {
                 }
             }
             Op::Compact => {
-                let pinned: Vec<(u64, u64)> = before.iter().filter(|b| b.2 > 0).map(|b| (b.0, b.1)).collect();
+                let pinned: Vec<(u64, u64)> = before
+                    .iter()
+                    .filter(|b| b.2 > 0)
+                    .map(|b| (b.0, b.1))
+                    .collect();
                 self.arena.compact().expect("compact");
                 let after = self.arena.stats();
                 // Pinned blocks never move.
-                let now: Vec<(u64, u64)> =
-                    self.snapshot().iter().filter(|b| b.2 > 0).map(|b| (b.0, b.1)).collect();
+                let now: Vec<(u64, u64)> = self
+                    .snapshot()
+                    .iter()
+                    .filter(|b| b.2 > 0)
+                    .map(|b| (b.0, b.1))
+                    .collect();
                 assert_eq!(now, pinned, "step {step}: a pinned block moved");
                 if pinned.is_empty() && self.blocks.iter().all(|b| b.align <= self.granule) {
-                    assert!(after.free_regions <= 1, "step {step}: full compaction left {} holes", after.free_regions);
+                    assert!(
+                        after.free_regions <= 1,
+                        "step {step}: full compaction left {} holes",
+                        after.free_regions
+                    );
                 }
             }
             Op::ZeroAlloc => {
@@ -159,7 +204,10 @@ impl<'a, B: Backend> Model<'a, B> {
                 expect_unchanged(self, "bad alignment");
             }
             Op::TooLarge => {
-                assert!(matches!(self.arena.alloc(cap + 1), Err(Error::TooLarge { .. })));
+                assert!(matches!(
+                    self.arena.alloc(cap + 1),
+                    Err(Error::TooLarge { .. })
+                ));
                 let r = self.arena.alloc(u64::MAX);
                 if self.granule > 1 {
                     assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{r:?}");
@@ -177,17 +225,29 @@ impl<'a, B: Backend> Model<'a, B> {
             }
             Op::ForeignHandle => {
                 let h = self.foreign.alloc(16).expect("foreign alloc");
-                assert!(matches!(self.arena.free(h), Err(Error::ForeignHandle { .. })));
-                assert!(matches!(self.arena.pin(h), Err(Error::ForeignHandle { .. })));
+                assert!(matches!(
+                    self.arena.free(h),
+                    Err(Error::ForeignHandle { .. })
+                ));
+                assert!(matches!(
+                    self.arena.pin(h),
+                    Err(Error::ForeignHandle { .. })
+                ));
                 self.foreign.free(h).expect("foreign free");
                 expect_unchanged(self, "foreign handle");
             }
             Op::WrongLengthRead { idx } if n > 0 => {
                 let b = &self.blocks[idx % n];
                 let mut out = vec![0u8; b.size as usize + 1];
-                assert!(matches!(self.arena.read_into(b.handle, &mut out), Err(Error::LengthMismatch { .. })));
+                assert!(matches!(
+                    self.arena.read_into(b.handle, &mut out),
+                    Err(Error::LengthMismatch { .. })
+                ));
                 let short = vec![0u8; b.size as usize - 1];
-                assert!(matches!(self.arena.write(b.handle, &short), Err(Error::LengthMismatch { .. })));
+                assert!(matches!(
+                    self.arena.write(b.handle, &short),
+                    Err(Error::LengthMismatch { .. })
+                ));
                 expect_unchanged(self, "wrong-length transfer");
             }
             _ => {}
@@ -195,17 +255,39 @@ impl<'a, B: Backend> Model<'a, B> {
         self.check(step);
     }
 
-    fn alloc(&mut self, size: u64, align: u64, step: usize, before: &[(u64, u64, u32)], st: &cuarena::Stats) {
-        let r = if align == 0 { self.arena.alloc(size) } else { self.arena.alloc_aligned(size, align) };
+    fn alloc(
+        &mut self,
+        size: u64,
+        align: u64,
+        step: usize,
+        before: &[(u64, u64, u32)],
+        st: &cuarena::Stats,
+    ) {
+        let r = if align == 0 {
+            self.arena.alloc(size)
+        } else {
+            self.arena.alloc_aligned(size, align)
+        };
         let reserved = size.div_ceil(self.granule) * self.granule;
         match r {
             Ok(handle) => {
                 let data = pattern(step as u64, size);
                 self.arena.write(handle, &data).expect("write new block");
                 let align = align.max(self.granule);
-                self.blocks.push(ModelBlock { handle, size, align, data, pins: 0 });
+                self.blocks.push(ModelBlock {
+                    handle,
+                    size,
+                    align,
+                    data,
+                    pins: 0,
+                });
             }
-            Err(Error::OutOfMemory { requested_bytes, free_bytes, reachable_bytes, .. }) => {
+            Err(Error::OutOfMemory {
+                requested_bytes,
+                free_bytes,
+                reachable_bytes,
+                ..
+            }) => {
                 assert_eq!(requested_bytes, reserved);
                 assert_eq!(free_bytes, st.free_bytes);
                 // The guarantee: with no pins (and default alignment) a
@@ -214,10 +296,21 @@ impl<'a, B: Backend> Model<'a, B> {
                     && align <= self.granule
                     && self.blocks.iter().all(|b| b.align <= self.granule);
                 if plain {
-                    assert!(reserved > st.free_bytes, "step {step}: {reserved} B failed with {} B free", st.free_bytes);
+                    assert!(
+                        reserved > st.free_bytes,
+                        "step {step}: {reserved} B failed with {} B free",
+                        st.free_bytes
+                    );
                 }
-                assert!(reachable_bytes < reserved, "step {step}: failed although compaction reaches {reachable_bytes} B");
-                assert_eq!(self.snapshot(), before, "step {step}: failed alloc changed the arena");
+                assert!(
+                    reachable_bytes < reserved,
+                    "step {step}: failed although compaction reaches {reachable_bytes} B"
+                );
+                assert_eq!(
+                    self.snapshot(),
+                    before,
+                    "step {step}: failed alloc changed the arena"
+                );
             }
             Err(e) => panic!("step {step}: unexpected error {e}"),
         }
@@ -230,7 +323,11 @@ impl<'a, B: Backend> Model<'a, B> {
         assert_eq!(infos.len(), self.blocks.len(), "step {step}: live count");
         let mut end = 0;
         for b in &infos {
-            assert!(b.offset >= end, "step {step}: blocks overlap at {}", b.offset);
+            assert!(
+                b.offset >= end,
+                "step {step}: blocks overlap at {}",
+                b.offset
+            );
             assert_eq!(b.offset % b.align_bytes, 0, "step {step}: misaligned block");
             end = b.offset + b.reserved_bytes;
             assert!(end <= cap, "step {step}: block out of bounds");
@@ -239,9 +336,15 @@ impl<'a, B: Backend> Model<'a, B> {
         let reserved: u64 = infos.iter().map(|b| b.reserved_bytes).sum();
         assert_eq!(st.allocated_bytes, reserved);
         assert_eq!(st.free_bytes, cap - reserved);
-        assert_eq!(st.requested_bytes, self.blocks.iter().map(|b| b.size).sum::<u64>());
+        assert_eq!(
+            st.requested_bytes,
+            self.blocks.iter().map(|b| b.size).sum::<u64>()
+        );
         assert_eq!(st.live_blocks, self.blocks.len());
-        assert_eq!(st.pinned_blocks, self.blocks.iter().filter(|b| b.pins > 0).count());
+        assert_eq!(
+            st.pinned_blocks,
+            self.blocks.iter().filter(|b| b.pins > 0).count()
+        );
         let free: u64 = self.arena.free_regions().iter().map(|r| r.1).sum();
         assert_eq!(free, st.free_bytes);
         assert!(st.largest_free_bytes <= st.free_bytes);
@@ -251,11 +354,19 @@ impl<'a, B: Backend> Model<'a, B> {
         for b in &infos {
             let bits = b.handle.to_bits();
             let e = table[(bits & 0xFFFF_FFFF) as usize];
-            assert_eq!((e.offset, u64::from(e.version)), (b.offset, bits >> 32), "step {step}: table entry");
+            assert_eq!(
+                (e.offset, u64::from(e.version)),
+                (b.offset, bits >> 32),
+                "step {step}: table entry"
+            );
         }
         for h in &self.freed {
             let bits = h.to_bits();
-            assert_ne!(u64::from(table[(bits & 0xFFFF_FFFF) as usize].version), bits >> 32, "step {step}: stale entry");
+            assert_ne!(
+                u64::from(table[(bits & 0xFFFF_FFFF) as usize].version),
+                bits >> 32,
+                "step {step}: stale entry"
+            );
         }
         let moved = st.moves != self.last_moves;
         self.last_moves = st.moves;
@@ -271,7 +382,11 @@ impl<'a, B: Backend> Model<'a, B> {
         }
         for b in &self.blocks {
             let got: Vec<u8> = self.arena.read(b.handle).expect("read");
-            assert!(got == b.data, "step {step}: block of {} B lost its bytes", b.size);
+            assert!(
+                got == b.data,
+                "step {step}: block of {} B lost its bytes",
+                b.size
+            );
         }
     }
 }
@@ -291,12 +406,21 @@ fn gen_op(r: &mut u64, cap: u64) -> Op {
             // Log-uniform sizes from 1 B to cap/8.
             let max_log = 64 - (cap / 8).leading_zeros() as u64;
             let size = 1 + next() % (1u64 << (next() % max_log.max(1)));
-            let align_log2 = if next() % 5 == 0 { 9 + (next() % 4) as u8 } else { 0 };
+            let align_log2 = if next() % 5 == 0 {
+                9 + (next() % 4) as u8
+            } else {
+                0
+            };
             Op::Alloc { size, align_log2 }
         }
-        35..=39 => Op::AllocFree { frac: (next() % 255 + 1) as u8 },
+        35..=39 => Op::AllocFree {
+            frac: (next() % 255 + 1) as u8,
+        },
         40..=69 => Op::Free { idx },
-        70..=77 => Op::Write { idx, seed: next() as u8 },
+        70..=77 => Op::Write {
+            idx,
+            seed: next() as u8,
+        },
         78..=81 => Op::Pin { idx },
         82..=86 => Op::Unpin { idx },
         87..=89 => Op::Compact,
@@ -343,7 +467,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 fn cases() -> u32 {
-    std::env::var("CUARENA_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+    std::env::var("CUARENA_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
 }
 
 proptest! {
@@ -373,7 +500,10 @@ fn seeded_programs_on_the_host_backend() {
         full += arena.stats().full_compactions;
     }
     // The programs must exercise both planners, or they prove little.
-    assert!(targeted > 20 && full > 20, "targeted {targeted}, full {full}");
+    assert!(
+        targeted > 20 && full > 20,
+        "targeted {targeted}, full {full}"
+    );
 }
 
 #[test]

@@ -19,7 +19,11 @@ fn bytes(seed: u64, len: u64) -> Vec<u8> {
 
 /// A random program over an arena of `cap` with a host tier of `3 * cap`;
 /// returns the stats at the end. Panics on any lost byte.
-pub(crate) fn run_spill_program<B: Backend>(arena: &mut Arena<B>, seed: u64, steps: usize) -> cuarena::Stats {
+pub(crate) fn run_spill_program<B: Backend>(
+    arena: &mut Arena<B>,
+    seed: u64,
+    steps: usize,
+) -> cuarena::Stats {
     let cap = arena.config().capacity_bytes;
     let mut live: Vec<(Handle, Vec<u8>, u32)> = Vec::new();
     let mut x = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
@@ -56,7 +60,10 @@ pub(crate) fn run_spill_program<B: Backend>(arena: &mut Arena<B>, seed: u64, ste
                 // Use a block: it comes back, others may go out.
                 let i = (next() % live.len() as u64) as usize;
                 match arena.read::<u8>(live[i].0) {
-                    Ok(got) => assert!(got == live[i].1, "step {step}: a spilled block lost its bytes"),
+                    Ok(got) => assert!(
+                        got == live[i].1,
+                        "step {step}: a spilled block lost its bytes"
+                    ),
                     Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {}
                     Err(e) => panic!("step {step}: {e}"),
                 }
@@ -106,7 +113,10 @@ fn working_sets_up_to_three_times_the_region_keep_their_bytes() {
         evictions += st.evictions;
         restores += st.restores;
     }
-    assert!(evictions > 100 && restores > 100, "evictions {evictions}, restores {restores}");
+    assert!(
+        evictions > 100 && restores > 100,
+        "evictions {evictions}, restores {restores}"
+    );
 }
 
 #[test]
@@ -130,7 +140,10 @@ fn spilled_handles_stay_valid_and_views_need_residency() {
     assert!(a.resolve(y).is_ok());
     // Both at once cannot fit: the error says so and loses nothing.
     match a.make_resident(&[x, y]) {
-        Err(Error::WorkingSetTooLarge { needed_bytes, reachable_bytes }) => {
+        Err(Error::WorkingSetTooLarge {
+            needed_bytes,
+            reachable_bytes,
+        }) => {
             assert!(needed_bytes > reachable_bytes);
         }
         other => panic!("{other:?}"),
@@ -147,7 +160,11 @@ fn a_full_host_tier_is_reported_with_its_numbers() {
     let x = a.alloc(40 << 10).expect("x");
     a.write(x, &vec![3u8; 40 << 10]).expect("write");
     match a.alloc(40 << 10) {
-        Err(Error::HostTierFull { needed_bytes, host_tier_bytes, .. }) => {
+        Err(Error::HostTierFull {
+            needed_bytes,
+            host_tier_bytes,
+            ..
+        }) => {
             assert_eq!((needed_bytes, host_tier_bytes), (40 << 10, 16 << 10));
         }
         other => panic!("{other:?}"),
@@ -158,5 +175,8 @@ fn a_full_host_tier_is_reported_with_its_numbers() {
     let mut b = Arena::host(ArenaConfig::new(cap).with_spill_host_bytes(cap)).expect("arena");
     let p = b.alloc(40 << 10).expect("p");
     b.pin(p).expect("pin");
-    assert!(matches!(b.alloc(40 << 10), Err(Error::WorkingSetTooLarge { .. })));
+    assert!(matches!(
+        b.alloc(40 << 10),
+        Err(Error::WorkingSetTooLarge { .. })
+    ));
 }

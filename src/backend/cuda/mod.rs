@@ -332,10 +332,13 @@ struct Scratch {
     /// Tables outgrown: kept until drop, since enqueued kernels and
     /// captured graphs may still hold their address.
     retired_tables: Vec<DeviceBuf>,
-    /// Page-locked source of table uploads, so they never block the host.
-    table_staging: PinnedBuf,
-    /// Recorded after the last upload from `table_staging`.
-    table_upload_done: CudaEvent,
+    /// Page-locked sources of table uploads, double-buffered like `staging`
+    /// so that they never block the host.
+    table_staging: [PinnedBuf; 2],
+    /// Recorded after the upload from `table_staging[i]`.
+    table_upload_done: [CudaEvent; 2],
+    /// Which table staging buffer the next sync uses.
+    table_parity: usize,
     /// Per-move arrays (see `stage`).
     moves: DeviceBuf,
     /// Per-tile descriptors (written by the prep kernel).
@@ -344,12 +347,16 @@ struct Scratch {
     flags: DeviceBuf,
     /// Ticket counter and error word.
     ctl: DeviceBuf,
-    /// Host side of the per-move upload.
-    staging: PinnedBuf,
+    /// Host side of the per-move upload, double-buffered: a plan fills one
+    /// while the uploads of the previous plan (queued behind whatever the
+    /// stream holds) still read the other, so the host never waits for them.
+    staging: [PinnedBuf; 2],
     /// Host copy of the error word.
     status: PinnedBuf,
-    /// Recorded after the upload from `staging`.
-    upload_done: CudaEvent,
+    /// Recorded after the uploads from `staging[i]`.
+    upload_done: [CudaEvent; 2],
+    /// Which staging buffer the next plan uses.
+    parity: usize,
     /// Recorded after the error word was copied into `status`.
     status_ready: CudaEvent,
     /// `status_ready` was recorded and not yet looked at.
@@ -501,15 +508,23 @@ impl CudaBackend {
             host_tier_bytes: 0,
             table: DeviceBuf::EMPTY,
             retired_tables: Vec::new(),
-            table_staging: PinnedBuf::EMPTY,
-            table_upload_done: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            table_staging: [PinnedBuf::EMPTY, PinnedBuf::EMPTY],
+            table_upload_done: [
+                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            ],
+            table_parity: 0,
             moves: DeviceBuf::EMPTY,
             tiles: DeviceBuf::EMPTY,
             flags: DeviceBuf::EMPTY,
             ctl: DeviceBuf::EMPTY,
-            staging: PinnedBuf::EMPTY,
+            staging: [PinnedBuf::EMPTY, PinnedBuf::EMPTY],
             status: PinnedBuf::EMPTY,
-            upload_done: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            upload_done: [
+                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            ],
+            parity: 0,
             status_ready: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             status_pending: false,
             epoch: 0,
@@ -596,9 +611,11 @@ impl CudaBackend {
     /// freed memory. Reserve up front for the most blocks you will have.
     pub fn reserve_table(&mut self, slots: usize) -> Result<u64> {
         let entry = std::mem::size_of::<TableEntry>();
-        let need = slots.checked_mul(entry).ok_or_else(|| Error::InvalidConfig {
-            reason: format!("a table of {slots} slots overflows usize"),
-        })?;
+        let need = slots
+            .checked_mul(entry)
+            .ok_or_else(|| Error::InvalidConfig {
+                reason: format!("a table of {slots} slots overflows usize"),
+            })?;
         let old_bytes = self.scratch.table.bytes;
         if old_bytes < need {
             self.ctx
@@ -656,7 +673,8 @@ impl CudaBackend {
         if s.flags.reserve(chunk_tiles * 4, true, &self.stream)? {
             s.epoch = 0;
         }
-        s.staging.reserve(words)?;
+        s.staging[0].reserve(words)?;
+        s.staging[1].reserve(words)?;
         Ok(())
     }
 
@@ -839,19 +857,21 @@ impl Backend for CudaBackend {
         self.reserve_table(slots)?;
         let bytes: &[u8] = bytemuck::cast_slice(entries);
         let words = bytes.len().div_ceil(8);
-        // The staging buffer must not change under the previous upload
-        // (normally long done: it only waits behind the moves before it).
-        self.scratch
-            .table_upload_done
+        // This staging buffer must not change under the upload before last
+        // (the last one used the other buffer).
+        let p = self.scratch.table_parity;
+        self.scratch.table_upload_done[p]
             .synchronize()
             .map_err(driver_err("cuEventSynchronize"))?;
-        self.scratch.table_staging.reserve(words)?;
-        let staged = &mut bytemuck::cast_slice_mut::<u64, u8>(self.scratch.table_staging.as_mut_slice())[..bytes.len()];
+        self.scratch.table_staging[p].reserve(words)?;
+        let staged =
+            &mut bytemuck::cast_slice_mut::<u64, u8>(self.scratch.table_staging[p].as_mut_slice())
+                [..bytes.len()];
         staged.copy_from_slice(bytes);
         let entry = std::mem::size_of::<TableEntry>();
         // SAFETY: the table holds `slots` entries (reserved above); the
         // source is page-locked staging that is not touched again before
-        // `table_upload_done` (recorded right after) completes; the copy is
+        // `table_upload_done[p]` (recorded right after) completes; the copy is
         // ordered on the arena stream after the moves that produced these
         // offsets.
         unsafe {
@@ -862,10 +882,11 @@ impl Backend for CudaBackend {
             )
         }
         .map_err(driver_err("cuMemcpyHtoDAsync"))?;
-        self.scratch
-            .table_upload_done
+        self.scratch.table_upload_done[p]
             .record(&self.stream)
-            .map_err(driver_err("cuEventRecord"))
+            .map_err(driver_err("cuEventRecord"))?;
+        self.scratch.table_parity = 1 - p;
+        Ok(())
     }
 
     fn execute(&mut self, plan: &Plan) -> Result<()> {
@@ -877,12 +898,13 @@ impl Backend for CudaBackend {
             .bind_to_thread()
             .map_err(driver_err("cuCtxSetCurrent"))?;
         let (wave_words, words) = stage::wave_offsets(plan);
-        // The staging buffer must not change under the previous upload.
-        self.scratch
-            .upload_done
+        // This plan's staging buffer must not change under the uploads of
+        // the plan before last (the last plan's use the other buffer).
+        let p = self.scratch.parity;
+        self.scratch.upload_done[p]
             .synchronize()
             .map_err(driver_err("cuEventSynchronize"))?;
-        self.scratch.staging.reserve(words)?;
+        self.scratch.staging[p].reserve(words)?;
         self.scratch.moves.reserve(words * 8, false, &self.stream)?;
 
         let tile_shift = self.options.tile_bytes().trailing_zeros();
@@ -902,7 +924,7 @@ impl Backend for CudaBackend {
                 for (start, len) in stage::chunks(n) {
                     // Check and lay out this chunk while the GPU runs the last.
                     let tiles = {
-                        let words = &mut self.scratch.staging.as_mut_slice()[wo..];
+                        let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
                         let mut arrays = stage::wave_arrays(words, n)?;
                         stage::stage_chunk(
                             w,
@@ -924,7 +946,7 @@ impl Backend for CudaBackend {
                         s.epoch = 0;
                     }
                     let dev = s.moves.ptr + 8 * wo as u64;
-                    let staging: &[u8] = bytemuck::cast_slice(&s.staging.as_mut_slice()[wo..]);
+                    let staging: &[u8] = bytemuck::cast_slice(&s.staging[p].as_mut_slice()[wo..]);
                     // (byte offset in the wave's area, bytes) of the chunk in
                     // each of the four arrays.
                     let pieces = [
@@ -938,7 +960,7 @@ impl Backend for CudaBackend {
                         // (reserved above) at the same offsets as the
                         // page-locked staging buffer, and `off + bytes` lies
                         // inside this wave's area. The staging bytes are not
-                        // written again before `upload_done`, recorded after
+                        // written again before `upload_done[p]`, recorded after
                         // the last upload, has completed.
                         unsafe {
                             result::memcpy_htod_async(
@@ -1000,12 +1022,12 @@ impl Backend for CudaBackend {
             }
             Ok(())
         })();
-        // Whatever happened, the uploads enqueued so far read the staging
-        // buffer: the next plan waits for them.
-        self.scratch
-            .upload_done
+        // Whatever happened, the uploads enqueued so far read this staging
+        // buffer: the plan after next waits for them.
+        self.scratch.upload_done[p]
             .record(&self.stream)
             .map_err(driver_err("cuEventRecord"))?;
+        self.scratch.parity = 1 - p;
         result?;
 
         // Bring the error word home without waiting for it.
@@ -1080,8 +1102,12 @@ impl Drop for CudaBackend {
         for t in &mut self.scratch.retired_tables {
             t.release();
         }
-        self.scratch.table_staging.release();
-        self.scratch.staging.release();
+        for b in &mut self.scratch.table_staging {
+            b.release();
+        }
+        for b in &mut self.scratch.staging {
+            b.release();
+        }
         self.scratch.status.release();
         self.scratch.host_tier.release();
     }
