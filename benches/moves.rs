@@ -346,7 +346,7 @@ fn main() -> Result<()> {
 
     let mut shapes = vec![CudaOptions::default()];
     if sweep {
-        for (t, v) in [(256, 4), (512, 4)] {
+        for (t, v) in [(256, 4), (256, 8), (512, 4), (256, 16), (1024, 4)] {
             shapes.push(CudaOptions {
                 threads_per_cta: t,
                 vectors_per_thread: v,

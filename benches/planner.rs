@@ -43,9 +43,11 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(plan_full(black_box(blocks), cap)))
         });
         let (pinned, cap) = layout(n, 1000);
-        g.bench_with_input(BenchmarkId::new("pin_every_1000", n), &pinned, |b, blocks| {
-            b.iter(|| black_box(plan_full(black_box(blocks), cap)))
-        });
+        g.bench_with_input(
+            BenchmarkId::new("pin_every_1000", n),
+            &pinned,
+            |b, blocks| b.iter(|| black_box(plan_full(black_box(blocks), cap))),
+        );
     }
     g.finish();
 
@@ -53,7 +55,10 @@ fn bench(c: &mut Criterion) {
     g.sample_size(20);
     for n in [10_000usize, 100_000] {
         let (blocks, cap) = layout(n, 0);
-        let req = Request { size: 64 << 20, align: 256 };
+        let req = Request {
+            size: 64 << 20,
+            align: 256,
+        };
         g.throughput(Throughput::Elements(n as u64));
         g.bench_with_input(BenchmarkId::new("64MiB", n), &blocks, |b, blocks| {
             b.iter(|| black_box(plan_targeted(black_box(blocks), cap, req)))

@@ -34,16 +34,25 @@ fn run() -> cuarena::Result<()> {
                 let cap = 4u64 << 30;
                 let mut ours = Arena::cuda(ArenaConfig::new(cap), 0)?;
                 let mut base = Arena::cuda(ArenaConfig::new(cap), 0)?;
-                println!("backend: CUDA ({}), two arenas of {} each", ours.backend().device_name(), fmt_bytes(cap));
+                println!(
+                    "backend: CUDA ({}), two arenas of {} each",
+                    ours.backend().device_name(),
+                    fmt_bytes(cap)
+                );
                 return finish(&mut ours, &mut base, started);
             }
-            Err(reason) => println!("no CUDA GPU ({reason}): running on the host backend at a smaller size"),
+            Err(reason) => {
+                println!("no CUDA GPU ({reason}): running on the host backend at a smaller size")
+            }
         }
     }
     let cap = 256u64 << 20;
     let mut ours = Arena::host(ArenaConfig::new(cap))?;
     let mut base = Arena::host(ArenaConfig::new(cap))?;
-    println!("backend: host memory, two arenas of {} each", fmt_bytes(cap));
+    println!(
+        "backend: host memory, two arenas of {} each",
+        fmt_bytes(cap)
+    );
     finish(&mut ours, &mut base, started)
 }
 
@@ -63,7 +72,11 @@ fn finish<B: Backend, C: Backend>(
             blocks: r.map_before.clone(),
         },
         MemoryMap {
-            title: format!("after: {} moved, one {} tensor placed", fmt_bytes(r.bytes_moved()), fmt_bytes(r.request_bytes)),
+            title: format!(
+                "after: {} moved, one {} tensor placed",
+                fmt_bytes(r.bytes_moved()),
+                fmt_bytes(r.request_bytes)
+            ),
             capacity_bytes: r.after.capacity_bytes,
             blocks: r.map_after.clone(),
         },
@@ -82,7 +95,11 @@ fn finish<B: Backend, C: Backend>(
 fn print_report(r: &ScenarioReport) {
     let b = &r.before;
     println!("\nbefore the request (both arenas saw the same allocations):");
-    println!("  live tensors {:>10}   allocated {:>12}", b.live_blocks, fmt_bytes(b.allocated_bytes));
+    println!(
+        "  live tensors {:>10}   allocated {:>12}",
+        b.live_blocks,
+        fmt_bytes(b.allocated_bytes)
+    );
     println!(
         "  free {:>18}   largest hole {:>9}   fragmentation {:.1} %",
         fmt_bytes(b.free_bytes),
@@ -104,7 +121,7 @@ fn print_report(r: &ScenarioReport) {
         None => "no compaction needed",
     };
     println!(
-        "| cuarena                     | ok: {kind}, moved {} ({} blocks) in {:.2} ms",
+        "| cuarena                     | ok: {kind}, moved {} ({} blocks); the request took {:.2} ms of host time",
         fmt_bytes(r.bytes_moved()),
         r.after.moves - r.before.moves,
         r.request_time.as_secs_f64() * 1e3

@@ -124,8 +124,11 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
+        // 64 KiB tiles: measured best on an H200 across the three move
+        // benchmarks (a slide pays one flag wait per tile, so bigger tiles
+        // help it; 100,000 small blocks lose little). See BENCHMARKS.md.
         Self {
-            threads_per_cta: 256,
+            threads_per_cta: 512,
             vectors_per_thread: 8,
             ctas_per_sm: None,
         }
