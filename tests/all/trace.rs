@@ -604,3 +604,24 @@ fn steady_state_stress() {
         }
     }
 }
+
+/// Every real trace in the repo (recorded on an H100 with
+/// `scripts/pytorch_trace.py`) replays at its peak live bytes, and the
+/// arena's smallest capacity is within 0.1% of it.
+#[test]
+fn recorded_pickles_replay_at_peak_live() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for name in ["gpt2_varlen_h100.pickle.gz", "resnet50_varbatch_h100.pickle.gz"] {
+        let t = Trace::read(&dir.join(name)).expect("read");
+        let ops = t.ops(0);
+        assert!(ops.allocs > 1000, "{name}: {} allocs", ops.allocs);
+        let cap = ops.peak_live_rounded(256);
+        let r = replay(&ops, &ArenaConfig::new(cap)).expect("replay");
+        assert!(r.completed(), "{name}: {:?}", r.outcome);
+        let m = find_min_capacity(&ops, 256).expect("search");
+        assert!(m.ratio() <= 1.001, "{name}: ratio {}", m.ratio());
+        // A non-moving allocator of the same capacity fails on these traces.
+        let fixed = find_min_capacity_with(&ops, 256, Allocator::NonMoving).expect("search");
+        assert!(fixed.capacity_bytes > m.capacity_bytes, "{name}");
+    }
+}
