@@ -1140,7 +1140,7 @@ mod tests {
     #[test]
     fn options_are_checked() {
         assert!(CudaOptions::default().validate().is_ok());
-        assert_eq!(CudaOptions::default().tile_bytes(), 32 * 1024);
+        assert_eq!(CudaOptions::default().tile_bytes(), 64 * 1024);
         let bad = CudaOptions {
             threads_per_cta: 100,
             ..CudaOptions::default()
