@@ -611,7 +611,10 @@ fn steady_state_stress() {
 #[test]
 fn recorded_pickles_replay_at_peak_live() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    for name in ["gpt2_varlen_h100.pickle.gz", "resnet50_varbatch_h100.pickle.gz"] {
+    for name in [
+        "gpt2_varlen_h100.pickle.gz",
+        "resnet50_varbatch_h100.pickle.gz",
+    ] {
         let t = Trace::read(&dir.join(name)).expect("read");
         let ops = t.ops(0);
         assert!(ops.allocs > 1000, "{name}: {} allocs", ops.allocs);
