@@ -230,6 +230,10 @@ impl<B: Backend> Arena<B> {
     /// resolution that views and pointers are built from.
     /// [`Error::NotResident`] for a spilled block: call
     /// [`make_resident`](Arena::make_resident) first.
+    ///
+    /// The offset is a plain number and goes stale at the next call that
+    /// can compact; for kernels, take views (they borrow the arena, so no
+    /// compaction can happen while they live) or pin the block.
     pub fn resolve(&self, h: Handle) -> Result<u64> {
         let b = self.block(h)?;
         self.device_offset(b)
