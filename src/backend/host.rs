@@ -28,12 +28,8 @@ pub struct HostBackend {
 impl HostBackend {
     /// A zeroed region of `capacity_bytes`.
     pub fn new(capacity_bytes: u64) -> Result<Self> {
-        let len = usize::try_from(capacity_bytes).map_err(|_| crate::Error::TooLarge {
-            requested_bytes: capacity_bytes,
-            capacity_bytes: usize::MAX as u64,
-        })?;
         Ok(Self {
-            mem: vec![0; len],
+            mem: zeroed(capacity_bytes, "region")?,
             rng: 0x9E37_79B9_7F4A_7C15,
             chunk_bytes: 64,
             validate: true,
@@ -149,6 +145,19 @@ impl HostBackend {
     }
 }
 
+/// `bytes` zeroed host bytes, or an error (not an abort) when the host
+/// cannot provide them.
+fn zeroed(bytes: u64, what: &str) -> Result<Vec<u8>> {
+    let cannot = || crate::Error::InvalidConfig {
+        reason: format!("the host backend cannot allocate a {what} of {bytes} B in host memory"),
+    };
+    let len = usize::try_from(bytes).map_err(|_| cannot())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| cannot())?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
 impl Backend for HostBackend {
     fn capacity_bytes(&self) -> u64 {
         self.mem.len() as u64
@@ -179,11 +188,7 @@ impl Backend for HostBackend {
     }
 
     fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
-        let len = usize::try_from(bytes).map_err(|_| crate::Error::TooLarge {
-            requested_bytes: bytes,
-            capacity_bytes: usize::MAX as u64,
-        })?;
-        self.tier = vec![0; len];
+        self.tier = zeroed(bytes, "host tier")?;
         Ok(())
     }
 
