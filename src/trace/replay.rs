@@ -87,6 +87,26 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// True when every op ran.
+    pub fn is_completed(&self) -> bool {
+        matches!(self, Outcome::Completed)
+    }
+
+    /// The trace event at which the replay failed.
+    pub fn failed_event(&self) -> Option<u64> {
+        match self {
+            Outcome::Completed => None,
+            Outcome::Failed { event, .. } => Some(*event),
+        }
+    }
+}
+
+/// `wall` divided over `ops` ops (at least one).
+pub(crate) fn per_op(wall: Duration, ops: usize) -> Duration {
+    wall / u32::try_from(ops.max(1)).unwrap_or(u32::MAX)
+}
+
 /// What a replay did.
 #[derive(Debug, Clone)]
 pub struct ReplayReport {
@@ -123,21 +143,17 @@ pub struct ReplayReport {
 impl ReplayReport {
     /// True when every op ran.
     pub fn completed(&self) -> bool {
-        matches!(self.outcome, Outcome::Completed)
+        self.outcome.is_completed()
     }
 
     /// The trace event at which the replay failed.
     pub fn failed_event(&self) -> Option<u64> {
-        match self.outcome {
-            Outcome::Completed => None,
-            Outcome::Failed { event, .. } => Some(event),
-        }
+        self.outcome.failed_event()
     }
 
     /// Wall time per op run.
     pub fn time_per_op(&self) -> Duration {
-        let n = u32::try_from(self.ops_run.max(1)).unwrap_or(u32::MAX);
-        self.wall_time / n
+        per_op(self.wall_time, self.ops_run)
     }
 }
 

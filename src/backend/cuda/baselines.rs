@@ -85,21 +85,17 @@ pub struct BaselineReport {
 impl BaselineReport {
     /// True when every op ran.
     pub fn completed(&self) -> bool {
-        matches!(self.outcome, Outcome::Completed)
+        self.outcome.is_completed()
     }
 
     /// The trace event at which the replay failed.
     pub fn failed_event(&self) -> Option<u64> {
-        match self.outcome {
-            Outcome::Completed => None,
-            Outcome::Failed { event, .. } => Some(event),
-        }
+        self.outcome.failed_event()
     }
 
     /// Wall time per op run.
     pub fn time_per_op(&self) -> Duration {
-        let n = u32::try_from(self.ops_run.max(1)).unwrap_or(u32::MAX);
-        self.wall_time / n
+        crate::trace::replay::per_op(self.wall_time, self.ops_run)
     }
 }
 
