@@ -283,15 +283,12 @@ pub struct GpuReplayReport {
 impl GpuReplayReport {
     /// True when every op of every pass ran and every check passed.
     pub fn completed(&self) -> bool {
-        matches!(self.outcome, Outcome::Completed)
+        self.outcome.is_completed()
     }
 
     /// The trace event at which the replay failed.
     pub fn failed_event(&self) -> Option<u64> {
-        match self.outcome {
-            Outcome::Completed => None,
-            Outcome::Failed { event, .. } => Some(event),
-        }
+        self.outcome.failed_event()
     }
 
     /// The timed pass's device time moving over the trace's recorded wall
