@@ -36,9 +36,9 @@ use cuarena::backend::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use cuarena::backend::cuda::graph::{DeviceHandle, HandleArgs};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
+use cuarena::graph::{self, DeviceHandle, HandleArgs};
 use cuarena::{Arena, ArenaConfig, Error, Handle, Result};
 
 const MIB: u64 = 1 << 20;
@@ -190,7 +190,7 @@ fn resolve_bench(reps: usize) -> Result<()> {
     );
     let module = load_module(backend)?;
     let sms = backend.sm_count();
-    let table = HandleArgs::new(&mut arena)?;
+    let table = graph::handle_args(&mut arena)?;
     let handles = Args::Handles {
         table,
         c: DeviceHandle::from(c),

@@ -12,8 +12,8 @@
 use std::time::Instant;
 
 use cuarena::backend::Backend;
-use cuarena::scenario::{self, ScenarioReport};
-use cuarena::viz::{memory_map_svg, MemoryMap};
+use cuarena::tools::scenario::{self, ScenarioReport};
+use cuarena::tools::viz::{memory_map_svg, MemoryMap};
 use cuarena::{fmt_bytes, Arena, ArenaConfig};
 
 fn main() {
@@ -23,7 +23,7 @@ fn main() {
     }
 }
 
-fn run() -> cuarena::Result<()> {
+fn run() -> cuarena::tools::Result<()> {
     println!("cuarena demo: a training loop with variable batch sizes, then one big tensor\n");
     let started = Instant::now();
     #[cfg(feature = "cuda")]
@@ -60,7 +60,7 @@ fn finish<B: Backend, C: Backend>(
     ours: &mut Arena<B>,
     base: &mut Arena<C>,
     started: Instant,
-) -> cuarena::Result<()> {
+) -> cuarena::tools::Result<()> {
     let steps = 300;
     println!("running {steps} steps (batch sizes 8..128, 6 activations a step, long-lived cache tensors expiring at random)...");
     let r = scenario::run(ours, base, steps, &mut |line| println!("{line}"))?;

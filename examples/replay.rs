@@ -12,9 +12,9 @@
 //!
 //! Without `--gpu` the program runs on metadata-only arenas (placement and
 //! planning, no bytes). With `--gpu` it replays on a CUDA arena with real
-//! bytes and moves (`cuarena::trace::gpu`), at `--capacity` or by default at
+//! bytes and moves (`cuarena::tools::gpu::replay`), at `--capacity` or by default at
 //! the smallest capacity the metadata search finds, and runs the real
-//! baselines in the same process (`cuarena::backend::cuda::baselines`): a
+//! baselines in the same process (`cuarena::tools::gpu::baselines`): a
 //! CUDA memory pool capped at the arena's capacity, its own smallest
 //! completing capacity, and plain `cuMemAlloc` / `cuMemFree`. It prints one
 //! table, and exits non-zero when there is no GPU or when a pattern check
@@ -24,11 +24,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cuarena::trace::{
+use cuarena::tools::trace::{
     find_min_capacity_with, replay_prefix, replay_with, Allocator, FreePoint, Ops, Outcome,
     ReplayOptions, ReplayReport, Trace,
 };
-use cuarena::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
+use cuarena::tools::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
 use cuarena::{fmt_bytes, ArenaConfig};
 
 const USAGE: &str = "\
@@ -494,15 +494,18 @@ mod gpu {
 mod gpu {
     use std::time::Duration;
 
-    use cuarena::backend::cuda::baselines::{
+    use cuarena::backend::cuda::CudaBackend;
+    use cuarena::tools::gpu::baselines::{
         find_min_pool_capacity, replay_cu_mem_alloc, replay_pool, BaselineReport, PoolOptions,
     };
-    use cuarena::backend::cuda::CudaBackend;
-    use cuarena::trace::gpu::{
+    use cuarena::tools::gpu::replay::{
         replay_gpu, CheckSampling, GpuReplayOptions, GpuReplayReport, PassReport,
     };
-    use cuarena::trace::{find_min_capacity, replay_with, Allocator, Outcome, ReplayOptions};
-    use cuarena::viz::timeline_svg;
+    use cuarena::tools::trace::{
+        find_min_capacity, replay_with, Allocator, Outcome, ReplayOptions,
+    };
+    use cuarena::tools::viz::timeline_svg;
+    use cuarena::tools::ToolError;
     use cuarena::{fmt_bytes, ArenaConfig, Error};
 
     use super::{capacity_bytes, file_name, load, write_file, write_map, Args, Loaded};
@@ -971,7 +974,7 @@ mod gpu {
         match &g.outcome {
             Outcome::Completed => Ok(()),
             Outcome::Failed {
-                error: Error::OutOfMemory { .. } | Error::TooLarge { .. },
+                error: ToolError::Arena(Error::OutOfMemory { .. } | Error::TooLarge { .. }),
                 event,
                 ..
             } => {
@@ -987,7 +990,7 @@ mod gpu {
     }
 
     /// Last minus first `time_us` of the trace's events on `device`.
-    fn trace_wall_time(trace: &cuarena::trace::Trace, device: u32) -> Duration {
+    fn trace_wall_time(trace: &cuarena::tools::trace::Trace, device: u32) -> Duration {
         let mut it = trace.events.iter().filter(|e| e.device == device);
         let first = it.next().map(|e| e.time_us);
         let last = it.next_back().map(|e| e.time_us).or(first);

@@ -226,25 +226,4 @@ pub enum Error {
         /// The failure that poisoned it.
         reason: String,
     },
-
-    /// A verification found bytes that are not what was written: a tensor
-    /// lost its data (reported by the replay and demo checks, never expected).
-    #[error("data mismatch: {mismatched_words} words of {what} do not hold what was written")]
-    DataMismatch {
-        /// Which tensor or check.
-        what: String,
-        /// 32-bit words that differ.
-        mismatched_words: u64,
-    },
-
-    /// A trace file could not be read or parsed.
-    #[error("trace {path}: record {record}: {message}")]
-    Trace {
-        /// File being read.
-        path: String,
-        /// 1-based line (CSV) or event index (pickle) at fault; 0 for the whole file.
-        record: u64,
-        /// What is wrong.
-        message: String,
-    },
 }

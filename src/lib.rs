@@ -1,7 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
-#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+#![deny(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
+// The core: no module here imports from `tools`.
 mod arena;
 pub mod backend;
 pub mod config;
@@ -9,10 +12,13 @@ pub mod error;
 mod handle;
 pub mod placement;
 pub mod plan;
-pub mod scenario;
-pub mod trace;
-pub mod viz;
 
+// Beside the core (feature `tools`): trace readers, replays, pictures.
+#[cfg(feature = "tools")]
+pub mod tools;
+
+#[cfg(feature = "cuda")]
+pub use arena::cuda::graph;
 pub use arena::{fmt_bytes, Arena, CompactionReport, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use error::{Error, Result};

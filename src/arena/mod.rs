@@ -11,6 +11,8 @@
 //! the table may disagree, so the arena poisons itself and every later call
 //! returns [`Error::Poisoned`].
 
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 mod spill;
 mod stats;
 

@@ -13,7 +13,9 @@
 mod host;
 mod meta;
 
+// The one module that talks to the driver, and the only one allowed `unsafe`.
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
 pub mod cuda;
 
 pub use host::HostBackend;

@@ -791,9 +791,9 @@ fn random_arena_programs_keep_every_byte_on_cuda() {
 /// corrupted block is caught; the capped pool baseline runs on the same ops.
 #[test]
 fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
-    use cuarena::trace::gpu::{replay_gpu, GpuReplayOptions};
-    use cuarena::trace::replay::Outcome;
-    use cuarena::trace::{Op, Ops};
+    use cuarena::tools::gpu::replay::{replay_gpu, GpuReplayOptions};
+    use cuarena::tools::trace::replay::Outcome;
+    use cuarena::tools::trace::{Op, Ops};
     if !gpu_available() {
         return;
     }
@@ -837,16 +837,16 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
         matches!(
             r.outcome,
             Outcome::Failed {
-                error: Error::DataMismatch { .. },
+                error: cuarena::tools::ToolError::DataMismatch { .. },
                 ..
             }
         ),
         "{:?}",
         r.outcome
     );
-    let pool = cuarena::backend::cuda::baselines::replay_pool(
+    let pool = cuarena::tools::gpu::baselines::replay_pool(
         &ops,
-        &cuarena::backend::cuda::baselines::PoolOptions {
+        &cuarena::tools::gpu::baselines::PoolOptions {
             ordinal: 0,
             max_size_bytes: 2 * cap,
             record_reserved: false,

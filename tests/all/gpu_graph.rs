@@ -1,5 +1,5 @@
 //! GPU tests of device-side handle resolution and CUDA graphs
-//! (`cuarena::backend::cuda::graph`): a graph of several kernels that read
+//! (`cuarena::graph`): a graph of several kernels that read
 //! and write arena tensors through handles is captured once, replayed,
 //! and replayed again after compactions (full and targeted) that move
 //! those tensors, with unrelated allocations, frees and uploads between
@@ -17,8 +17,8 @@ use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use cuarena::backend::cuda::graph::{self, ArenaGraph};
 use cuarena::backend::cuda::CudaBackend;
+use cuarena::graph::{self, ArenaGraph};
 use cuarena::{Arena, ArenaConfig, Error, Handle};
 
 const KIB: u64 = 1 << 10;
@@ -219,9 +219,11 @@ fn capture_handles(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> 
         // and writes n floats of acc, reads n of t2 and one u32 of err.
         // Every block holds n floats (err one u32).
         unsafe {
-            cap.launch(&k.h_add, cfg(), [t.t1, t.a, t.b], &n)?;
-            cap.launch(&k.h_mul, cfg(), [t.t2, t.t1, t.c], &n)?;
-            cap.launch(&k.h_accumulate, cfg(), [t.acc, t.t2, t.err], &n)
+            cap.prepare([t.t1, t.a, t.b])?.launch(&k.h_add, cfg(), &n)?;
+            cap.prepare([t.t2, t.t1, t.c])?
+                .launch(&k.h_mul, cfg(), &n)?;
+            cap.prepare([t.acc, t.t2, t.err])?
+                .launch(&k.h_accumulate, cfg(), &n)
         }
     })
     .expect("capture through handles")
@@ -373,8 +375,9 @@ fn graph_through_handles_survives_compactions() {
 
     // The same kernel launched from Rust outside a graph.
     // SAFETY: as in capture_handles.
-    unsafe { graph::launch_on_arena(&mut arena, &k.h_add, cfg(), [t.t1, t.b, t.c], &(N as u32)) }
-        .expect("launch_on_arena");
+    let prepared = graph::launch_args(&mut arena, [t.t1, t.b, t.c]).expect("launch_args");
+    // SAFETY: as in capture_handles.
+    unsafe { prepared.launch(&k.h_add, cfg(), &(N as u32)) }.expect("launch");
     let want: Vec<f32> = m.b.iter().zip(&m.c).map(|(b, c)| b + c).collect();
     assert_eq!(
         mismatches(&arena.download::<f32>(t.t1).expect("t1"), &want),
@@ -452,7 +455,7 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
     let capture = |arena: &mut Arena<CudaBackend>, slots: usize| {
         ArenaGraph::capture_reserving(arena, slots, |cap| {
             // SAFETY: h_add writes n floats of out, reads n of x and y.
-            unsafe { cap.launch(&k.h_add, cfg(), [out, x, y], &nu) }
+            unsafe { cap.prepare([out, x, y])?.launch(&k.h_add, cfg(), &nu) }
         })
         .expect("capture")
     };
@@ -507,7 +510,7 @@ fn replay_brings_spilled_handles_back() {
     let nu = n as u32;
     let g = ArenaGraph::capture(&mut arena, |cap| {
         // SAFETY: h_add writes n floats of out, reads n of x and y.
-        unsafe { cap.launch(&k.h_add, cfg(), [out, x, y], &nu) }
+        unsafe { cap.prepare([out, x, y])?.launch(&k.h_add, cfg(), &nu) }
     })
     .expect("capture");
     g.launch(&mut arena).expect("replay");

@@ -1,8 +1,14 @@
 //! All integration tests in one binary (one link, one run), a module per topic.
+//! Modules that need the CUDA backend or the tools are compiled only with
+//! those features, so `cargo test --no-default-features` runs the core's.
 mod arena;
+#[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu;
+#[cfg(feature = "cuda")]
 mod gpu_graph;
+#[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu_spill;
 mod model;
 mod spill;
+#[cfg(feature = "tools")]
 mod trace;

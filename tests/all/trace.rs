@@ -6,12 +6,13 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cuarena::trace::{
+use cuarena::tools::trace::{
     find_min_capacity, find_min_capacity_with, replay, replay_with, Action, Allocator, FreePoint,
     Op, Ops, ReplayOptions, Trace, TraceFormat,
 };
-use cuarena::viz::{memory_map_svg, timeline_svg, MemoryMap, Sample, Timeline};
-use cuarena::{ArenaConfig, Error};
+use cuarena::tools::viz::{memory_map_svg, timeline_svg, MemoryMap, Sample, Timeline};
+use cuarena::tools::ToolError;
+use cuarena::ArenaConfig;
 use serde_pickle::{HashableValue, Value};
 
 /// A fresh directory under the system temp dir, unique per test and process.
@@ -191,9 +192,9 @@ fn pickle_fixture_in_pytorch_layout() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn record_of(r: Result<Trace, Error>) -> (u64, String) {
+fn record_of(r: Result<Trace, ToolError>) -> (u64, String) {
     match r {
-        Err(Error::Trace {
+        Err(ToolError::Trace {
             record, message, ..
         }) => (record, message),
         other => panic!("expected a trace error, got {other:?}"),

@@ -17,9 +17,10 @@ use super::ops::{round_up, Op, Ops};
 use crate::arena::Arena;
 use crate::backend::MetaBackend;
 use crate::config::{ArenaConfig, CompactionPolicy};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::handle::Handle;
-use crate::viz::{Sample, Timeline};
+use crate::tools::viz::{Sample, Timeline};
+use crate::tools::{Result, ToolError};
 
 /// Which allocator a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,8 +83,8 @@ pub enum Outcome {
         op: usize,
         /// Index of its trace event ([`Ops::event_index`]).
         event: u64,
-        /// What the arena said.
-        error: Error,
+        /// What the arena (or a check) said.
+        error: ToolError,
     },
 }
 
@@ -275,7 +276,7 @@ fn run_op(
             Ok(())
         }
         Op::Free { id } => match handles.get_mut(id as usize).and_then(Option::take) {
-            Some(h) => arena.free(h),
+            Some(h) => Ok(arena.free(h)?),
             None => Ok(()),
         },
     }
@@ -401,7 +402,8 @@ pub fn find_min_capacity_with(ops: &Ops, align: u64, allocator: Allocator) -> Re
         return Err(Error::InvalidAlignment {
             align_bytes: align,
             max_align_bytes: crate::config::MAX_ALIGN,
-        });
+        }
+        .into());
     }
     let base = ArenaConfig::new(align).with_alignment_bytes(align);
     let lower = round_up(ops.peak_live_rounded(align).max(align), align);
@@ -442,7 +444,7 @@ pub fn find_min_capacity_with(ops: &Ops, align: u64, allocator: Allocator) -> Re
         if cap > limit || cap == u64::MAX {
             return Err(match last.outcome {
                 Outcome::Failed { error, .. } => error,
-                Outcome::Completed => Error::InvalidConfig {
+                Outcome::Completed => ToolError::Usage {
                     reason: "capacity search ran out of range".into(),
                 },
             });
@@ -528,7 +530,7 @@ mod tests {
         match fixed.outcome {
             Outcome::Failed { op, event, error } => {
                 assert_eq!((op, event), (6, 6));
-                assert!(matches!(error, Error::OutOfMemory { .. }));
+                assert!(matches!(error, ToolError::Arena(Error::OutOfMemory { .. })));
             }
             Outcome::Completed => panic!("non-moving cannot fit 512 B in two 256 B holes"),
         }

@@ -1,106 +1,22 @@
 //! CUDA-only methods of [`Arena`]: construction, typed views usable as
 //! kernel arguments, pinned pointers, stream joins and typed transfers.
-//!
-//! Built only on the arena's public API (plus `backend_mut`), so the arena
-//! core knows nothing about CUDA.
+//! They live on the arena side: the backend knows byte ranges of its
+//! region, never handles or blocks.
 
-use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
+pub mod graph;
+
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchArgs, PushKernelArg,
-};
+use cudarc::driver::{CudaStream, CudaView};
 
-use super::{driver_err, CudaBackend, CudaCapacity, CudaOptions};
 use crate::arena::Arena;
-use crate::backend::Backend;
+use crate::backend::cuda::{
+    driver_err, ArenaViewMut, CudaBackend, CudaCapacity, CudaOptions, IoViews,
+};
 use crate::config::ArenaConfig;
 use crate::error::{Error, Result};
 use crate::handle::{ElemType, Handle};
-
-/// A mutable view of one block as `len` elements of `T`, borrowing the
-/// arena mutably: no compaction, allocation, free or transfer can happen
-/// while it lives, so the block stays where the view points.
-///
-/// Pass `&mut view` straight to cudarc's launch builder, or take a
-/// [`CudaViewMut`] with [`as_view_mut`](ArenaViewMut::as_view_mut) for
-/// cudarc's copy functions.
-///
-/// The view carries cudarc events of its own: a kernel launched with it on
-/// any stream records them, and dropping the view makes the arena stream
-/// wait for that work (so the block is not moved or reused under it).
-/// Raw pointers taken from the view get no such tracking; see the stream
-/// contract on [`Arena<CudaBackend>`](Arena#impl-Arena<CudaBackend>).
-#[derive(Debug)]
-pub struct ArenaViewMut<'a, T> {
-    /// An alias of the block's bytes; never freed (see `Drop`).
-    slice: ManuallyDrop<CudaSlice<T>>,
-    _arena: PhantomData<&'a mut ()>,
-}
-
-impl<T> ArenaViewMut<'_, T> {
-    /// Elements in the view.
-    pub fn len(&self) -> usize {
-        self.slice.len()
-    }
-
-    /// True for a view of no elements (never: blocks hold at least one byte).
-    pub fn is_empty(&self) -> bool {
-        self.slice.is_empty()
-    }
-
-    /// The view as a cudarc mutable view (for copies and slicing).
-    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        self.slice.as_view_mut()
-    }
-
-    /// The view as a cudarc view.
-    pub fn as_view(&self) -> CudaView<'_, T> {
-        self.slice.as_view()
-    }
-
-    /// Device address of the first element (valid while the view lives).
-    pub fn device_address(&self) -> u64 {
-        let (ptr, _record) = self.slice.device_ptr(self.slice.stream());
-        ptr
-    }
-}
-
-impl<T> Drop for ArenaViewMut<'_, T> {
-    fn drop(&mut self) {
-        // SAFETY: `slice` is taken exactly once, here. `leak` makes the
-        // arena stream wait for the recorded uses of the view and hands the
-        // address back without freeing it: the bytes belong to the region.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        let _ = slice.leak();
-    }
-}
-
-// SAFETY: pushes the aliased slice exactly as cudarc pushes a
-// `&mut CudaSlice<T>` (its device pointer, and its events for cudarc's
-// stream tracking); the reference outlives the launch builder ('b: 'a).
-unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b mut ArenaViewMut<'c, T>> for LaunchArgs<'a> {
-    #[inline(always)]
-    fn arg(&mut self, arg: &'b mut ArenaViewMut<'c, T>) -> &mut Self {
-        let slice: &'b mut CudaSlice<T> = &mut arg.slice;
-        self.arg(slice)
-    }
-}
-
-// SAFETY: as above, pushed as a read-only `&CudaSlice<T>`.
-unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b ArenaViewMut<'c, T>> for LaunchArgs<'a> {
-    #[inline(always)]
-    fn arg(&mut self, arg: &'b ArenaViewMut<'c, T>) -> &mut Self {
-        let slice: &'b CudaSlice<T> = &arg.slice;
-        self.arg(slice)
-    }
-}
-
-/// Input views and output views for a kernel, from [`Arena::views_io`].
-pub type IoViews<'a, I, O, const M: usize, const N: usize> =
-    ([CudaView<'a, I>; M], [ArenaViewMut<'a, O>; N]);
 
 /// # The stream contract
 ///
@@ -175,15 +91,8 @@ impl Arena<CudaBackend> {
             });
         }
         // Counted as a use for the spill policy.
+        // Alignment and bounds are the backend's checks, when it makes the view.
         let offset = self.resolve(h)?;
-        let address = self.backend().region_ptr() + offset;
-        if address % std::mem::align_of::<T>() as u64 != 0 {
-            return Err(Error::MisalignedView {
-                offset,
-                requested_type,
-                elem_align_bytes: std::mem::align_of::<T>() as u64,
-            });
-        }
         let len = usize::try_from(info.size_bytes / elem).map_err(|_| Error::TooLarge {
             requested_bytes: info.size_bytes,
             capacity_bytes: usize::MAX as u64,
@@ -200,22 +109,7 @@ impl Arena<CudaBackend> {
     /// block (call [`make_resident`](Arena::make_resident) first).
     pub fn view<T: Pod>(&self, h: Handle) -> Result<CudaView<'_, T>> {
         let (offset, len) = self.typed_range::<T>(h)?;
-        let bytes = len * std::mem::size_of::<T>();
-        let start = offset as usize;
-        let out_of_bounds = || Error::OutOfBounds {
-            offset,
-            len: bytes as u64,
-            capacity_bytes: self.backend().capacity_bytes(),
-        };
-        let bytes_view = self
-            .backend()
-            .region()
-            .try_slice(start..start + bytes)
-            .ok_or_else(out_of_bounds)?;
-        // SAFETY: `T: Pod`, so any bytes are a valid `T`; the view covers
-        // exactly the block's whole elements, at an address aligned for `T`
-        // (checked in typed_range).
-        unsafe { bytes_view.transmute::<T>(len) }.ok_or_else(out_of_bounds)
+        self.backend().view::<T>(offset, len)
     }
 
     /// A mutable view of block `h` as `T`s (same checks as [`view`](Arena::view)).
@@ -248,39 +142,15 @@ impl Arena<CudaBackend> {
                 return Err(Error::AliasedViews { output: k });
             }
         }
-        let this: &Self = self;
-        // Check everything before making any view.
-        let mut ranges = [(0u64, 0usize); N];
-        for (r, &h) in ranges.iter_mut().zip(outputs.iter()) {
-            *r = this.typed_range::<O>(h)?;
+        let mut in_ranges = [(0u64, 0usize); M];
+        for (r, &h) in in_ranges.iter_mut().zip(inputs.iter()) {
+            *r = self.typed_range::<I>(h)?;
         }
-        let mut ins = Vec::with_capacity(M);
-        for &h in &inputs {
-            ins.push(this.view::<I>(h)?);
+        let mut out_ranges = [(0u64, 0usize); N];
+        for (r, &h) in out_ranges.iter_mut().zip(outputs.iter()) {
+            *r = self.typed_range::<O>(h)?;
         }
-        let stream = this.backend().stream();
-        let base = this.backend().region_ptr();
-        let outs = ranges.map(|(offset, len)| {
-            // SAFETY: the block's whole elements lie in the region at
-            // `base + offset` (typed_range), aligned for `O`, and `O: Pod`.
-            // The alias never frees the memory (ArenaViewMut::drop leaks
-            // it), and the `&mut self` borrow the view carries keeps the
-            // block from moving, being freed or being viewed again.
-            let slice = unsafe { stream.upgrade_device_ptr::<O>(base + offset, len) };
-            ArenaViewMut {
-                slice: ManuallyDrop::new(slice),
-                _arena: PhantomData,
-            }
-        });
-        let ins: [CudaView<'_, I>; M] = match ins.try_into() {
-            Ok(a) => a,
-            Err(_) => {
-                return Err(Error::InvalidConfig {
-                    reason: "internal: input views".to_string(),
-                })
-            }
-        };
-        Ok((ins, outs))
+        self.backend_mut().views_io(in_ranges, out_ranges)
     }
 
     /// Device address of a pinned block, valid until its last

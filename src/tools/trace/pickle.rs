@@ -13,15 +13,15 @@
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::{Action, TraceEvent};
-use crate::error::{Error, Result};
+use crate::tools::{Result, ToolError};
 
 /// Stack for the decoding thread. `serde-pickle` converts nested values
 /// recursively, so a deeply nested (hostile or broken) pickle could overflow
 /// a normal thread's stack; this is address space, committed only as used.
 const DECODE_STACK_BYTES: usize = 512 << 20;
 
-fn err(source: &str, record: u64, message: String) -> Error {
-    Error::Trace {
+fn err(source: &str, record: u64, message: String) -> ToolError {
+    ToolError::Trace {
         path: source.to_owned(),
         record,
         message,
@@ -269,7 +269,7 @@ mod tests {
         b.push(b'.');
         assert!(matches!(
             parse(&b, "p"),
-            Err(Error::Trace { record: 0, .. })
+            Err(ToolError::Trace { record: 0, .. })
         ));
     }
 
@@ -278,11 +278,11 @@ mod tests {
         let list = serde_pickle::value_to_vec(&Value::List(vec![]), Default::default()).unwrap();
         assert!(matches!(
             parse(&list, "p"),
-            Err(Error::Trace { record: 0, .. })
+            Err(ToolError::Trace { record: 0, .. })
         ));
         let bytes = snapshot(vec![vec![event("alloc", 1, 2), event("alloc", -1, 2)]]);
         match parse(&bytes, "p") {
-            Err(Error::Trace {
+            Err(ToolError::Trace {
                 record, message, ..
             }) => {
                 assert_eq!(record, 2);
@@ -292,7 +292,7 @@ mod tests {
         }
         assert!(matches!(
             parse(&[0x80, 0x04, 0x95], "p"),
-            Err(Error::Trace { record: 0, .. })
+            Err(ToolError::Trace { record: 0, .. })
         ));
     }
 }

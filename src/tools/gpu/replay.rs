@@ -9,7 +9,7 @@
 //! counter). Compactions move the bytes with the arena's own kernels in
 //! between, so a move that loses, overlaps or misplaces a byte shows up as
 //! a mismatch. Any mismatch fails the replay ([`Outcome::Failed`] with
-//! [`Error::DataMismatch`] naming the first free whose check failed).
+//! [`ToolError::DataMismatch`] naming the first free whose check failed).
 //!
 //! # Sampling
 //!
@@ -51,15 +51,15 @@
 
 use std::time::{Duration, Instant};
 
-use super::ops::{round_up, Op, Ops};
-use super::Outcome;
 use crate::arena::Arena;
 use crate::backend::cuda::cudarc::driver::{sys, CudaEvent};
-use crate::backend::cuda::pattern::{CheckRange, PatternKernels};
 use crate::backend::cuda::{driver_err, CudaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::handle::Handle;
+use crate::tools::gpu::pattern::{CheckRange, PatternKernels};
+use crate::tools::trace::{round_up, Op, Ops, Outcome};
+use crate::tools::{Result, ToolError};
 use crate::Stats;
 
 /// How much of each tensor a GPU replay reads back at its free.
@@ -354,7 +354,7 @@ impl Run<'_> {
             .backend()
             .context()
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(driver_err("cuEventCreate"))
+            .map_err(|e| driver_err("cuEventCreate")(e).into())
     }
 
     fn tag(&self, i: usize) -> u32 {
@@ -490,7 +490,7 @@ impl Run<'_> {
                 outcome = Outcome::Failed {
                     op: i,
                     event: ops.event_index.get(i).copied().unwrap_or(i as u64),
-                    error,
+                    error: error.into(),
                 };
                 break;
             }
@@ -512,7 +512,7 @@ impl Run<'_> {
             outcome = Outcome::Failed {
                 op,
                 event: ops.event_index.get(op).copied().unwrap_or(op as u64),
-                error,
+                error: error.into(),
             };
         }
         // Empty the arena for the next pass (after the checks above, in
@@ -632,7 +632,7 @@ pub fn replay_gpu(
             outcome = Outcome::Failed {
                 op,
                 event,
-                error: Error::DataMismatch {
+                error: ToolError::DataMismatch {
                     what: format!("the tensors checked ({what} in pass {pass} failed first)"),
                     mismatched_words,
                 },
@@ -693,9 +693,9 @@ mod tests {
     fn compaction_prediction_is_exact_on_a_real_trace() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/resnet50_varbatch_h100.pickle.gz");
-        let trace = crate::trace::Trace::read(&path).unwrap();
+        let trace = crate::tools::trace::Trace::read(&path).unwrap();
         let ops = trace.ops(0);
-        let cap = crate::trace::find_min_capacity(&ops, 256)
+        let cap = crate::tools::trace::find_min_capacity(&ops, 256)
             .unwrap()
             .capacity_bytes;
         let mut arena = Arena::metadata(ArenaConfig::new(cap)).unwrap();
@@ -738,6 +738,9 @@ mod tests {
             &ArenaConfig::new(1 << 20),
             &GpuReplayOptions::default(),
         );
-        assert!(matches!(r, Err(Error::NoDevice { .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(ToolError::Arena(Error::NoDevice { .. }))),
+            "{r:?}"
+        );
     }
 }

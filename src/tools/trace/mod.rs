@@ -14,12 +14,10 @@
 //! Reading is pure: [`Trace`] holds the events, [`Trace::ops`] pairs allocs
 //! with frees into an [`Ops`] program, and [`replay()`] runs a program against a
 //! metadata-only arena. Malformed input of any kind is an
-//! [`Error::Trace`] naming the file and the 1-based line (CSV) or event
+//! [`crate::tools::ToolError::Trace`] naming the file and the 1-based line (CSV) or event
 //! (pickle); nothing here panics on bad input.
 
 mod csv;
-#[cfg(feature = "cuda")]
-pub mod gpu;
 mod ops;
 mod pickle;
 pub mod replay;
@@ -27,8 +25,10 @@ pub mod replay;
 use std::io::Read;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::tools::{Result, ToolError};
 
+#[cfg(feature = "cuda")]
+pub(crate) use ops::round_up;
 pub use ops::{FreePoint, Op, Ops};
 pub use replay::{
     find_min_capacity, find_min_capacity_with, replay, replay_prefix, replay_with, Allocator,
@@ -151,7 +151,7 @@ impl Trace {
     /// `0x80`) or a CSV (header `action,addr,size,stream,time_us`).
     pub fn read(path: &Path) -> Result<Trace> {
         let source = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::Trace {
+        let bytes = std::fs::read(path).map_err(|e| ToolError::Trace {
             path: source.clone(),
             record: 0,
             message: format!("cannot read file: {e}"),
@@ -167,7 +167,7 @@ impl Trace {
             // MultiGzDecoder: `cat a.gz b.gz` is a valid gzip file too.
             flate2::read::MultiGzDecoder::new(bytes)
                 .read_to_end(&mut raw)
-                .map_err(|e| Error::Trace {
+                .map_err(|e| ToolError::Trace {
                     path: source.to_owned(),
                     record: 0,
                     message: format!("gzip: {e}"),
@@ -182,14 +182,14 @@ impl Trace {
         match bytes.first() {
             Some(&PICKLE_PROTO) => Trace::from_pickle_bytes(bytes, source),
             Some(_) if csv::looks_like_csv(bytes) => Trace::from_csv_reader(bytes, source),
-            Some(_) => Err(Error::Trace {
+            Some(_) => Err(ToolError::Trace {
                 path: source.to_owned(),
                 record: 0,
                 message: "unrecognized format: neither a pickle (first byte 0x80) nor a CSV \
                           starting with `action,addr,size,stream,time_us`"
                     .to_owned(),
             }),
-            None => Err(Error::Trace {
+            None => Err(ToolError::Trace {
                 path: source.to_owned(),
                 record: 0,
                 message: "empty file".to_owned(),
@@ -201,11 +201,13 @@ impl Trace {
     /// errors, whose `record` is the 1-based line.
     pub fn from_csv_reader<R: Read>(mut reader: R, source: &str) -> Result<Trace> {
         let mut bytes = Vec::new();
-        reader.read_to_end(&mut bytes).map_err(|e| Error::Trace {
-            path: source.to_owned(),
-            record: 0,
-            message: format!("read error: {e}"),
-        })?;
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|e| ToolError::Trace {
+                path: source.to_owned(),
+                record: 0,
+                message: format!("read error: {e}"),
+            })?;
         let events = csv::parse(&bytes, source)?;
         Ok(Trace {
             source: source.to_owned(),
@@ -299,16 +301,16 @@ mod tests {
         assert_eq!(t.events.len(), 1);
         assert!(matches!(
             Trace::from_bytes(b"hello", "x"),
-            Err(Error::Trace { record: 0, .. })
+            Err(ToolError::Trace { record: 0, .. })
         ));
         assert!(matches!(
             Trace::from_bytes(b"", "x"),
-            Err(Error::Trace { record: 0, .. })
+            Err(ToolError::Trace { record: 0, .. })
         ));
         // Truncated gzip.
         assert!(matches!(
             Trace::from_bytes(&[0x1f, 0x8b, 8, 0], "x"),
-            Err(Error::Trace { record: 0, .. })
+            Err(ToolError::Trace { record: 0, .. })
         ));
     }
 

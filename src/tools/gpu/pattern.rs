@@ -1,5 +1,5 @@
 //! Pattern fill and check kernels for the GPU trace replay
-//! ([`crate::trace::gpu`]), from `kernels/pattern.cu`.
+//! ([`crate::tools::gpu::replay`]), from `kernels/pattern.cu`.
 //!
 //! Word `w` of a tensor with id `id` holds a hash of `(id, w)`: the pattern
 //! depends on the position inside the tensor, so a correct move keeps it,
@@ -20,8 +20,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use super::{driver_err, CudaBackend};
 use crate::arena::Arena;
+use crate::backend::cuda::{driver_err, CudaBackend};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 

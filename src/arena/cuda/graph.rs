@@ -12,11 +12,11 @@
 //!
 //! # The pieces
 //!
-//! - [`HandleArgs`]: the region's base, the table's address and its slot
+//! - [`HandleArgs`] ([`handle_args`]): the region's base, the table's address and its slot
 //!   count, passed by value as one `CuarenaTable` kernel argument.
 //! - [`DeviceHandle`]: a handle as the `u64` a kernel takes
 //!   ([`Handle::to_bits`]).
-//! - [`launch_with_handles`] / [`launch_on_arena`]: launch a kernel of the
+//! - [`launch_args`] then [`PreparedLaunch::launch`]: launch a kernel of the
 //!   form `kernel(CuarenaTable t, u64 h0, .., u64 hN-1, P params)`.
 //! - [`ArenaGraph`]: captures kernels launched on the arena stream into a
 //!   CUDA graph, and replays it with [`ArenaGraph::launch`], which first
@@ -49,7 +49,7 @@
 //!
 //! ```no_run
 //! use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
-//! use cuarena::backend::cuda::graph::ArenaGraph;
+//! use cuarena::graph::ArenaGraph;
 //! use cuarena::{Arena, ArenaConfig};
 //! # fn kernel() -> CudaFunction { unimplemented!() }
 //!
@@ -60,7 +60,7 @@
 //! let cfg = LaunchConfig::for_num_elems(1024);
 //! let graph = ArenaGraph::capture(&mut arena, |cap| {
 //!     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
-//!     unsafe { cap.launch(&double_it, cfg, [y, x], &1024u32) }
+//!     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
 //! })?;
 //! graph.launch(&mut arena)?; // y = 2x
 //! arena.compact()?; // may move x and y
@@ -71,12 +71,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{
-    CudaFunction, CudaGraph, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaGraph, CudaStream};
 
-use super::{driver_err, CudaBackend};
 use crate::arena::Arena;
+use crate::backend::cuda::{driver_err, CudaBackend};
+pub use crate::backend::cuda::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 
@@ -84,66 +83,27 @@ use crate::handle::Handle;
 /// (65,536 slots, 1 MiB): enough for that many blocks live at once.
 pub const DEFAULT_RESERVED_SLOTS: usize = 1 << 16;
 
-/// The handle table as one kernel argument: mirrors `struct CuarenaTable`
-/// of `kernels/cuarena.cuh` field for field (24 bytes, 8-aligned).
-///
-/// Resolve on the device with `cuarena_at(t, handle)` (unchecked) or
-/// `cuarena_at_checked(t, handle, bytes)` (stale, freed, spilled or too
-/// small blocks give `nullptr`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HandleArgs {
-    /// Device address of the region's first byte.
-    pub base: u64,
-    /// Device address of the handle table (`CuarenaEntry` records).
-    pub table: u64,
-    /// Entries of the table the checked resolve may read.
-    pub slots: u32,
-    /// Padding (0).
-    pub pad: u32,
+/// The arena's table as it is now, flushed first so that every live,
+/// resident handle resolves. Valid for kernels enqueued on the arena
+/// stream until the table's device buffer next grows (see the
+/// [module documentation](self)); compactions do not change it.
+pub fn handle_args(arena: &mut Arena<CudaBackend>) -> Result<HandleArgs> {
+    arena.flush_table()?;
+    current_args(arena)
 }
 
-// SAFETY: `#[repr(C)]`, made of u64/u32 only, with the layout of the C
-// struct `CuarenaTable` that kernels take by value.
-unsafe impl DeviceRepr for HandleArgs {}
-
-impl HandleArgs {
-    /// The arena's table as it is now, flushed first so that every live,
-    /// resident handle resolves. Valid for kernels enqueued on the arena
-    /// stream until the table's device buffer next grows (see the
-    /// [module documentation](self)); compactions do not change it.
-    pub fn new(arena: &mut Arena<CudaBackend>) -> Result<Self> {
-        arena.flush_table()?;
-        Self::current(arena)
-    }
-
-    /// The table as the backend holds it now (no flush).
-    fn current(arena: &Arena<CudaBackend>) -> Result<Self> {
-        let slots = arena.handle_table().len();
-        Ok(Self {
-            base: arena.backend().region_ptr(),
-            table: arena.backend().table_ptr(),
-            slots: u32::try_from(slots).map_err(|_| Error::InvalidConfig {
-                reason: format!("{slots} table slots do not fit a kernel's u32"),
-            })?,
-            pad: 0,
-        })
-    }
-}
-
-/// A handle as a kernel takes it: `version << 32 | slot`
-/// ([`Handle::to_bits`]), pushed as a `u64`.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DeviceHandle(pub u64);
-
-// SAFETY: a transparent `u64`.
-unsafe impl DeviceRepr for DeviceHandle {}
-
-impl From<Handle> for DeviceHandle {
-    fn from(h: Handle) -> Self {
-        Self(h.to_bits())
-    }
+/// The table as the backend holds it now (no flush).
+fn current_args(arena: &Arena<CudaBackend>) -> Result<HandleArgs> {
+    let slots = arena.handle_table().len();
+    Ok(HandleArgs {
+        base: arena.backend().region_ptr(),
+        table: arena.backend().table_ptr(),
+        slots: u32::try_from(slots).map_err(|_| Error::TooLarge {
+            requested_bytes: slots as u64,
+            capacity_bytes: u64::from(u32::MAX),
+        })?,
+        pad: 0,
+    })
 }
 
 /// Fails unless `h` is a live, resident block of `arena`.
@@ -170,67 +130,24 @@ pub fn reserve_handle_table(arena: &mut Arena<CudaBackend>, slots: usize) -> Res
     Ok(arena.backend().table_ptr())
 }
 
-/// Launches `func` on `stream` as `func(table, handles[0], ..,
-/// handles[N-1], *params)`: the kernel form of `kernels/cuarena.cuh`
-/// (`CuarenaTable`, one `u64` per handle, one by-value parameter; pack
-/// several scalars in a `#[repr(C)]` struct that implements
-/// [`DeviceRepr`]). Nothing is tracked: no cudarc events are waited for or
-/// recorded, so it may be captured into a graph.
-///
-/// # Safety
-///
-/// - `func`'s parameters must be exactly `(CuarenaTable, u64 x N, P)`.
-/// - The kernel must touch only the blocks its handles name, within their
-///   bytes, and only as `table` was at the launch's point of the stream:
-///   launch on the arena stream (or join it both ways), after the table was
-///   flushed for these handles ([`HandleArgs::new`]), with the blocks
-///   resident.
-pub unsafe fn launch_with_handles<P: DeviceRepr, const N: usize>(
-    stream: &CudaStream,
-    func: &CudaFunction,
-    cfg: LaunchConfig,
-    table: &HandleArgs,
-    handles: &[DeviceHandle; N],
-    params: &P,
-) -> Result<()> {
-    let mut b = stream.launch_builder(func);
-    b.arg(table);
-    for h in handles {
-        b.arg(h);
-    }
-    b.arg(params);
-    // SAFETY: the caller guarantees the kernel's signature and what it
-    // touches; every argument pushed lives until the launch returns.
-    unsafe { b.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-    Ok(())
-}
-
-/// Launches `func(table, handles.., *params)` on the arena stream (see
-/// [`launch_with_handles`]) after making the handles resident and flushing
-/// the table, so the kernel finds every block where it is at that point of
-/// the stream, whatever compactions came before or come after.
-///
-/// # Safety
-///
-/// As [`launch_with_handles`]: the kernel's parameters must be
-/// `(CuarenaTable, u64 x N, P)` and it may touch only the blocks named,
-/// within their bytes.
-pub unsafe fn launch_on_arena<P: DeviceRepr, const N: usize>(
+/// Prepares a launch of `func(table, handles.., *params)` on the arena
+/// stream (see [`launch_with_handles`]) after making the handles resident
+/// and flushing the table, so the kernel finds every block where it is at
+/// that point of the stream, whatever compactions came before or come
+/// after. Launch it with `unsafe { prepared.launch(&func, cfg, &params) }`
+/// before the next call on the arena (the borrow enforces it).
+pub fn launch_args<const N: usize>(
     arena: &mut Arena<CudaBackend>,
-    func: &CudaFunction,
-    cfg: LaunchConfig,
     handles: [Handle; N],
-    params: &P,
-) -> Result<()> {
+) -> Result<PreparedLaunch<'_, N>> {
     arena.make_resident(&handles)?;
-    let table = HandleArgs::new(arena)?;
+    let table = handle_args(arena)?;
     let mut bits = [DeviceHandle(0); N];
     for (b, &h) in bits.iter_mut().zip(handles.iter()) {
         *b = check_resident(arena, h)?;
     }
-    // SAFETY: the caller's obligations, plus the ones met here: the arena
-    // stream, a flushed table, resident handles.
-    unsafe { launch_with_handles(arena.stream(), func, cfg, &table, &bits, params) }
+    let arena: &Arena<CudaBackend> = arena;
+    Ok(PreparedLaunch::new(arena.stream(), table, bits))
 }
 
 /// What the closure of [`ArenaGraph::capture`] enqueues work with, while the
@@ -276,29 +193,18 @@ impl Capture<'_> {
         Ok(d)
     }
 
-    /// Captures `func(table, handles.., *params)` (see
-    /// [`launch_with_handles`]), recording the handles.
-    ///
-    /// # Safety
-    ///
-    /// As [`launch_with_handles`]: the kernel's parameters must be
-    /// `(CuarenaTable, u64 x N, P)` and it may touch only the blocks named,
-    /// within their bytes.
-    pub unsafe fn launch<P: DeviceRepr, const N: usize>(
+    /// Prepares a launch of `func(table, handles.., *params)` into the
+    /// graph (see [`launch_with_handles`]), recording the handles. Launch
+    /// it with `unsafe { prepared.launch(&func, cfg, &params) }`.
+    pub fn prepare<const N: usize>(
         &mut self,
-        func: &CudaFunction,
-        cfg: LaunchConfig,
         handles: [Handle; N],
-        params: &P,
-    ) -> Result<()> {
+    ) -> Result<PreparedLaunch<'_, N>> {
         let mut bits = [DeviceHandle(0); N];
         for (b, &h) in bits.iter_mut().zip(handles.iter()) {
             *b = self.handle(h)?;
         }
-        let table = self.table;
-        // SAFETY: the caller's obligations; the stream is the arena stream
-        // and the table was flushed before the capture began.
-        unsafe { launch_with_handles(self.stream(), func, cfg, &table, &bits, params) }
+        Ok(PreparedLaunch::new(self.arena.stream(), self.table, bits))
     }
 }
 
@@ -373,7 +279,7 @@ impl ArenaGraph {
         F: FnOnce(&mut Capture<'_>) -> Result<()>,
     {
         reserve_handle_table(arena, slots)?;
-        let table = HandleArgs::new(arena)?;
+        let table = handle_args(arena)?;
         let arena: &Arena<CudaBackend> = arena;
         let stream = arena.stream();
         stream
@@ -423,7 +329,7 @@ impl ArenaGraph {
         }
         arena.make_resident(&self.handles)?;
         arena.flush_table()?;
-        let now = HandleArgs::current(arena)?;
+        let now = current_args(arena)?;
         if now.table != self.table.table || now.base != self.region_ptr {
             return Err(Error::InvalidConfig {
                 reason: format!(
@@ -443,7 +349,7 @@ impl ArenaGraph {
     }
 
     /// The handles the graph's kernels were given through
-    /// [`Capture::handle`] / [`Capture::launch`].
+    /// [`Capture::handle`] / [`Capture::prepare`].
     pub fn handles(&self) -> &[Handle] {
         &self.handles
     }

@@ -6,7 +6,7 @@
 //! line ends are accepted.
 
 use super::{Action, TraceEvent};
-use crate::error::{Error, Result};
+use crate::tools::{Result, ToolError};
 
 const REQUIRED: [&str; 5] = ["action", "addr", "size", "stream", "time_us"];
 
@@ -28,8 +28,8 @@ struct Columns {
     count: usize,
 }
 
-fn err(source: &str, line: u64, message: String) -> Error {
-    Error::Trace {
+fn err(source: &str, line: u64, message: String) -> ToolError {
+    ToolError::Trace {
         path: source.to_owned(),
         record: line,
         message,
@@ -174,7 +174,7 @@ mod tests {
     fn errors_name_the_line() {
         let text = "action,addr,size,stream,time_us\nalloc,1,2,0,0\nalloc,1,x2,0,0\n";
         match parse(text.as_bytes(), "f.csv") {
-            Err(Error::Trace {
+            Err(ToolError::Trace {
                 path,
                 record,
                 message,
@@ -188,22 +188,22 @@ mod tests {
         let short = "action,addr,size,stream,time_us\nalloc,1,2,0\n";
         assert!(matches!(
             parse(short.as_bytes(), "f"),
-            Err(Error::Trace { record: 2, .. })
+            Err(ToolError::Trace { record: 2, .. })
         ));
         let neg = "action,addr,size,stream,time_us\nalloc,1,-2,0,0\n";
         assert!(matches!(
             parse(neg.as_bytes(), "f"),
-            Err(Error::Trace { record: 2, .. })
+            Err(ToolError::Trace { record: 2, .. })
         ));
         let bad_header = "action,addr,size\n";
         assert!(matches!(
             parse(bad_header.as_bytes(), "f"),
-            Err(Error::Trace { record: 1, .. })
+            Err(ToolError::Trace { record: 1, .. })
         ));
         let bad_utf8 = b"action,addr,size,stream,time_us\nalloc,\xff,2,0,0\n";
         assert!(matches!(
             parse(bad_utf8, "f"),
-            Err(Error::Trace { record: 2, .. })
+            Err(ToolError::Trace { record: 2, .. })
         ));
     }
 }

@@ -15,8 +15,8 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::error::{Error, Result};
 use crate::plan::PlanKind;
+use crate::tools::{Result, ToolError};
 use crate::{Arena, CompactionPolicy, Handle, Stats};
 
 /// What the scenario measured.
@@ -55,7 +55,7 @@ fn word(seed: u64, i: u64) -> u64 {
 
 fn fill(arena: &mut Arena<impl Backend>, h: Handle, seed: u64, bytes: u64) -> Result<()> {
     let data: Vec<u64> = (0..bytes / 8).map(|i| word(seed, i)).collect();
-    arena.write(h, &data)
+    Ok(arena.write(h, &data)?)
 }
 
 fn map_of(arena: &Arena<impl Backend>) -> Vec<(u64, u64, bool)> {
@@ -156,7 +156,7 @@ pub fn run<B: Backend, C: Backend>(
     let align = arena.config().alignment_bytes;
     let request_bytes = ((before.largest_free_bytes + before.free_bytes) / 2) & !(align - 1);
     if request_bytes <= before.largest_free_bytes {
-        return Err(Error::InvalidConfig {
+        return Err(ToolError::Usage {
             reason: "the loop left no fragmentation to demonstrate; use more steps".into(),
         });
     }
@@ -164,7 +164,7 @@ pub fn run<B: Backend, C: Backend>(
         match baseline.alloc(request_bytes) {
             Ok(_) => baseline_result = Ok(()),
             Err(e) => {
-                baseline_result = Err(e);
+                baseline_result = Err(e.into());
                 baseline_failed_at = Some(steps);
             }
         }
@@ -188,7 +188,7 @@ pub fn run<B: Backend, C: Backend>(
                 .filter(|&(i, &w)| w != word(seed, i as u64))
                 .count();
             if bad > 0 {
-                return Err(Error::DataMismatch {
+                return Err(ToolError::DataMismatch {
                     what: format!("a live tensor of {bytes} B"),
                     mismatched_words: 2 * bad as u64,
                 });
@@ -224,7 +224,7 @@ fn baseline_alloc<C: Backend>(
     match baseline.alloc(bytes) {
         Ok(h) => Some(h),
         Err(e) => {
-            *result = Err(e);
+            *result = Err(e.into());
             *failed_at = Some(step);
             None
         }

@@ -5,7 +5,7 @@
 //! Both replay an [`Ops`] program with the driver's own calls (through
 //! `cudarc::driver::sys`) and no data: they answer "does this allocator
 //! complete the program at this capacity" and "how long do its calls
-//! take", the questions the arena's GPU replay ([`crate::trace::gpu`])
+//! take", the questions the arena's GPU replay ([`crate::tools::gpu::replay`])
 //! answers for cuarena.
 //!
 //! # The pool
@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::{driver_err, CudaBackend};
+use crate::backend::cuda::{driver_err, CudaBackend};
 use crate::error::{Error, Result};
-use crate::trace::{Op, Ops, Outcome};
+use crate::tools::trace::{Op, Ops, Outcome};
 
 /// Which real allocator a [`BaselineReport`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +95,7 @@ impl BaselineReport {
 
     /// Wall time per op run.
     pub fn time_per_op(&self) -> Duration {
-        crate::trace::replay::per_op(self.wall_time, self.ops_run)
+        crate::tools::trace::replay::per_op(self.wall_time, self.ops_run)
     }
 }
 
@@ -194,24 +194,20 @@ impl Pool {
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `raw` and `props` are valid for the call; `props` is fully
         // initialised with the reserved bytes zero, as the driver requires.
-        check(
-            unsafe { sys::cuMemPoolCreate(&mut raw, &props) },
-            "cuMemPoolCreate",
-        )?;
+        let r = unsafe { sys::cuMemPoolCreate(&mut raw, &props) };
+        check(r, "cuMemPoolCreate")?;
         let pool = Pool { raw };
         let mut threshold: u64 = u64::MAX;
         // SAFETY: the release threshold attribute takes a cuuint64_t, which
         // `threshold` is; the pool is live.
-        check(
-            unsafe {
-                sys::cuMemPoolSetAttribute(
-                    pool.raw,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut threshold as *mut u64).cast::<c_void>(),
-                )
-            },
-            "cuMemPoolSetAttribute",
-        )?;
+        let r = unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool.raw,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast::<c_void>(),
+            )
+        };
+        check(r, "cuMemPoolSetAttribute")?;
         Ok(pool)
     }
 
@@ -219,10 +215,8 @@ impl Pool {
         let mut v: u64 = 0;
         // SAFETY: the reserved/used attributes are cuuint64_t values, which
         // `v` is; the pool is live.
-        check(
-            unsafe { sys::cuMemPoolGetAttribute(self.raw, attr, (&mut v as *mut u64).cast()) },
-            "cuMemPoolGetAttribute",
-        )?;
+        let r = unsafe { sys::cuMemPoolGetAttribute(self.raw, attr, (&mut v as *mut u64).cast()) };
+        check(r, "cuMemPoolGetAttribute")?;
         Ok(v)
     }
 }
@@ -288,7 +282,7 @@ fn failed(ops: &Ops, op: usize, error: Error) -> Outcome {
     Outcome::Failed {
         op,
         event: ops.event_index.get(op).copied().unwrap_or(op as u64),
-        error,
+        error: error.into(),
     }
 }
 
@@ -564,7 +558,7 @@ mod tests {
             outcome: Outcome::Failed {
                 op: 3,
                 event: 7,
-                error: Error::ZeroSize,
+                error: Error::ZeroSize.into(),
             },
             ops_run: 3,
             calls: 3,

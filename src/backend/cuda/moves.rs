@@ -1,0 +1,467 @@
+//! Plan execution: the `Backend` implementation (transfers, spills, table
+//! uploads, waves of moves) and the launches of the move kernels.
+
+use cudarc::driver::{result, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::{driver_err, stage, CudaBackend};
+use crate::backend::{check_range, Backend};
+use crate::error::{Error, Result};
+use crate::handle::TableEntry;
+use crate::plan::Plan;
+
+/// The kernel arguments of one wave; mirrors `struct WaveArgs` in
+/// `kernels/moves.h` field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct WaveArgs {
+    base: u64,
+    src: u64,
+    dst: u64,
+    len: u64,
+    tile_base: u64,
+    tiles: u64,
+    flags: u64,
+    ctl: u64,
+    n_moves: u32,
+    n_tiles: u32,
+    epoch: u32,
+    pad: u32,
+}
+
+// SAFETY: `WaveArgs` is `#[repr(C)]`, made of u64/u32 only, with the same
+// layout as the C struct the kernels take by value.
+unsafe impl DeviceRepr for WaveArgs {}
+
+/// Bit of the kernels' error word (`kernels/moves.h`) for a wait that timed
+/// out; the other bit (1) is a plan breaking rule 3.
+const ERR_TIMEOUT: u32 = 2;
+
+impl CudaBackend {
+    pub(super) fn reserve_scratch(&mut self, words: usize, chunk_tiles: usize) -> Result<()> {
+        let s = &mut self.scratch;
+        s.moves.reserve(words * 8, false, &self.stream)?;
+        s.tiles
+            .reserve(chunk_tiles * stage::TILE_DESC_BYTES, false, &self.stream)?;
+        if s.flags.reserve(chunk_tiles * 4, true, &self.stream)? {
+            s.epoch = 0;
+        }
+        s.staging[0].reserve(words)?;
+        s.staging[1].reserve(words)?;
+        Ok(())
+    }
+
+    /// Looks at the kernels' error word copied back by the last plan:
+    /// waits for it when `wait`, else only if the GPU is already done.
+    pub(super) fn check_status(&mut self, wait: bool) -> Result<()> {
+        let s = &mut self.scratch;
+        if !s.status_pending {
+            return Ok(());
+        }
+        if wait {
+            s.status_ready
+                .synchronize()
+                .map_err(driver_err("cuEventSynchronize"))?;
+        } else if !s
+            .status_ready
+            .try_is_complete()
+            .map_err(driver_err("cuEventQuery"))?
+        {
+            return Ok(());
+        }
+        s.status_pending = false;
+        let status = s.status.as_mut_slice();
+        let word = status.first().copied().unwrap_or(0);
+        let bits = (word >> 32) as u32;
+        if bits == 0 {
+            return Ok(());
+        }
+        if let Some(w) = status.first_mut() {
+            *w = 0;
+        }
+        // Clear the device's sticky error word for later plans.
+        // SAFETY: ctl holds at least 8 bytes; the memset is stream ordered.
+        unsafe { result::memset_d8_async(s.ctl.ptr + 4, 0, 4, self.stream.cu_stream()) }
+            .map_err(driver_err("cuMemsetD8Async"))?;
+        if bits & ERR_TIMEOUT != 0 {
+            return Err(Error::Driver {
+                call: "cuarena_move",
+                message: format!(
+                    "a tile waited too long for an earlier tile (error bits {bits:#x}); \
+                     the region's contents are undefined"
+                ),
+            });
+        }
+        Err(Error::InvalidPlan {
+            reason: format!(
+                "a destination overlaps the source of a later move in its wave (rule 3; \
+                 error bits {bits:#x}); that move ran without waiting"
+            ),
+        })
+    }
+
+    fn next_epoch(&mut self) -> Result<u32> {
+        let s = &mut self.scratch;
+        if s.epoch == u32::MAX {
+            // SAFETY: flags holds `bytes` bytes; stream ordered after every
+            // launch that used the old epochs.
+            unsafe {
+                result::memset_d8_async(s.flags.ptr, 0, s.flags.bytes, self.stream.cu_stream())
+            }
+            .map_err(driver_err("cuMemsetD8Async"))?;
+            s.epoch = 0;
+        }
+        s.epoch += 1;
+        Ok(s.epoch)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        check_range(offset, bytes.len() as u64, self.capacity_bytes)?;
+        self.check_status(false)?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (base, _record) = self.region.device_ptr_mut(&self.stream);
+        // SAFETY: the range lies in the region (checked above). From pageable
+        // memory the driver copies `bytes` into its staging area before it
+        // returns, so the slice may be dropped afterwards; the copy into the
+        // region is ordered on the arena stream.
+        unsafe { result::memcpy_htod_async(base + offset, bytes, self.stream.cu_stream()) }
+            .map_err(driver_err("cuMemcpyHtoDAsync"))
+    }
+
+    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len() as u64, self.capacity_bytes)?;
+        if !out.is_empty() {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver_err("cuCtxSetCurrent"))?;
+            let (base, record) = self.region.device_ptr(&self.stream);
+            // SAFETY: the range lies in the region (checked above); the
+            // stream is synchronised below before `out` is used again.
+            unsafe { result::memcpy_dtoh_async(out, base + offset, self.stream.cu_stream()) }
+                .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+            drop(record);
+            self.stream
+                .synchronize()
+                .map_err(driver_err("cuStreamSynchronize"))?;
+        }
+        self.check_status(true)
+    }
+
+    fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
+        let words = usize::try_from(bytes.div_ceil(8)).map_err(|_| Error::TooLarge {
+            requested_bytes: bytes,
+            capacity_bytes: usize::MAX as u64,
+        })?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        // Copies from an older tier may still be in flight.
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        self.scratch.host_tier.release();
+        self.scratch.host_tier.reserve(words)?;
+        self.scratch.host_tier_bytes = bytes;
+        Ok(())
+    }
+
+    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes)?;
+        check_range(host_offset, len, self.scratch.host_tier_bytes)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (base, _record) = self.region.device_ptr(&self.stream);
+        let tier: &mut [u8] = bytemuck::cast_slice_mut(self.scratch.host_tier.as_mut_slice());
+        let (h, l) = (host_offset as usize, len as usize);
+        // SAFETY: both ranges were checked above; the tier is page-locked
+        // memory owned by the backend that the host never reads or writes
+        // (only stream-ordered copies touch it, and Drop waits for them),
+        // so the asynchronous copy cannot race with the host.
+        unsafe {
+            result::memcpy_dtoh_async(&mut tier[h..h + l], base + offset, self.stream.cu_stream())
+        }
+        .map_err(driver_err("cuMemcpyDtoHAsync"))
+    }
+
+    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes)?;
+        check_range(host_offset, len, self.scratch.host_tier_bytes)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (base, _record) = self.region.device_ptr_mut(&self.stream);
+        let tier: &[u8] = bytemuck::cast_slice(self.scratch.host_tier.as_mut_slice());
+        let (h, l) = (host_offset as usize, len as usize);
+        // SAFETY: as in `spill`; the copy reads the tier in stream order
+        // after the spill that filled it.
+        unsafe {
+            result::memcpy_htod_async(base + offset, &tier[h..h + l], self.stream.cu_stream())
+        }
+        .map_err(driver_err("cuMemcpyHtoDAsync"))
+    }
+
+    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let slots = first
+            .checked_add(entries.len())
+            .ok_or_else(|| Error::InvalidConfig {
+                reason: "handle table slot overflow".into(),
+            })?;
+        self.reserve_table(slots)?;
+        let bytes: &[u8] = bytemuck::cast_slice(entries);
+        let words = bytes.len().div_ceil(8);
+        // This staging buffer must not change under the upload before last
+        // (the last one used the other buffer).
+        let p = self.scratch.table_parity;
+        self.scratch.table_upload_done[p]
+            .synchronize()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        self.scratch.table_staging[p].reserve(words)?;
+        let staged =
+            &mut bytemuck::cast_slice_mut::<u64, u8>(self.scratch.table_staging[p].as_mut_slice())
+                [..bytes.len()];
+        staged.copy_from_slice(bytes);
+        let entry = std::mem::size_of::<TableEntry>();
+        // SAFETY: the table holds `slots` entries (reserved above); the
+        // source is page-locked staging that is not touched again before
+        // `table_upload_done[p]` (recorded right after) completes; the copy is
+        // ordered on the arena stream after the moves that produced these
+        // offsets.
+        unsafe {
+            result::memcpy_htod_async(
+                self.scratch.table.ptr + (first * entry) as u64,
+                &*staged,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        self.scratch.table_upload_done[p]
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        self.scratch.table_parity = 1 - p;
+        Ok(())
+    }
+
+    fn execute(&mut self, plan: &Plan) -> Result<()> {
+        self.check_status(false)?;
+        if plan.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (wave_words, words) = stage::wave_offsets(plan);
+        // This plan's staging buffer must not change under the uploads of
+        // the plan before last (the last plan's use the other buffer).
+        let p = self.scratch.parity;
+        self.scratch.upload_done[p]
+            .synchronize()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        self.scratch.staging[p].reserve(words)?;
+        self.scratch.moves.reserve(words * 8, false, &self.stream)?;
+
+        let tile_shift = self.options.tile_bytes().trailing_zeros();
+        let grid = self.kernel_info.grid;
+        let prep_cap = self.sm_count.saturating_mul(8);
+        let stream = self.stream.cu_stream();
+        let result = (|| -> Result<()> {
+            for (w, wave) in plan.waves.iter().enumerate() {
+                let n = wave.moves.len();
+                if n == 0 {
+                    continue;
+                }
+                let wo = wave_words[w];
+                let cols = stage::array_words(n);
+                let mut prev_end = None;
+                let mut chunk_count = 0usize;
+                for (start, len) in stage::chunks(n) {
+                    // Check and lay out this chunk while the GPU runs the last.
+                    let tiles = {
+                        let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
+                        let mut arrays = stage::wave_arrays(words, n)?;
+                        stage::stage_chunk(
+                            w,
+                            start,
+                            &wave.moves[start..start + len],
+                            &mut arrays,
+                            &mut prev_end,
+                            self.capacity_bytes,
+                            tile_shift,
+                        )?
+                    };
+                    let s = &mut self.scratch;
+                    s.tiles.reserve(
+                        tiles as usize * stage::TILE_DESC_BYTES,
+                        false,
+                        &self.stream,
+                    )?;
+                    if s.flags.reserve(tiles as usize * 4, true, &self.stream)? {
+                        s.epoch = 0;
+                    }
+                    let dev = s.moves.ptr + 8 * wo as u64;
+                    let staging: &[u8] = bytemuck::cast_slice(&s.staging[p].as_mut_slice()[wo..]);
+                    // (byte offset in the wave's area, bytes) of the chunk in
+                    // each of the four arrays.
+                    let pieces = [
+                        (8 * (cols[0] + start), 8 * len),
+                        (8 * (cols[1] + start), 8 * len),
+                        (8 * (cols[2] + start), 8 * len),
+                        (8 * cols[3] + 4 * start, 4 * len),
+                    ];
+                    for (off, bytes) in pieces {
+                        // SAFETY: `moves` holds the plan's staging words
+                        // (reserved above) at the same offsets as the
+                        // page-locked staging buffer, and `off + bytes` lies
+                        // inside this wave's area. The staging bytes are not
+                        // written again before `upload_done[p]`, recorded after
+                        // the last upload, has completed.
+                        unsafe {
+                            result::memcpy_htod_async(
+                                dev + off as u64,
+                                &staging[off..off + bytes],
+                                stream,
+                            )
+                        }
+                        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+                    }
+                    let epoch = self.next_epoch()?;
+                    let args = WaveArgs {
+                        base: self.region_ptr,
+                        src: dev + 8 * (cols[0] + start) as u64,
+                        dst: dev + 8 * (cols[1] + start) as u64,
+                        len: dev + 8 * (cols[2] + start) as u64,
+                        tile_base: dev + (8 * cols[3] + 4 * start) as u64,
+                        tiles: self.scratch.tiles.ptr,
+                        flags: self.scratch.flags.ptr,
+                        ctl: self.scratch.ctl.ptr,
+                        n_moves: len as u32,
+                        n_tiles: tiles,
+                        epoch,
+                        pad: 0,
+                    };
+                    self.launch_chunk(&args, grid, prep_cap)?;
+                    chunk_count += 1;
+                }
+                if chunk_count > 1 {
+                    // Rule 3 across the chunks of the wave.
+                    let dev = self.scratch.moves.ptr + 8 * wo as u64;
+                    let args = WaveArgs {
+                        base: self.region_ptr,
+                        src: dev + 8 * cols[0] as u64,
+                        dst: dev + 8 * cols[1] as u64,
+                        len: dev + 8 * cols[2] as u64,
+                        tile_base: dev + 8 * cols[3] as u64,
+                        tiles: self.scratch.tiles.ptr,
+                        flags: self.scratch.flags.ptr,
+                        ctl: self.scratch.ctl.ptr,
+                        n_moves: n as u32,
+                        n_tiles: 0,
+                        epoch: self.scratch.epoch,
+                        pad: 0,
+                    };
+                    let cfg = LaunchConfig {
+                        grid_dim: ((n as u32).div_ceil(256).clamp(1, prep_cap), 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let mut check = self.stream.launch_builder(&self.kernels.check);
+                    check.arg(&args);
+                    // SAFETY: `cuarena_check(WaveArgs)` reads the wave's
+                    // src/dst/len arrays (n entries each, uploaded above)
+                    // and sets bits of ctl[1]; nothing else.
+                    unsafe { check.launch(cfg) }
+                        .map_err(driver_err("cuLaunchKernel(cuarena_check)"))?;
+                }
+            }
+            Ok(())
+        })();
+        // Whatever happened, the uploads enqueued so far read this staging
+        // buffer: the plan after next waits for them.
+        self.scratch.upload_done[p]
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        self.scratch.parity = 1 - p;
+        result?;
+
+        // Bring the error word home without waiting for it.
+        let s = &mut self.scratch;
+        let status = s.status.as_mut_slice();
+        let status = &mut status[..1];
+        // SAFETY: `status` is page-locked host memory owned by self and read
+        // only after `status_ready` completes; ctl holds 8 bytes.
+        unsafe { result::memcpy_dtoh_async(status, s.ctl.ptr, stream) }
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        s.status_ready
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        s.status_pending = true;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// Enqueues the prep and move kernels of one chunk.
+    fn launch_chunk(&mut self, args: &WaveArgs, grid: u32, prep_cap: u32) -> Result<()> {
+        if args.n_tiles == 0 {
+            return Ok(());
+        }
+        let prep_cfg = LaunchConfig {
+            grid_dim: (args.n_tiles.div_ceil(256).clamp(1, prep_cap), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let move_cfg = LaunchConfig {
+            grid_dim: (grid.min(args.n_tiles).max(1), 1, 1),
+            block_dim: (self.options.threads_per_cta, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // The region's cudarc events: wait for tracked users, record us.
+        let (_base, _record) = self.region.device_ptr_mut(&self.stream);
+        let mut prep = self.stream.launch_builder(&self.kernels.prep);
+        prep.arg(args);
+        // SAFETY: `args` matches `cuarena_prep(WaveArgs)`; its per-move
+        // pointers address the chunk's uploaded arrays (n_moves entries
+        // each), `tiles` holds n_tiles descriptors and `flags` n_tiles
+        // words (reserved by the caller), `ctl` 2 words; the kernel touches
+        // only those.
+        unsafe { prep.launch(prep_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_prep)"))?;
+        let mut mv = self.stream.launch_builder(&self.kernels.moves);
+        mv.arg(args);
+        // SAFETY: as above for `cuarena_move(WaveArgs)`. `stage_chunk`
+        // checked that every move's source and destination lie in the
+        // region, so the kernel writes only inside it, and the prep kernel
+        // disabled waiting for any tile that breaks rule 3 (no hang).
+        unsafe { mv.launch(move_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_move)"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wave_args_match_the_c_layout() {
+        assert_eq!(std::mem::size_of::<WaveArgs>(), 80);
+        assert_eq!(std::mem::align_of::<WaveArgs>(), 8);
+    }
+}

@@ -1,0 +1,55 @@
+//! The tooling's error type, apart from the allocator's [`crate::Error`]:
+//! a trace file that cannot be read, a verification that found bytes that
+//! changed, or an arena call that failed during a replay.
+
+/// `Result` with [`ToolError`] as its default error.
+pub type Result<T, E = ToolError> = std::result::Result<T, E>;
+
+/// What can go wrong in the tools (trace readers, replays, scenarios).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// An arena or backend call failed.
+    #[error(transparent)]
+    Arena(#[from] crate::Error),
+
+    /// A trace file could not be read or parsed.
+    #[error("trace {path}: record {record}: {message}")]
+    Trace {
+        /// File being read.
+        path: String,
+        /// 1-based line (CSV) or event index (pickle) at fault; 0 for the whole file.
+        record: u64,
+        /// What is wrong.
+        message: String,
+    },
+
+    /// A trace file goes past one of the reader's limits (see
+    /// [`crate::tools::trace`] for the limits and the memory bound they give).
+    #[error("trace {path}: {what} exceeds the reader's limit of {limit}")]
+    Limit {
+        /// File being read.
+        path: String,
+        /// What went past its limit (nesting depth, memo entries, ...).
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
+
+    /// A verification found bytes that are not what was written: a tensor
+    /// lost its data (reported by the replay and scenario checks, never expected).
+    #[error("data mismatch: {mismatched_words} words of {what} do not hold what was written")]
+    DataMismatch {
+        /// Which tensor or check.
+        what: String,
+        /// 32-bit words that differ.
+        mismatched_words: u64,
+    },
+
+    /// The tool was asked for something it cannot do (bad options).
+    #[error("{reason}")]
+    Usage {
+        /// What is wrong.
+        reason: String,
+    },
+}
