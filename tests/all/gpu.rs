@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
@@ -30,17 +31,6 @@ use cuarena::{Arena, ArenaConfig, Error, Handle};
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-/// Returns false (after printing why) when no GPU is usable.
-fn gpu_available() -> bool {
-    match CudaBackend::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            println!("skipped: {reason}");
-            false
-        }
-    }
-}
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)

@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, LaunchConfig, PushKernelArg,
 };
@@ -25,16 +26,6 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 /// Elements of each tensor of the graph (256 KiB of f32).
 const N: usize = 1 << 16;
-
-fn gpu_available() -> bool {
-    match CudaBackend::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            println!("skipped: {reason}");
-            false
-        }
-    }
-}
 
 /// The kernels of `kernels/graph_test.cu`.
 struct Kernels {

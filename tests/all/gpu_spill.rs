@@ -15,24 +15,13 @@
 //! `CUARENA_GPU_THREADS` (default 8 here: most of the time is the host's,
 //! generating and comparing bytes and replaying on the host model).
 
+use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
-use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::{Arena, ArenaConfig, Error, Handle, Stats};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-
-/// Returns false (after printing why) when no GPU is usable.
-fn gpu_available() -> bool {
-    match CudaBackend::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            println!("skipped: {reason}");
-            false
-        }
-    }
-}
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|s| s.trim().parse().ok())

@@ -6,6 +6,8 @@ mod arena;
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_graph;
+#[cfg(feature = "cuda")]
+mod gpu_skip;
 #[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu_spill;
 mod model;

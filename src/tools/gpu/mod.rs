@@ -11,3 +11,4 @@
 pub mod baselines;
 pub mod pattern;
 pub mod replay;
+mod report;

@@ -1,0 +1,257 @@
+//! What a GPU replay is asked to do ([`GpuReplayOptions`], [`CheckSampling`])
+//! and what it reports ([`GpuReplayReport`], one [`PassReport`] a pass).
+
+use std::time::Duration;
+
+use crate::tools::gpu::pattern::CheckRange;
+use crate::tools::trace::{Ops, Outcome};
+
+/// How much of each tensor a GPU replay reads back at its free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckSampling {
+    /// Bytes checked at each end of a tensor that is not checked in full.
+    pub edge_bytes: u64,
+    /// Every tensor whose id is a multiple of this is checked in full (1:
+    /// all; 0: none but the moved ones).
+    pub full_every: u32,
+    /// Tensors that moved since their allocation are checked in full.
+    pub full_if_moved: bool,
+}
+
+impl CheckSampling {
+    /// Every byte of every tensor.
+    pub const ALL: CheckSampling = CheckSampling {
+        edge_bytes: u64::MAX,
+        full_every: 1,
+        full_if_moved: true,
+    };
+
+    /// The range to check of tensor `id`, moved or not.
+    pub fn range(&self, id: u32, moved: bool) -> CheckRange {
+        let every = self.full_every != 0 && id % self.full_every == 0;
+        if every || (moved && self.full_if_moved) {
+            CheckRange::Full
+        } else {
+            CheckRange::Edges(self.edge_bytes)
+        }
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        if *self == CheckSampling::ALL {
+            return "every byte of every tensor".to_owned();
+        }
+        format!(
+            "every byte of {}every {} tensor, first and last {} of the others",
+            if self.full_if_moved {
+                "moved tensors and "
+            } else {
+                ""
+            },
+            ordinal(self.full_every),
+            crate::fmt_bytes(self.edge_bytes)
+        )
+    }
+}
+
+fn ordinal(n: u32) -> String {
+    match n {
+        0 => "no".to_owned(),
+        1 => "".to_owned(),
+        2 => "2nd".to_owned(),
+        3 => "3rd".to_owned(),
+        n => format!("{n}th"),
+    }
+}
+
+impl Default for CheckSampling {
+    /// Moved tensors and every 8th tensor in full, 64 KiB at each end of
+    /// the others.
+    fn default() -> Self {
+        CheckSampling {
+            edge_bytes: 64 << 10,
+            full_every: 8,
+            full_if_moved: true,
+        }
+    }
+}
+
+/// Options of [`replay_gpu`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReplayOptions {
+    /// CUDA device ordinal.
+    pub ordinal: usize,
+    /// What the checks read.
+    pub sampling: CheckSampling,
+    /// Passes over the program before the timed one, on the same arena
+    /// (checked like the timed one). They grow the arena's scratch buffers
+    /// to what the program needs and load every kernel, so the timed pass
+    /// measures the steady state; each starts from an empty arena and
+    /// makes the same placement decisions.
+    pub warmup_passes: u32,
+    /// Initial delay enqueued before an allocation that will compact (see
+    /// the module's "Timing"); doubles, up to 64 ms, after a compaction
+    /// whose timing came out inexact.
+    pub settle_delay: Duration,
+    /// Self-test of the checks: right after block `id` is filled (in every
+    /// pass), its bytes are overwritten from the host (`0xA5`, through
+    /// `Arena::write`), so its check must fail and the replay must report
+    /// it. `None` for real runs.
+    pub corrupt_block: Option<u32>,
+}
+
+impl Default for GpuReplayOptions {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            sampling: CheckSampling::default(),
+            warmup_passes: 1,
+            settle_delay: Duration::from_millis(2),
+            corrupt_block: None,
+        }
+    }
+}
+
+/// The device time of one compacting allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionTiming {
+    /// Index of the op in [`Ops::ops`].
+    pub op: usize,
+    /// Its trace event.
+    pub event: u64,
+    /// Targeted compactions it ran.
+    pub targeted: u64,
+    /// Full compactions it ran.
+    pub full: u64,
+    /// Bytes it moved.
+    pub bytes_moved: u64,
+    /// Host time of the `Arena::alloc` call (planning, enqueueing the moves,
+    /// and any wait for the stream inside it).
+    pub host_time: Duration,
+    /// Device time between the events around it.
+    pub device_time: Duration,
+    /// False when the GPU may have idled inside the interval (the time is
+    /// then an upper bound).
+    pub exact: bool,
+}
+
+/// What one pass over the program did.
+#[derive(Debug, Clone, Default)]
+pub struct PassReport {
+    /// Ops that ran successfully.
+    pub ops_run: usize,
+    /// Peak bytes reserved by live blocks (sizes rounded to the alignment).
+    pub peak_live_bytes: u64,
+    /// Targeted compactions.
+    pub targeted_compactions: u64,
+    /// Full compactions.
+    pub full_compactions: u64,
+    /// Blocks moved.
+    pub moves: u64,
+    /// Bytes moved.
+    pub bytes_moved: u64,
+    /// Host time planning compactions.
+    pub planning_time: Duration,
+    /// Host time in compactions (planning and executing the plans).
+    pub compaction_time: Duration,
+    /// Every compacting allocation with its device time.
+    pub compactions: Vec<CompactionTiming>,
+    /// Sum of the compactions' device time.
+    pub move_device_time: Duration,
+    /// Compactions that happened where none was predicted (no events
+    /// around them; their moving time is missing from the sum). Zero
+    /// unless the arena's policy changes.
+    pub untimed_compactions: u64,
+    /// Host time inside `Arena::alloc` and `Arena::free`.
+    pub allocator_time: Duration,
+    /// Wall time of the pass (see the module's "Timing").
+    pub wall_time: Duration,
+    /// Device time of the delay kernels enqueued before compactions (part
+    /// of `wall_time`).
+    pub delay_time: Duration,
+    /// Bytes written by fills.
+    pub bytes_filled: u64,
+    /// Bytes read by checks.
+    pub bytes_checked: u64,
+    /// Tensors checked in full.
+    pub checked_full: u64,
+    /// Tensors checked at their edges only.
+    pub checked_edges: u64,
+}
+
+impl PassReport {
+    /// Wall time per op run.
+    pub fn time_per_op(&self) -> Duration {
+        per(self.wall_time, self.ops_run)
+    }
+
+    /// Allocator time per op run.
+    pub fn allocator_time_per_op(&self) -> Duration {
+        per(self.allocator_time, self.ops_run)
+    }
+
+    /// Compactions whose device time is an upper bound.
+    pub fn inexact_compactions(&self) -> usize {
+        self.compactions.iter().filter(|c| !c.exact).count()
+    }
+}
+
+/// What a GPU replay did.
+#[derive(Debug, Clone)]
+pub struct GpuReplayReport {
+    /// The device's name.
+    pub device_name: String,
+    /// Arena capacity.
+    pub capacity_bytes: u64,
+    /// Arena alignment.
+    pub alignment_bytes: u64,
+    /// Completed, or the op that failed: an allocation the arena refused,
+    /// or the first free whose pattern check failed (in any pass).
+    pub outcome: Outcome,
+    /// The pass (0-based, warm-ups first) in which the replay failed.
+    pub failed_pass: Option<u32>,
+    /// The last pass run: the timed one, unless an earlier one failed.
+    pub timed: PassReport,
+    /// The warm-up passes run before it.
+    pub warmup: Vec<PassReport>,
+    /// Mismatching 32-bit words found in all passes (bytes in a tensor's
+    /// unaligned tail).
+    pub mismatched_words: u64,
+    /// The sampling used.
+    pub sampling: CheckSampling,
+    /// The trace's recorded wall time: last minus first `time_us` of the
+    /// program's events.
+    pub trace_wall_time: Duration,
+}
+
+impl GpuReplayReport {
+    /// True when every op of every pass ran and every check passed.
+    pub fn completed(&self) -> bool {
+        self.outcome.is_completed()
+    }
+
+    /// The trace event at which the replay failed.
+    pub fn failed_event(&self) -> Option<u64> {
+        self.outcome.failed_event()
+    }
+
+    /// The timed pass's device time moving over the trace's recorded wall
+    /// time (`None` when the trace has no time span).
+    pub fn moving_fraction(&self) -> Option<f64> {
+        let wall = self.trace_wall_time.as_secs_f64();
+        (wall > 0.0).then(|| self.timed.move_device_time.as_secs_f64() / wall)
+    }
+}
+
+pub(super) fn per(d: Duration, n: usize) -> Duration {
+    d / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The program's recorded wall time: last minus first `time_us` (zero for
+/// programs without times).
+pub fn trace_wall_time(ops: &Ops) -> Duration {
+    match (ops.time_us.first(), ops.time_us.last()) {
+        (Some(&a), Some(&b)) if b > a => Duration::from_micros((b - a) as u64),
+        _ => Duration::ZERO,
+    }
+}
