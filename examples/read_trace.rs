@@ -15,9 +15,21 @@ fn main() {
             Ok(t) => {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 for e in &t.events {
-                    (e.action.as_str(), e.addr, e.size, e.stream, e.time_us, e.device).hash(&mut h);
+                    (
+                        e.action.as_str(),
+                        e.addr,
+                        e.size,
+                        e.stream,
+                        e.time_us,
+                        e.device,
+                    )
+                        .hash(&mut h);
                 }
-                println!("{arg}: {} events, fingerprint {:016x}", t.events.len(), h.finish());
+                println!(
+                    "{arg}: {} events, fingerprint {:016x}",
+                    t.events.len(),
+                    h.finish()
+                );
             }
             Err(e) => {
                 println!("{arg}: error: {e}");

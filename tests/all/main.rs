@@ -8,6 +8,8 @@ mod gpu;
 mod gpu_graph;
 #[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu_spill;
+#[cfg(feature = "tools")]
+mod hostile;
 mod model;
 mod spill;
 #[cfg(feature = "tools")]

@@ -43,6 +43,7 @@ pub(super) fn parse(bytes: &[u8], source: &str) -> Result<Vec<TraceEvent>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::trace::Action;
     use crate::tools::ToolError;
     use serde_pickle::{HashableValue, Value};
     use std::collections::BTreeMap;
@@ -97,7 +98,10 @@ mod tests {
         b.push(b'.');
         assert!(matches!(
             parse(&b, "p"),
-            Err(ToolError::Trace { record: 0, .. })
+            Err(ToolError::Limit {
+                name: "MAX_NESTING",
+                ..
+            })
         ));
     }
 

@@ -20,9 +20,7 @@ fn err(source: &str, record: u64, message: String) -> ToolError {
 /// The list (or tuple) `v`, or an error naming `what`.
 fn list_of(v: &Value, what: &str, source: &str, record: u64) -> Result<Rc<Node>> {
     match v {
-        Value::Node(n) if matches!(n.kind, Kind::List | Kind::Tuple) && !n.skipped => {
-            Ok(n.clone())
-        }
+        Value::Node(n) if matches!(n.kind, Kind::List | Kind::Tuple) && !n.skipped => Ok(n.clone()),
         Value::Node(n) if n.skipped => Err(err(
             source,
             record,
@@ -87,10 +85,7 @@ pub(super) fn events_of(top: Value, budget: &mut Budget, source: &str) -> Result
                 Action::Other(s) => s.len() as u64,
                 _ => 0,
             };
-            budget.charge(
-                std::mem::size_of::<TraceEvent>() as u64 * 2 + extra,
-                source,
-            )?;
+            budget.charge(std::mem::size_of::<TraceEvent>() as u64 * 2 + extra, source)?;
             events.push(e);
         }
     }
@@ -104,7 +99,10 @@ fn parse_event(ev: &Value, device: u32, source: &str, record: u64) -> Result<Tra
             return Err(err(
                 source,
                 record,
-                format!("device {device} event is a {}, not a dict", other.type_name()),
+                format!(
+                    "device {device} event is a {}, not a dict",
+                    other.type_name()
+                ),
             ))
         }
     };

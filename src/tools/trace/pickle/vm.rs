@@ -17,8 +17,14 @@ const MEMO_ENTRY: u64 = 2 * SLOT + 16;
 
 /// Values under these dict keys are kept; a container appearing as the
 /// value of any other key is built skipped (see [`Node`]).
-pub(super) const NEEDED_KEYS: [&str; 6] =
-    ["device_traces", "action", "addr", "size", "stream", "time_us"];
+pub(super) const NEEDED_KEYS: [&str; 6] = [
+    "device_traces",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+];
 
 /// The value stack, with, per slot, whether the nearest container at or
 /// below it is skipped (a container made while one is being filled inherits
@@ -100,7 +106,9 @@ impl<'a> Vm<'a> {
 
     fn uint(&mut self, n: u64, what: &str) -> Result<u64> {
         let b = self.take(n, what)?;
-        Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+        Ok(b.iter()
+            .rev()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
     fn push(&mut self, v: Value) -> Result<()> {
