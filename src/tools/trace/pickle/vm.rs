@@ -67,7 +67,10 @@ pub(super) struct Vm<'a> {
     source: &'a str,
     stack: Stack,
     marks: Vec<usize>,
-    memo: HashMap<u32, Value>,
+    /// The memo: dense indices (what picklers write: MEMOIZE, sequential
+    /// BINPUTs) in a vector, any others in a map.
+    memo: Vec<Value>,
+    sparse_memo: HashMap<u32, Value>,
     pub(super) budget: Budget,
 }
 
@@ -79,7 +82,8 @@ impl<'a> Vm<'a> {
             source,
             stack: Stack::default(),
             marks: Vec::new(),
-            memo: HashMap::new(),
+            memo: Vec::new(),
+            sparse_memo: HashMap::new(),
             budget: Budget::for_input(input.len()),
         }
     }
@@ -206,24 +210,42 @@ impl<'a> Vm<'a> {
     fn memo_put(&mut self, index: u64) -> Result<()> {
         let v = self.top("memo put")?.clone();
         let index = u32::try_from(index).map_err(|_| self.bad("memo index past u32".into()))?;
-        if !self.memo.contains_key(&index) && self.memo.len() as u64 >= MAX_MEMO_ENTRIES {
+        let i = index as usize;
+        if i < self.memo.len() {
+            self.memo[i] = v;
+            return Ok(());
+        }
+        if let Some(slot) = self.sparse_memo.get_mut(&index) {
+            *slot = v;
+            return Ok(());
+        }
+        let entries = (self.memo.len() + self.sparse_memo.len()) as u64;
+        if entries >= MAX_MEMO_ENTRIES {
             return Err(ToolError::Limit {
                 path: self.source.to_owned(),
                 what: "memo entries",
                 name: "MAX_MEMO_ENTRIES",
-                asked: self.memo.len() as u64 + 1,
+                asked: entries + 1,
                 limit: MAX_MEMO_ENTRIES,
             });
         }
         self.budget.charge(MEMO_ENTRY, self.source)?;
-        self.memo.insert(index, v);
+        if i == self.memo.len() {
+            self.memo.push(v);
+        } else {
+            self.sparse_memo.insert(index, v);
+        }
         Ok(())
     }
 
     fn memo_get(&mut self, index: u64) -> Result<()> {
         let v = u32::try_from(index)
             .ok()
-            .and_then(|i| self.memo.get(&i))
+            .and_then(|i| {
+                self.memo
+                    .get(i as usize)
+                    .or_else(|| self.sparse_memo.get(&i))
+            })
             .cloned()
             .ok_or_else(|| self.bad(format!("memo get of {index}, never put")))?;
         self.push(v)
