@@ -27,7 +27,9 @@
 //! The limits are in [`crate::tools::trace::limits`]; see
 //! [`crate::tools::trace`] for the memory bound they give.
 
+mod operands;
 mod snapshot;
+mod stack;
 mod value;
 mod vm;
 

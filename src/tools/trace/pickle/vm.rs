@@ -4,73 +4,28 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::stack::Stack;
 use super::value::{extend, Budget, Kind, Node, Value};
-use crate::tools::trace::limits::{MAX_INT_BYTES, MAX_MARKS, MAX_MEMO_ENTRIES};
+use crate::tools::trace::limits::MAX_MARKS;
 use crate::tools::{Result, ToolError};
 
 /// Bytes charged per value slot (stack, container item, memo entry).
-const SLOT: u64 = std::mem::size_of::<Value>() as u64;
+pub(super) const SLOT: u64 = std::mem::size_of::<Value>() as u64;
 /// Bytes charged per container, beyond its slot.
 const NODE: u64 = std::mem::size_of::<Node>() as u64 + 16;
 /// Bytes charged per memo entry (hash table overhead included).
-const MEMO_ENTRY: u64 = 2 * SLOT + 16;
-
-/// Values under these dict keys are kept; a container appearing as the
-/// value of any other key is built skipped (see [`Node`]).
-pub(super) const NEEDED_KEYS: [&str; 6] = [
-    "device_traces",
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "time_us",
-];
-
-/// The value stack, with, per slot, whether the nearest container at or
-/// below it is skipped (a container made while one is being filled inherits
-/// that).
-#[derive(Default)]
-struct Stack {
-    values: Vec<Value>,
-    skipped: Vec<bool>,
-}
-
-impl Stack {
-    fn push(&mut self, v: Value) {
-        let skipped = match &v {
-            Value::Node(n) => n.skipped,
-            _ => self.skipped.last().copied().unwrap_or(false),
-        };
-        self.values.push(v);
-        self.skipped.push(skipped);
-    }
-
-    fn truncate(&mut self, len: usize) -> Vec<Value> {
-        self.skipped.truncate(len);
-        self.values.split_off(len)
-    }
-
-    /// Whether a container made now should be skipped: after a key that is
-    /// not needed, or inside a skipped container.
-    fn next_container_skipped(&self) -> bool {
-        match self.values.last() {
-            Some(Value::Str(k)) => !NEEDED_KEYS.contains(&&**k),
-            Some(_) => self.skipped.last().copied().unwrap_or(false),
-            None => false,
-        }
-    }
-}
+pub(super) const MEMO_ENTRY: u64 = 2 * SLOT + 16;
 
 pub(super) struct Vm<'a> {
-    input: &'a [u8],
-    pos: usize,
-    source: &'a str,
-    stack: Stack,
-    marks: Vec<usize>,
+    pub(super) input: &'a [u8],
+    pub(super) pos: usize,
+    pub(super) source: &'a str,
+    pub(super) stack: Stack,
+    pub(super) marks: Vec<usize>,
     /// The memo: dense indices (what picklers write: MEMOIZE, sequential
     /// BINPUTs) in a vector, any others in a map.
-    memo: Vec<Value>,
-    sparse_memo: HashMap<u32, Value>,
+    pub(super) memo: Vec<Value>,
+    pub(super) sparse_memo: HashMap<u32, Value>,
     pub(super) budget: Budget,
 }
 
@@ -88,7 +43,7 @@ impl<'a> Vm<'a> {
         }
     }
 
-    fn bad(&self, message: String) -> ToolError {
+    pub(super) fn bad(&self, message: String) -> ToolError {
         ToolError::Trace {
             path: self.source.to_owned(),
             record: 0,
@@ -96,7 +51,7 @@ impl<'a> Vm<'a> {
         }
     }
 
-    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
+    pub(super) fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
         let left = self.input.len() - self.pos;
         if n > left as u64 {
             return Err(self.bad(format!(
@@ -108,14 +63,14 @@ impl<'a> Vm<'a> {
         Ok(s)
     }
 
-    fn uint(&mut self, n: u64, what: &str) -> Result<u64> {
+    pub(super) fn uint(&mut self, n: u64, what: &str) -> Result<u64> {
         let b = self.take(n, what)?;
         Ok(b.iter()
             .rev()
             .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
-    fn push(&mut self, v: Value) -> Result<()> {
+    pub(super) fn push(&mut self, v: Value) -> Result<()> {
         self.budget.charge(SLOT, self.source)?;
         self.stack.push(v);
         Ok(())
@@ -136,7 +91,7 @@ impl<'a> Vm<'a> {
             .ok_or_else(|| self.bad(format!("{op} on an empty stack")))
     }
 
-    fn top(&self, op: &str) -> Result<&Value> {
+    pub(super) fn top(&self, op: &str) -> Result<&Value> {
         match self.stack.values.last() {
             Some(v) if self.stack.values.len() > self.floor() => Ok(v),
             _ => Err(self.bad(format!("{op} on an empty stack"))),
@@ -167,88 +122,6 @@ impl<'a> Vm<'a> {
         let node = Rc::new(Node::new(kind, self.stack.next_container_skipped()));
         extend(&node, items, self.source)?;
         self.push(Value::Node(node))
-    }
-
-    fn int(&mut self, n: u64, op: &str) -> Result<()> {
-        if n > MAX_INT_BYTES {
-            return Err(ToolError::Limit {
-                path: self.source.to_owned(),
-                what: "integer width in bytes",
-                name: "MAX_INT_BYTES",
-                asked: n,
-                limit: MAX_INT_BYTES,
-            });
-        }
-        let b = self.take(n, op)?;
-        let v = if b.len() > 16 {
-            Value::Huge
-        } else {
-            let negative = b.last().is_some_and(|&x| x & 0x80 != 0);
-            let fill: i128 = if negative { -1 } else { 0 };
-            let v = b
-                .iter()
-                .rev()
-                .fold(fill, |acc, &x| (acc << 8) | i128::from(x));
-            i64::try_from(v).map_or(Value::Wide(v), Value::Int)
-        };
-        self.push(v)
-    }
-
-    fn text(&mut self, n: u64, op: &str) -> Result<()> {
-        let b = self.take(n, op)?;
-        self.budget.charge(n + 16, self.source)?;
-        let s: Rc<str> = String::from_utf8_lossy(b).into();
-        self.push(Value::Str(s))
-    }
-
-    fn bytes(&mut self, n: u64, op: &str) -> Result<()> {
-        let b = self.take(n, op)?;
-        self.budget.charge(n + 16, self.source)?;
-        self.push(Value::Bytes(b.into()))
-    }
-
-    fn memo_put(&mut self, index: u64) -> Result<()> {
-        let v = self.top("memo put")?.clone();
-        let index = u32::try_from(index).map_err(|_| self.bad("memo index past u32".into()))?;
-        let i = index as usize;
-        if i < self.memo.len() {
-            self.memo[i] = v;
-            return Ok(());
-        }
-        if let Some(slot) = self.sparse_memo.get_mut(&index) {
-            *slot = v;
-            return Ok(());
-        }
-        let entries = (self.memo.len() + self.sparse_memo.len()) as u64;
-        if entries >= MAX_MEMO_ENTRIES {
-            return Err(ToolError::Limit {
-                path: self.source.to_owned(),
-                what: "memo entries",
-                name: "MAX_MEMO_ENTRIES",
-                asked: entries + 1,
-                limit: MAX_MEMO_ENTRIES,
-            });
-        }
-        self.budget.charge(MEMO_ENTRY, self.source)?;
-        if i == self.memo.len() {
-            self.memo.push(v);
-        } else {
-            self.sparse_memo.insert(index, v);
-        }
-        Ok(())
-    }
-
-    fn memo_get(&mut self, index: u64) -> Result<()> {
-        let v = u32::try_from(index)
-            .ok()
-            .and_then(|i| {
-                self.memo
-                    .get(i as usize)
-                    .or_else(|| self.sparse_memo.get(&i))
-            })
-            .cloned()
-            .ok_or_else(|| self.bad(format!("memo get of {index}, never put")))?;
-        self.push(v)
     }
 
     /// Runs to STOP and returns the pickled value.
