@@ -25,13 +25,19 @@ pub enum ToolError {
     },
 
     /// A trace file goes past one of the reader's limits (see
-    /// [`crate::tools::trace`] for the limits and the memory bound they give).
-    #[error("trace {path}: {what} exceeds the reader's limit of {limit}")]
+    /// [`crate::tools::trace::limits`] for the limits and
+    /// [`crate::tools::trace`] for the memory bound they give).
+    #[error("trace {path}: {what} reached {asked}, past the reader's limit {name} = {limit}")]
     Limit {
         /// File being read.
         path: String,
         /// What went past its limit (nesting depth, memo entries, ...).
         what: &'static str,
+        /// The limit's name in [`crate::tools::trace::limits`].
+        name: &'static str,
+        /// How much the file asked for when it was stopped (at least
+        /// `limit + 1`, or the size it claimed).
+        asked: u64,
         /// The limit.
         limit: u64,
     },

@@ -10,6 +10,8 @@ mod gpu_graph;
 mod gpu_skip;
 #[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu_spill;
+#[cfg(feature = "tools")]
+mod hostile;
 mod model;
 mod spill;
 #[cfg(feature = "tools")]

@@ -3,8 +3,10 @@
 //! Columns are found by name, so their order may vary and extra columns are
 //! ignored; `action`, `addr`, `size`, `stream` and `time_us` are required,
 //! `device` is optional (0 when absent). Blank lines are skipped; `\r\n`
-//! line ends are accepted.
+//! line ends are accepted. A line longer than
+//! [`MAX_CSV_LINE_BYTES`] is a [`ToolError::Limit`].
 
+use super::limits::MAX_CSV_LINE_BYTES;
 use super::{Action, TraceEvent};
 use crate::tools::{Result, ToolError};
 
@@ -63,11 +65,25 @@ fn parse_header(line: &str, source: &str) -> Result<Columns> {
     })
 }
 
+fn check_line(raw: &[u8], source: &str) -> Result<()> {
+    if raw.len() as u64 > MAX_CSV_LINE_BYTES {
+        return Err(ToolError::Limit {
+            path: source.to_owned(),
+            what: "CSV line length in bytes",
+            name: "MAX_CSV_LINE_BYTES",
+            asked: raw.len() as u64,
+            limit: MAX_CSV_LINE_BYTES,
+        });
+    }
+    Ok(())
+}
+
 /// Parses a whole CSV trace.
 pub(super) fn parse(bytes: &[u8], source: &str) -> Result<Vec<TraceEvent>> {
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let mut lines = bytes.split(|&b| b == b'\n');
     let header = lines.next().unwrap_or_default();
+    check_line(header, source)?;
     let header = std::str::from_utf8(header)
         .map_err(|_| err(source, 1, "header is not UTF-8".to_owned()))?
         .trim_end_matches('\r');
@@ -78,6 +94,7 @@ pub(super) fn parse(bytes: &[u8], source: &str) -> Result<Vec<TraceEvent>> {
     let mut fields: Vec<&str> = Vec::with_capacity(cols.count);
     for (i, raw) in lines.enumerate() {
         let line_no = i as u64 + 2;
+        check_line(raw, source)?;
         let line = std::str::from_utf8(raw)
             .map_err(|_| err(source, line_no, "line is not UTF-8".to_owned()))?
             .trim_end_matches('\r');

@@ -16,12 +16,43 @@
 //! metadata-only arena. Malformed input of any kind is an
 //! [`crate::tools::ToolError::Trace`] naming the file and the 1-based line (CSV) or event
 //! (pickle); nothing here panics on bad input.
+//!
+//! # Bounded input
+//!
+//! The readers never recurse on the input and never use more memory than a
+//! bound proportional to the decompressed size `D` of the file. Each limit
+//! below is a constant in [`limits`]; going past one is a
+//! [`ToolError::Limit`] that names it.
+//!
+//! - gzip is inflated in a streaming way and stopped at
+//!   [`limits::MAX_DECOMPRESSED_BYTES`] (4 GiB; a larger plain file is
+//!   refused before it is read), or as soon as the output passes
+//!   [`limits::MAX_GZIP_RATIO`] (256) × the compressed bytes consumed plus
+//!   [`limits::GZIP_RATIO_SLACK_BYTES`] (64 MiB), so a gzip bomb stops early;
+//! - a CSV line is at most [`limits::MAX_CSV_LINE_BYTES`] (64 KiB);
+//! - a pickle nests containers at most [`limits::MAX_NESTING`] (1,000) deep,
+//!   has at most [`limits::MAX_MARKS`] (1,000) MARKs open, at most
+//!   [`limits::MAX_MEMO_ENTRIES`] (2^26) memo entries, integers of at most
+//!   [`limits::MAX_INT_BYTES`] (64) bytes, and no string or bytes longer
+//!   than what remains of the input; shared values (memo, DUP) are shared,
+//!   never copied;
+//! - everything the pickle reader builds (values, memo, stacks, the events
+//!   it returns) is charged against [`limits::MEMORY_PER_INPUT_BYTE`] (16)
+//!   × `D` + [`limits::MEMORY_BASE_BYTES`] (64 MiB).
+//!
+//! The resulting bound: reading a trace takes at most about
+//! **2 × D (the decompressed bytes, as the buffer grows) + 2 × (16 × D +
+//! 64 MiB)** of memory (the factor 2 on the charges covers vectors' spare
+//! capacity), and time linear in `D`. The CSV reader keeps one event
+//! (~48 bytes) per line of at least 10 bytes, within the same bound.
 
 mod csv;
+pub mod limits;
 mod ops;
 mod pickle;
 pub mod replay;
 
+use std::cell::Cell;
 use std::io::Read;
 use std::path::Path;
 
@@ -151,6 +182,9 @@ impl Trace {
     /// `0x80`) or a CSV (header `action,addr,size,stream,time_us`).
     pub fn read(path: &Path) -> Result<Trace> {
         let source = path.display().to_string();
+        if let Ok(meta) = std::fs::metadata(path) {
+            check_size(meta.len(), &source)?;
+        }
         let bytes = std::fs::read(path).map_err(|e| ToolError::Trace {
             path: source.clone(),
             record: 0,
@@ -163,15 +197,7 @@ impl Trace {
     /// them in errors.
     pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
         if bytes.starts_with(&GZIP_MAGIC) {
-            let mut raw = Vec::new();
-            // MultiGzDecoder: `cat a.gz b.gz` is a valid gzip file too.
-            flate2::read::MultiGzDecoder::new(bytes)
-                .read_to_end(&mut raw)
-                .map_err(|e| ToolError::Trace {
-                    path: source.to_owned(),
-                    record: 0,
-                    message: format!("gzip: {e}"),
-                })?;
+            let raw = gunzip(bytes, source)?;
             // A gzip inside a gzip is not a trace; don't recurse on it.
             return Trace::from_plain_bytes(&raw, source);
         }
@@ -179,6 +205,7 @@ impl Trace {
     }
 
     fn from_plain_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
+        check_size(bytes.len() as u64, source)?;
         match bytes.first() {
             Some(&PICKLE_PROTO) => Trace::from_pickle_bytes(bytes, source),
             Some(_) if csv::looks_like_csv(bytes) => Trace::from_csv_reader(bytes, source),
@@ -199,15 +226,17 @@ impl Trace {
 
     /// Reads a CSV trace (not gzipped) from `reader`; `source` names it in
     /// errors, whose `record` is the 1-based line.
-    pub fn from_csv_reader<R: Read>(mut reader: R, source: &str) -> Result<Trace> {
+    pub fn from_csv_reader<R: Read>(reader: R, source: &str) -> Result<Trace> {
         let mut bytes = Vec::new();
         reader
+            .take(limits::MAX_DECOMPRESSED_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(|e| ToolError::Trace {
                 path: source.to_owned(),
                 record: 0,
                 message: format!("read error: {e}"),
             })?;
+        check_size(bytes.len() as u64, source)?;
         let events = csv::parse(&bytes, source)?;
         Ok(Trace {
             source: source.to_owned(),
@@ -219,6 +248,7 @@ impl Trace {
     /// Reads a `torch.cuda.memory._dump_snapshot` pickle (not gzipped);
     /// `source` names it in errors, whose `record` is the 1-based event.
     pub fn from_pickle_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
+        check_size(bytes.len() as u64, source)?;
         let events = pickle::parse(bytes, source)?;
         Ok(Trace {
             source: source.to_owned(),
@@ -267,6 +297,78 @@ impl Trace {
             out.push((i as u64, reserved));
         }
         out
+    }
+}
+
+/// Refuses input larger than [`limits::MAX_DECOMPRESSED_BYTES`].
+fn check_size(len: u64, source: &str) -> Result<()> {
+    if len > limits::MAX_DECOMPRESSED_BYTES {
+        return Err(ToolError::Limit {
+            path: source.to_owned(),
+            what: "(decompressed) input size in bytes",
+            name: "MAX_DECOMPRESSED_BYTES",
+            asked: len,
+            limit: limits::MAX_DECOMPRESSED_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Reads from a slice, counting the bytes handed out.
+struct Counting<'a> {
+    rest: &'a [u8],
+    consumed: &'a Cell<u64>,
+}
+
+impl Read for Counting<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.rest.read(buf)?;
+        self.consumed.set(self.consumed.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Inflates gzip (several members too: `cat a.gz b.gz` is valid gzip),
+/// stopping at [`limits::MAX_DECOMPRESSED_BYTES`] or when the output
+/// outgrows [`limits::MAX_GZIP_RATIO`] × the input consumed so far plus
+/// [`limits::GZIP_RATIO_SLACK_BYTES`].
+fn gunzip(bytes: &[u8], source: &str) -> Result<Vec<u8>> {
+    let consumed = Cell::new(0u64);
+    let mut dec = flate2::read::MultiGzDecoder::new(Counting {
+        rest: bytes,
+        consumed: &consumed,
+    });
+    let mut raw = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match dec.read(&mut buf) {
+            Ok(0) => return Ok(raw),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(ToolError::Trace {
+                    path: source.to_owned(),
+                    record: 0,
+                    message: format!("gzip: {e}"),
+                })
+            }
+        };
+        raw.extend_from_slice(&buf[..n]);
+        let out = raw.len() as u64;
+        check_size(out, source)?;
+        let allowed = consumed
+            .get()
+            .saturating_mul(limits::MAX_GZIP_RATIO)
+            .saturating_add(limits::GZIP_RATIO_SLACK_BYTES);
+        if out > allowed {
+            return Err(ToolError::Limit {
+                path: source.to_owned(),
+                what: "gzip output in bytes (a gzip bomb?)",
+                name: "MAX_GZIP_RATIO × compressed bytes + GZIP_RATIO_SLACK_BYTES",
+                asked: out,
+                limit: allowed,
+            });
+        }
     }
 }
 

@@ -1,0 +1,383 @@
+//! Hostile trace files: each is built here, and each must give a clear
+//! error (the right variant, naming the limit) quickly, within the readers'
+//! stated memory bound; real files still read to exactly the events a
+//! general unpickler (serde-pickle) gives.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cuarena::tools::trace::limits::{MAX_INT_BYTES, MAX_MARKS, MAX_NESTING};
+use cuarena::tools::trace::{Action, Trace, TraceEvent};
+use cuarena::tools::ToolError;
+use serde_pickle::{HashableValue, Value};
+
+/// Reads `bytes`, checking it takes under 10 s (release; debug is slower).
+fn read(bytes: &[u8]) -> Result<Trace, ToolError> {
+    let t0 = Instant::now();
+    let r = Trace::from_bytes(bytes, "hostile");
+    let limit = if cfg!(debug_assertions) { 120 } else { 10 };
+    assert!(
+        t0.elapsed() < Duration::from_secs(limit),
+        "{:?}",
+        t0.elapsed()
+    );
+    r
+}
+
+fn describe(r: &Result<Trace, ToolError>) -> String {
+    match r {
+        Ok(t) => format!("Ok({} events)", t.events.len()),
+        Err(e) => format!("Err({e:?})"),
+    }
+}
+
+/// Asserts a [`ToolError::Limit`] named `name`; returns (asked, limit).
+fn expect_limit(r: Result<Trace, ToolError>, name: &str) -> (u64, u64) {
+    match r {
+        Err(ToolError::Limit {
+            name: n,
+            asked,
+            limit,
+            ref path,
+            ..
+        }) if n == name => {
+            assert_eq!(path, "hostile");
+            let msg = r
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(msg.contains(name), "{msg}");
+            (asked, limit)
+        }
+        other => panic!("expected Limit {name}, got {}", describe(&other)),
+    }
+}
+
+/// Asserts a [`ToolError::Trace`] whose message contains `needle`.
+fn expect_trace(r: Result<Trace, ToolError>, needle: &str) {
+    match r {
+        Err(ToolError::Trace { ref message, .. }) if message.contains(needle) => {}
+        other => panic!(
+            "expected Trace error with {needle:?}, got {}",
+            describe(&other)
+        ),
+    }
+}
+
+/// PROTO 4 then `body` then STOP.
+fn pickle(body: &[u8]) -> Vec<u8> {
+    let mut b = vec![0x80, 4];
+    b.extend_from_slice(body);
+    b.push(b'.');
+    b
+}
+
+const DEEP: usize = 500_000;
+
+#[test]
+fn deep_list_nesting() {
+    // EMPTY_LIST × N, APPEND × (N - 1): a list nested N deep.
+    let mut body = vec![b']'; DEEP];
+    body.resize(2 * DEEP - 1, b'a');
+    let (asked, limit) = expect_limit(read(&pickle(&body)), "MAX_NESTING");
+    assert_eq!((asked, limit), (MAX_NESTING + 1, MAX_NESTING));
+}
+
+#[test]
+fn deep_mark_list_nesting() {
+    // MARK × N, LIST × N.
+    let mut body = vec![b'('; DEEP];
+    body.resize(2 * DEEP, b'l');
+    expect_limit(read(&pickle(&body)), "MAX_MARKS");
+    // MARK, (EMPTY_DICT, MARK) × N: as deep as dicts being filled get.
+    let mut body = vec![b'('];
+    for _ in 0..DEEP {
+        body.extend_from_slice(b"}(");
+    }
+    let (asked, _) = expect_limit(read(&pickle(&body)), "MAX_MARKS");
+    assert_eq!(asked, MAX_MARKS + 1);
+}
+
+#[test]
+fn deep_tuple_via_memo() {
+    // x = (); repeat: x = (x,) through the memo (MEMOIZE, POP, BINGET).
+    let mut body = b")\x94".to_vec();
+    for i in 0..DEEP as u32 {
+        body.push(b'0');
+        body.push(b'j');
+        body.extend_from_slice(&i.to_le_bytes());
+        body.extend_from_slice(b"\x85\x94");
+    }
+    expect_limit(read(&pickle(&body)), "MAX_NESTING");
+}
+
+#[test]
+fn dup_tuple2_bomb() {
+    // The 84-byte bomb: EMPTY_LIST then (DUP, TUPLE2) × 40 would be 2^40
+    // leaves if copied; shared, it is 41 small nodes and a clean error.
+    let mut body = vec![b']'];
+    for _ in 0..40 {
+        body.extend_from_slice(b"2\x86");
+    }
+    let bytes = pickle(&body);
+    assert!(bytes.len() <= 84, "{}", bytes.len());
+    expect_trace(read(&bytes), "top level is a tuple");
+    // Longer: nesting passes the limit.
+    let mut body = vec![b']'];
+    for _ in 0..DEEP {
+        body.extend_from_slice(b"2\x86");
+    }
+    expect_limit(read(&pickle(&body)), "MAX_NESTING");
+}
+
+#[test]
+fn mark_flood() {
+    let body = vec![b'('; 50 << 20];
+    let (asked, limit) = expect_limit(read(&pickle(&body)), "MAX_MARKS");
+    assert_eq!((asked, limit), (MAX_MARKS + 1, MAX_MARKS));
+    // MARK, POP_MARK pairs cost nothing that lasts: a clean error at STOP.
+    let body = b"(1".repeat(5 << 20);
+    expect_trace(read(&pickle(&body)), "empty stack");
+}
+
+#[test]
+fn memo_bombs() {
+    // Doubling through the memo: x = (x, x), 500,000 times.
+    let mut body = b"]\x94".to_vec();
+    for i in 0..DEEP as u32 {
+        for _ in 0..2 {
+            body.push(b'j');
+            body.extend_from_slice(&i.to_le_bytes());
+        }
+        body.extend_from_slice(b"\x86\x94");
+    }
+    expect_limit(read(&pickle(&body)), "MAX_NESTING");
+    // A flood of memo entries, each charged to the memory budget.
+    let mut body = vec![b'N'];
+    body.resize(16 << 20, 0x94);
+    expect_limit(
+        read(&pickle(&body)),
+        "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES",
+    );
+    // Every LONG_BINPUT index apart: no dense table grows to the index.
+    let mut body = vec![b'N'];
+    for i in 0..1000u32 {
+        body.push(b'r');
+        body.extend_from_slice(&(u32::MAX - i * 4_000_000).to_le_bytes());
+    }
+    expect_trace(read(&pickle(&body)), "top level is a None");
+}
+
+/// A snapshot whose one device list holds `n` references (memo gets) to
+/// one event dict with a `len`-byte action: each event copies the action.
+fn shared_event_snapshot(n: usize, len: usize) -> Vec<u8> {
+    // {"device_traces": [[ev, ev, ...]]}, memo 0..=4: top, key, dt, dev0, ev.
+    let mut b = b"}\x94(\x8c\x0ddevice_traces\x94]\x94]\x94(}\x94(\x8c\x06action\x8d".to_vec();
+    b.extend_from_slice(&(len as u64).to_le_bytes());
+    b.resize(b.len() + len, b'x');
+    b.extend_from_slice(b"\x8c\x04addrK\x01\x8c\x04sizeK\x02u");
+    for _ in 1..n {
+        b.extend_from_slice(b"h\x04");
+    }
+    b.extend_from_slice(b"eau");
+    pickle(&b)
+}
+
+#[test]
+fn shared_event_bomb_is_charged() {
+    // A small version reads: the events are real.
+    let t = read(&shared_event_snapshot(3, 5)).unwrap();
+    assert_eq!(t.events.len(), 3);
+    assert_eq!(t.events[2].action, Action::Other("xxxxx".into()));
+    // 1 MB of action string handed out 2 million times: 2 TB if copied.
+    expect_limit(
+        read(&shared_event_snapshot(2_000_000, 1 << 20)),
+        "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES",
+    );
+}
+
+#[test]
+fn gzip_bomb() {
+    // 10 GB of zeros: one 64 MiB member compressed once, repeated (a
+    // multi-member gzip is valid); built streaming, never held inflated.
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..64 {
+        enc.write_all(&zeros).unwrap();
+    }
+    let member = enc.finish().unwrap();
+    let copies = (10u64 << 30) / (64 << 20);
+    let mut bomb = Vec::with_capacity(member.len() * copies as usize);
+    for _ in 0..copies {
+        bomb.extend_from_slice(&member);
+    }
+    let (asked, limit) = expect_limit(
+        read(&bomb),
+        "MAX_GZIP_RATIO × compressed bytes + GZIP_RATIO_SLACK_BYTES",
+    );
+    assert!(asked < 200 << 20, "inflated {asked} bytes (limit {limit})");
+}
+
+#[test]
+fn oversized_plain_file_is_refused_unread() {
+    let dir = std::env::temp_dir().join(format!("cuarena-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("big.pickle");
+    let f = std::fs::File::create(&p).unwrap();
+    // Sparse: 5 GiB claimed, nothing written.
+    f.set_len(5 << 30).unwrap();
+    drop(f);
+    let t0 = Instant::now();
+    let r = Trace::read(&p);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(
+        matches!(
+            r,
+            Err(ToolError::Limit {
+                name: "MAX_DECOMPRESSED_BYTES",
+                ..
+            })
+        ),
+        "{}",
+        describe(&r)
+    );
+}
+
+#[test]
+fn huge_integers() {
+    // LONG4 claiming 2 GiB of digits.
+    let mut body = vec![0x8b];
+    body.extend_from_slice(&0x7fff_ffffu32.to_le_bytes());
+    body.extend_from_slice(&[0xff; 16]);
+    let (asked, limit) = expect_limit(read(&pickle(&body)), "MAX_INT_BYTES");
+    assert_eq!((asked, limit), (0x7fff_ffff, MAX_INT_BYTES));
+    // LONG1 with 255 bytes.
+    let mut body = vec![0x8a, 255];
+    body.resize(257, 1);
+    expect_limit(read(&pickle(&body)), "MAX_INT_BYTES");
+    // LONG4 of negative length.
+    let mut body = vec![0x8b];
+    body.extend_from_slice(&(-5i32).to_le_bytes());
+    expect_trace(read(&pickle(&body)), "negative length");
+}
+
+#[test]
+fn giant_length_claims() {
+    for (op, width) in [(0x8du8, 8usize), (b'X', 4), (b'B', 4), (0x8e, 8), (0x8c, 1)] {
+        let mut body = vec![op];
+        body.extend_from_slice(&u64::MAX.to_le_bytes()[..width]);
+        body.extend_from_slice(b"abc");
+        expect_trace(read(&pickle(&body)), "only");
+    }
+}
+
+#[test]
+fn unknown_opcodes_and_recursion() {
+    expect_trace(read(&pickle(b"\xff")), "unsupported opcode 0xff");
+    expect_trace(read(&pickle(b"S'x'\n")), "unsupported opcode 0x53");
+    // A list appended to itself.
+    expect_trace(read(&pickle(b"]\x94h\x00a")), "inside itself");
+    // A list changed after being nested.
+    expect_trace(read(&pickle(b"]\x94]h\x00aNh\x00")), "top level");
+    expect_trace(read(&pickle(b"]\x94]h\x00a0h\x00Na")), "changed after");
+}
+
+fn real(name: &str) -> Vec<u8> {
+    let b = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name),
+    )
+    .unwrap();
+    if b.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&b[..]), &mut out).unwrap();
+        out
+    } else {
+        b
+    }
+}
+
+#[test]
+fn truncated_files() {
+    let bytes = real("mlp_small_with_stacks.pickle");
+    let step = bytes.len() / 97;
+    for cut in (0..bytes.len()).step_by(step) {
+        let r = read(&bytes[..cut]);
+        assert!(
+            matches!(r, Err(ToolError::Trace { .. })),
+            "cut at {cut}: {}",
+            describe(&r)
+        );
+    }
+}
+
+#[test]
+fn csv_long_line() {
+    let mut csv = b"action,addr,size,stream,time_us\nalloc,1,2,0,0\nalloc,".to_vec();
+    csv.resize(csv.len() + (1 << 20), b'9');
+    expect_limit(read(&csv), "MAX_CSV_LINE_BYTES");
+    let mut header = b"action,addr,size,stream,time_us".to_vec();
+    header.resize(1 << 20, b'x');
+    expect_limit(read(&header), "MAX_CSV_LINE_BYTES");
+}
+
+/// The events a general unpickler gives (the reader before this one).
+fn reference_events(bytes: &[u8]) -> Vec<TraceEvent> {
+    let opts = serde_pickle::DeOptions::new()
+        .replace_unresolved_globals()
+        .decode_strings();
+    let top = serde_pickle::value_from_slice(bytes, opts).unwrap();
+    let key = |v: &Value, k: &str| -> Option<Value> {
+        match v {
+            Value::Dict(d) => d.get(&HashableValue::String(k.into())).cloned(),
+            _ => None,
+        }
+    };
+    let int = |v: Option<Value>| -> i128 {
+        match v {
+            Some(Value::I64(i)) => i128::from(i),
+            Some(Value::Int(b)) => b.to_string().parse().unwrap(),
+            None => 0,
+            other => panic!("{other:?}"),
+        }
+    };
+    let Some(Value::List(devices)) = key(&top, "device_traces") else {
+        panic!("no device_traces")
+    };
+    let mut out = Vec::new();
+    for (d, list) in devices.iter().enumerate() {
+        let Value::List(list) = list else { panic!() };
+        for e in list {
+            let Some(Value::String(a)) = key(e, "action") else {
+                panic!()
+            };
+            out.push(TraceEvent {
+                action: Action::parse(&a),
+                addr: int(key(e, "addr")) as u64,
+                size: int(key(e, "size")) as u64,
+                stream: int(key(e, "stream")) as i64,
+                time_us: int(key(e, "time_us")) as i64,
+                device: d as u32,
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn real_snapshots_read_as_before() {
+    for (name, count) in [
+        ("mlp_small_with_stacks.pickle", 430),
+        ("gpt2_varlen_h100.pickle.gz", 5444),
+        ("resnet50_varbatch_h100.pickle.gz", 26612),
+    ] {
+        let bytes = real(name);
+        let t = read(&bytes).unwrap();
+        assert_eq!(t.events.len(), count, "{name}");
+        assert!(t.events == reference_events(&bytes), "{name}");
+    }
+}
