@@ -1,7 +1,7 @@
 //! Spilling on the GPU: what oversubscription costs a training loop, and
 //! how fast the host tier's copies run.
 //!
-//! The loop is `examples/train_mlp.rs` itself, compiled into this bench as
+//! The loop is `examples/train_mlp/` itself, compiled into this bench as
 //! a module (not the example binary): the same model, batches, allocation
 //! order and kernels, with `--data-pool` (batches are windows of inputs
 //! made up front, so that the host's Gaussian sampling does not hide the
@@ -29,7 +29,7 @@
 //! (default 3).
 
 #[allow(dead_code)]
-#[path = "../examples/train_mlp.rs"]
+#[path = "../examples/train_mlp/main.rs"]
 mod train_mlp;
 
 #[cfg(feature = "cuda")]

@@ -3,12 +3,14 @@
 # which has CUDA but no Rust).
 #
 #   scripts/gpu-suite.sh build    build every test, bench and example
-#                                 executable in release mode, strip debug
+#                                 executable and the `cuarena` command in
+#                                 release mode, strip debug
 #                                 info, stage them into .gpu-stage/ and print
 #                                 what to pass to the device tool
 #   scripts/gpu-suite.sh run      (on the GPU machine) run the GPU tests, the
 #                                 GPU benches (moves, handles, spill), the
-#                                 examples (demo, train_mlp, GPU trace replay),
+#                                 examples (demo, train_mlp), the GPU trace
+#                                 replay (`cuarena replay --gpu`),
 #                                 and the GPU tests again under
 #                                 compute-sanitizer memcheck and racecheck at
 #                                 reduced size; logs go to $OUT (or
@@ -42,7 +44,10 @@ for line in sys.stdin:
     except ValueError:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["target"]["name"], " ".join(m["target"]["kind"]), m["executable"])
+        kind = " ".join(m["target"]["kind"])
+        if kind == "bin" and m.get("profile", {}).get("test"):
+            kind = "bin-test"  # the unit tests of a binary, not the binary
+        print(m["target"]["name"], kind, m["executable"])
 '
 }
 
@@ -56,8 +61,8 @@ build() {
     cargo test --release --no-run --message-format=json | list_executables >>"$list" || exit 1
     echo "== building benches" >&2
     cargo bench --no-run --message-format=json | list_executables >>"$list" || exit 1
-    echo "== building examples" >&2
-    cargo build --release --examples --message-format=json | list_executables >>"$list" || exit 1
+    echo "== building examples and the cuarena command" >&2
+    cargo build --release --examples --bins --message-format=json | list_executables >>"$list" || exit 1
     while read -r name kind exe; do
         local dest
         case "$kind" in
@@ -65,16 +70,18 @@ build() {
             test) dest="test-$name" ;;
             bench) dest="bench-$name" ;;
             example) dest="example-$name" ;;
+            bin) dest="$name" ;;
+            bin-test) dest="unit-bin-$name" ;;
             *) dest="$kind-$name" ;;
         esac
         strip --strip-debug -o "$stage/bin/$dest" "$exe" || cp "$exe" "$stage/bin/$dest"
         echo "staged $dest" >&2
     done <"$list"
     rm -f "$list"
-    # The shared trace lives beside the checkout; the GPU machine sees only
-    # the repo and what is carried.
+    # The traces go into the stage: the GPU machine sees only the repo and
+    # what is carried.
     mkdir -p "$stage/traces"
-    for t in "$repo/../shared/traces/resnet50_varbatch.csv.gz" "$repo"/tests/data/*.pickle.gz; do
+    for t in "$repo"/tests/data/resnet50_varbatch.csv.gz "$repo"/tests/data/*.pickle.gz; do
         [ -e "$t" ] && cp "$t" "$stage/traces/"
     done
     du -sh "$stage" >&2
@@ -129,7 +136,7 @@ run() {
         [ -e out/demo_memory_map.svg ] && cp out/demo_memory_map.svg "$out/"
     fi
     if [[ $skip != *" replay "* ]] && [ -e "$stage/traces/resnet50_varbatch.csv.gz" ]; then
-        step "replay --gpu (resnet50)" example-replay.log "$bin/example-replay" \
+        step "cuarena replay --gpu (resnet50)" replay.log "$bin/cuarena" replay \
             "$stage/traces/resnet50_varbatch.csv.gz" --gpu --find-min --svg "$out/replay_timeline.svg"
     fi
     # Reduced sizes, and one host thread: racecheck loses track of kernels
@@ -160,9 +167,10 @@ run() {
     for log in bench-handles bench-spill; do
         [ -e "$out/$log.log" ] && { echo "-- $log"; grep -E '^\|' "$out/$log.log"; }
     done
-    for ex in demo train_mlp replay; do
+    for ex in demo train_mlp; do
         [ -e "$out/example-$ex.log" ] && { echo "-- example $ex"; tail -n 25 "$out/example-$ex.log"; }
     done
+    [ -e "$out/replay.log" ] && { echo "-- cuarena replay --gpu"; tail -n 25 "$out/replay.log"; }
     echo
     cat "$summary"
     # At most a few files come back from the device tool: pack the logs.

@@ -3,7 +3,7 @@
 
 Runs a named training workload on one GPU with
 ``torch.cuda.memory._record_memory_history(enabled="all", context=None)`` and
-writes the snapshot pickle that ``examples/replay.rs`` reads:
+writes the snapshot pickle that ``cuarena replay`` reads:
 
     python3 scripts/pytorch_trace.py resnet50-varbatch --steps 40 --out resnet50.pickle
     python3 scripts/pytorch_trace.py gpt2-varlen --steps 40 --out gpt2.pickle --find-cap

@@ -2,6 +2,8 @@
 //! Modules that need the CUDA backend or the tools are compiled only with
 //! those features, so `cargo test --no-default-features` runs the core's.
 mod arena;
+#[cfg(feature = "tools")]
+mod cli;
 #[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu;
 #[cfg(feature = "cuda")]

@@ -62,8 +62,8 @@ use crate::tools::{Result, ToolError};
 pub(crate) use ops::round_up;
 pub use ops::{FreePoint, Op, Ops};
 pub use replay::{
-    find_min_capacity, find_min_capacity_with, replay, replay_prefix, replay_with, Allocator,
-    MinCapacity, Outcome, ReplayOptions, ReplayReport,
+    find_min_capacity, find_min_capacity_observed, find_min_capacity_with, replay, replay_prefix,
+    replay_with, Allocator, MinCapacity, Outcome, ReplayOptions, ReplayReport,
 };
 
 /// What a trace event records (PyTorch's `action` strings).

@@ -398,6 +398,17 @@ pub fn find_min_capacity(ops: &Ops, align: u64) -> Result<MinCapacity> {
 /// Errors if `align` is not a valid alignment, or if nothing up to 64 times
 /// the total bytes ever allocated completes (the last failure's error).
 pub fn find_min_capacity_with(ops: &Ops, align: u64, allocator: Allocator) -> Result<MinCapacity> {
+    find_min_capacity_observed(ops, align, allocator, &mut |_| {})
+}
+
+/// [`find_min_capacity_with`], calling `observe` with the report of every
+/// trial replay as it finishes (for a progress line; the search is the same).
+pub fn find_min_capacity_observed(
+    ops: &Ops,
+    align: u64,
+    allocator: Allocator,
+    observe: &mut dyn FnMut(&ReplayReport),
+) -> Result<MinCapacity> {
     if !align.is_power_of_two() {
         return Err(Error::InvalidAlignment {
             align_bytes: align,
@@ -411,14 +422,16 @@ pub fn find_min_capacity_with(ops: &Ops, align: u64, allocator: Allocator) -> Re
     let mut run = |cap: u64| -> Result<ReplayReport> {
         trials += 1;
         let config = base.clone().with_capacity_bytes(cap);
-        replay_with(
+        let report = replay_with(
             ops,
             &config,
             &ReplayOptions {
                 allocator,
                 timeline_points: 0,
             },
-        )
+        )?;
+        observe(&report);
+        Ok(report)
     };
 
     let first = run(lower)?;

@@ -1,0 +1,461 @@
+//! The CUDA executor: `kernels/mlp.cu` compiled with NVRTC, launched on
+//! the arena stream; and the CUDA backend with its spills and restores
+//! timed by CUDA events.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cuarena::backend::cuda::cudarc::driver::{
+    sys, CudaEvent, CudaFunction, CudaModule, DriverError, LaunchConfig, PushKernelArg,
+};
+use cuarena::backend::cuda::cudarc::nvrtc::{
+    compile_ptx_with_opts, CompileError, CompileOptions, Ptx,
+};
+use cuarena::backend::cuda::CudaBackend;
+use cuarena::backend::Backend;
+use cuarena::plan::Plan;
+use cuarena::{Arena, ArenaConfig, Handle, TableEntry};
+
+use super::{Exec, Op, Res};
+
+/// Which way a host-tier copy went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// Device to host (a spill).
+    Out,
+    /// Host to device (a restore).
+    In,
+}
+
+/// Time spent in spills and restores (CUDA events around each copy on
+/// the arena stream), and every copy in order.
+#[derive(Debug, Clone, Default)]
+pub struct SpillTiming {
+    /// Milliseconds in device-to-host spill copies.
+    pub out_ms: f64,
+    /// Milliseconds in host-to-device restore copies.
+    pub in_ms: f64,
+    /// Direction and bytes of every copy.
+    pub copies: Vec<(Dir, u64)>,
+}
+
+impl SpillTiming {
+    /// Bytes copied in direction `d`.
+    pub fn bytes(&self, d: Dir) -> u64 {
+        self.copies.iter().filter(|c| c.0 == d).map(|c| c.1).sum()
+    }
+}
+
+/// Event pairs recorded and not yet read.
+#[derive(Debug, Default)]
+struct Events {
+    start: Vec<CudaEvent>,
+    end: Vec<CudaEvent>,
+    pending: usize,
+    timing: SpillTiming,
+}
+
+/// Copies timed at most before the host waits for them.
+const MAX_PENDING: usize = 4096;
+
+fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
+    move |e| cuarena::Error::Driver {
+        call,
+        message: format!("{e:?}"),
+    }
+}
+
+/// The CUDA backend with a CUDA event recorded before and after each
+/// spill and restore copy when `enabled` (the arena decides; this only
+/// measures).
+#[derive(Debug)]
+pub struct Timed {
+    inner: CudaBackend,
+    enabled: bool,
+    events: RefCell<Events>,
+}
+
+impl Timed {
+    pub fn new(inner: CudaBackend, enabled: bool) -> Self {
+        Self {
+            inner,
+            enabled,
+            events: RefCell::new(Events::default()),
+        }
+    }
+
+    pub fn inner(&self) -> &CudaBackend {
+        &self.inner
+    }
+
+    /// Spill timing so far (waits for the copies still in flight).
+    pub fn timing(&self) -> cuarena::Result<SpillTiming> {
+        self.harvest()?;
+        Ok(self.events.borrow().timing.clone())
+    }
+
+    /// Makes sure there are `pairs` pairs of timing events.
+    fn create_events(&mut self, pairs: usize) -> cuarena::Result<()> {
+        let ev = self.events.get_mut();
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ctx = self.inner.context();
+        while ev.start.len() < pairs {
+            ev.start
+                .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
+            ev.end
+                .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
+        }
+        Ok(())
+    }
+
+    /// Reads the pending event pairs (waiting for the last one).
+    fn harvest(&self) -> cuarena::Result<()> {
+        let mut guard = self.events.borrow_mut();
+        let ev = &mut *guard;
+        if ev.pending == 0 {
+            return Ok(());
+        }
+        ev.end[ev.pending - 1]
+            .synchronize()
+            .map_err(drv("cuEventSynchronize"))?;
+        let first = ev.timing.copies.len() - ev.pending;
+        for i in 0..ev.pending {
+            let ms = f64::from(
+                ev.start[i]
+                    .elapsed_ms(&ev.end[i])
+                    .map_err(drv("cuEventElapsedTime"))?,
+            );
+            match ev.timing.copies[first + i].0 {
+                Dir::Out => ev.timing.out_ms += ms,
+                Dir::In => ev.timing.in_ms += ms,
+            }
+        }
+        ev.pending = 0;
+        Ok(())
+    }
+
+    fn timed(
+        &mut self,
+        dir: Dir,
+        len: u64,
+        copy: impl FnOnce(&mut CudaBackend) -> cuarena::Result<()>,
+    ) -> cuarena::Result<()> {
+        if !self.enabled {
+            return copy(&mut self.inner);
+        }
+        if self.events.borrow().pending >= MAX_PENDING {
+            self.harvest()?;
+        }
+        let i = self.events.get_mut().pending;
+        self.create_events(i + 1)?;
+        let ev = self.events.get_mut();
+        let stream = self.inner.stream().clone();
+        ev.start[i].record(&stream).map_err(drv("cuEventRecord"))?;
+        copy(&mut self.inner)?;
+        let ev = self.events.get_mut();
+        ev.end[i].record(&stream).map_err(drv("cuEventRecord"))?;
+        ev.pending += 1;
+        ev.timing.copies.push((dir, len));
+        Ok(())
+    }
+}
+
+impl Backend for Timed {
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> cuarena::Result<()> {
+        self.inner.write(offset, bytes)
+    }
+    fn read(&mut self, offset: u64, out: &mut [u8]) -> cuarena::Result<()> {
+        self.inner.read(offset, out)?;
+        // The stream is idle now: reading the events costs nothing.
+        self.harvest()
+    }
+    fn execute(&mut self, plan: &Plan) -> cuarena::Result<()> {
+        self.inner.execute(plan)
+    }
+    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> cuarena::Result<()> {
+        self.inner.sync_table(entries, first)
+    }
+    fn reserve_host_tier(&mut self, bytes: u64) -> cuarena::Result<()> {
+        if self.enabled {
+            // Up front, not in the training loop.
+            self.create_events(MAX_PENDING)?;
+        }
+        self.inner.reserve_host_tier(bytes)
+    }
+    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> cuarena::Result<()> {
+        self.timed(Dir::Out, len, |b| b.spill(offset, host_offset, len))
+    }
+    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> cuarena::Result<()> {
+        self.timed(Dir::In, len, |b| b.restore(host_offset, offset, len))
+    }
+}
+
+const SOURCE: &str = include_str!("../../kernels/mlp.cu");
+
+/// Compiles `kernels/mlp.cu` for `arch` (`sm_90` on a Hopper GPU).
+pub fn compile(arch: &str) -> Res<Ptx> {
+    let opts = CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+        ],
+        name: Some("mlp.cu".to_string()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
+        CompileError::CompileError { log, .. } => format!(
+            "NVRTC could not compile kernels/mlp.cu:\n{}",
+            log.to_string_lossy()
+        )
+        .into(),
+        other => format!("NVRTC: {other:?}").into(),
+    })
+}
+
+struct Kernels {
+    _module: Arc<CudaModule>,
+    mm_nn: CudaFunction,
+    mm_tn: CudaFunction,
+    mm_nt: CudaFunction,
+    bias_add: CudaFunction,
+    relu_fwd: CudaFunction,
+    relu_bwd: CudaFunction,
+    col_sum: CudaFunction,
+    softmax_xent: CudaFunction,
+    argmax: CudaFunction,
+    mean2_acc: CudaFunction,
+    sgd: CudaFunction,
+}
+
+/// An operand of a launch: a block and how many 4-byte elements the
+/// kernel may touch in it (checked against the block's size).
+type Operand = (Option<Handle>, usize);
+
+pub struct Gpu {
+    pub arena: Arena<Timed>,
+    k: Kernels,
+}
+
+/// Picks a kernel of [`Kernels`].
+type Pick = fn(&Kernels) -> &CudaFunction;
+
+fn dim(n: usize) -> Res<i32> {
+    Ok(i32::try_from(n).map_err(|_| format!("dimension {n} does not fit the kernels' int"))?)
+}
+
+/// Grid-stride elementwise launch.
+fn cfg_1d(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Gpu {
+    /// An arena of `config` on device 0; compiles the kernels into
+    /// `ptx` the first time (the device's architecture is known once a
+    /// backend exists).
+    pub fn new(config: ArenaConfig, ptx: &mut Option<Ptx>, time_copies: bool) -> Res<Self> {
+        let backend = CudaBackend::new(0, config.capacity_bytes)?;
+        let code = match ptx {
+            Some(p) => p.clone(),
+            None => {
+                let p = compile(backend.arch())?;
+                *ptx = Some(p.clone());
+                p
+            }
+        };
+        let module = backend.context().load_module(code)?;
+        let f = |name: &str| module.load_function(name);
+        let k = Kernels {
+            mm_nn: f("mlp_matmul_nn")?,
+            mm_tn: f("mlp_matmul_tn")?,
+            mm_nt: f("mlp_matmul_nt")?,
+            bias_add: f("mlp_bias_add")?,
+            relu_fwd: f("mlp_relu_fwd")?,
+            relu_bwd: f("mlp_relu_bwd")?,
+            col_sum: f("mlp_col_sum")?,
+            softmax_xent: f("mlp_softmax_xent")?,
+            argmax: f("mlp_argmax")?,
+            mean2_acc: f("mlp_mean2_acc")?,
+            sgd: f("mlp_sgd_momentum")?,
+            _module: module,
+        };
+        let arena = Arena::with_backend(config, Timed::new(backend, time_copies))?;
+        Ok(Self { arena, k })
+    }
+
+    /// Launches the kernel `pick` names with the operands' device
+    /// addresses, then `ints`, then `floats` (the argument order of
+    /// every kernel in mlp.cu).
+    ///
+    /// Why the addresses cannot go stale: first `make_resident` brings
+    /// every operand onto the device together (with spilling on, it may
+    /// spill other blocks, restore these and compact, all enqueued on
+    /// the arena stream before this launch; it never spills one of
+    /// these). Then the addresses are resolved, after the last call
+    /// that could move anything (every `alloc` happens before the
+    /// launch that uses the block), and used only to enqueue this one
+    /// launch; from there on only `&self.arena` is used, so nothing
+    /// moves until we return, and no address outlives this function.
+    /// The kernel runs on the arena stream, so it executes before any
+    /// compaction, spill, transfer or reuse of a freed block enqueued
+    /// later on that stream: on the GPU it sees exactly the layout
+    /// these addresses describe.
+    fn launch(
+        &mut self,
+        pick: Pick,
+        cfg: LaunchConfig,
+        operands: &[Operand],
+        ints: &[i32],
+        floats: &[f32],
+    ) -> Res<()> {
+        let mut ptrs = [0u64; 4];
+        if operands.len() > ptrs.len() {
+            return Err("too many operands".into());
+        }
+        let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.0).collect();
+        self.resident(&handles)?;
+        let f = pick(&self.k);
+        let base = self.arena.backend().inner().region_ptr();
+        for (p, &(h, elems)) in ptrs.iter_mut().zip(operands) {
+            if let Some(h) = h {
+                let size = self.arena.size_bytes(h)?;
+                if size < 4 * elems as u64 {
+                    return Err(format!("block of {size} B too small for {elems} elements").into());
+                }
+                *p = base + self.arena.resolve(h)?;
+            }
+        }
+        let mut b = self.arena.backend().inner().stream().launch_builder(f);
+        for p in &ptrs[..operands.len()] {
+            b.arg(p);
+        }
+        for i in ints {
+            b.arg(i);
+        }
+        for x in floats {
+            b.arg(x);
+        }
+        // SAFETY: every call below passes the pointers, ints and floats
+        // of the kernel's C signature in order and type (pointers as
+        // u64, `int` as i32, `float` as f32). Each pointer is the
+        // current address of a live block of this arena, resident with
+        // all the others (or null where the kernel accepts null), at
+        // least as large as the
+        // elements the kernel touches for the given dimensions (checked
+        // above), and the launch is ordered on the arena stream (see
+        // the comment on this function).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+impl Exec for Gpu {
+    type B = Timed;
+    fn arena(&mut self) -> &mut Arena<Timed> {
+        &mut self.arena
+    }
+    fn matmul(
+        &mut self,
+        op: Op,
+        a: Handle,
+        b: Handle,
+        c: Handle,
+        (m, n, k): (usize, usize, usize),
+    ) -> Res<()> {
+        let f: Pick = match op {
+            Op::NN => |k| &k.mm_nn,
+            Op::TN => |k| &k.mm_tn,
+            Op::NT => |k| &k.mm_nt,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ops = [(Some(a), m * k), (Some(b), k * n), (Some(c), m * n)];
+        self.launch(f, cfg, &ops, &[dim(m)?, dim(n)?, dim(k)?], &[])
+    }
+    fn bias_add(&mut self, z: Handle, b: Handle, rows: usize, cols: usize) -> Res<()> {
+        let ops = [(Some(z), rows * cols), (Some(b), cols)];
+        self.launch(
+            |k| &k.bias_add,
+            cfg_1d(rows * cols),
+            &ops,
+            &[dim(rows)?, dim(cols)?],
+            &[],
+        )
+    }
+    fn relu(&mut self, z: Handle, h: Handle, len: usize) -> Res<()> {
+        let ops = [(Some(z), len), (Some(h), len)];
+        self.launch(|k| &k.relu_fwd, cfg_1d(len), &ops, &[dim(len)?], &[])
+    }
+    fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, len: usize) -> Res<()> {
+        let ops = [(Some(dh), len), (Some(z), len), (Some(dz), len)];
+        self.launch(|k| &k.relu_bwd, cfg_1d(len), &ops, &[dim(len)?], &[])
+    }
+    fn col_sum(&mut self, x: Handle, out: Handle, rows: usize, cols: usize) -> Res<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (cols.div_ceil(32) as u32, 1, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let ops = [(Some(x), rows * cols), (Some(out), cols)];
+        self.launch(|k| &k.col_sum, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
+    }
+    fn softmax_xent(
+        &mut self,
+        logits: Handle,
+        labels: Handle,
+        dlogits: Option<Handle>,
+        stats: Handle,
+        rows: usize,
+        cols: usize,
+    ) -> Res<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(128).max(1) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ops = [
+            (Some(logits), rows * cols),
+            (Some(labels), rows),
+            (dlogits, rows * cols),
+            (Some(stats), 2 * rows),
+        ];
+        self.launch(
+            |k| &k.softmax_xent,
+            cfg,
+            &ops,
+            &[dim(rows)?, dim(cols)?],
+            &[],
+        )
+    }
+    fn argmax(&mut self, logits: Handle, labels: Handle, rows: usize, cols: usize) -> Res<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(128).max(1) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ops = [(Some(logits), rows * cols), (Some(labels), rows)];
+        self.launch(|k| &k.argmax, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
+    }
+    fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ops = [(Some(stats), 2 * n), (Some(out), 2)];
+        self.launch(|k| &k.mean2_acc, cfg, &ops, &[dim(n)?], &[])
+    }
+    fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()> {
+        let ops = [(Some(w), len), (Some(g), len), (Some(v), len)];
+        self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
+    }
+}
