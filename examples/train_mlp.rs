@@ -721,7 +721,7 @@ pub(crate) mod gpu {
     fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
         move |e| cuarena::Error::Driver {
             call,
-            message: format!("{e:?}"),
+            source: cuarena::error::DriverError::from(e),
         }
     }
 

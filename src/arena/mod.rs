@@ -139,12 +139,9 @@ impl<B: Backend> Arena<B> {
             None
         };
         if backend.capacity_bytes() < config.capacity_bytes {
-            return Err(Error::InvalidConfig {
-                reason: format!(
-                    "backend region of {} B is smaller than the configured capacity of {} B",
-                    backend.capacity_bytes(),
-                    config.capacity_bytes
-                ),
+            return Err(Error::BackendTooSmall {
+                backend_bytes: backend.capacity_bytes(),
+                capacity_bytes: config.capacity_bytes,
             });
         }
         Ok(Self {
@@ -640,9 +637,10 @@ impl<B: Backend> Arena<B> {
         self.block(h)?;
         self.make_resident(&[h])?;
         let b = self.block_mut(h)?;
-        b.pins = b.pins.checked_add(1).ok_or(Error::InvalidConfig {
-            reason: "pin count overflow".into(),
-        })?;
+        b.pins = b
+            .pins
+            .checked_add(1)
+            .ok_or(Error::PinOverflow { pins: b.pins })?;
         let pins = b.pins;
         if pins == 1 {
             self.counters.pinned_blocks += 1;

@@ -81,6 +81,7 @@ pub struct Region {
 
 /// A summary of free space, from [`FreeIndex::report`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct StorageReport {
     /// Total free bytes.
     pub free_bytes: u64,

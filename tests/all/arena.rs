@@ -324,7 +324,7 @@ impl Backend for Failing {
     fn execute(&mut self, _: &Plan) -> Result<()> {
         Err(Error::Driver {
             call: "test",
-            message: "injected".into(),
+            source: cuarena::error::DriverError::new(999, "injected"),
         })
     }
 }
