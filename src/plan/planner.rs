@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use smallvec::smallvec;
 
 use super::{Move, Plan, PlanKind, Wave};
+use crate::error::{Error, Result};
 
 /// A live block as the planner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +43,45 @@ pub struct LiveBlock {
 }
 
 impl LiveBlock {
+    /// End of the block (exclusive); saturating, so a block that
+    /// [`check_live`] would refuse cannot wrap around.
     fn end(&self) -> u64 {
-        self.offset + self.len
+        self.offset.saturating_add(self.len)
     }
+}
+
+/// Checks the planners' input: blocks ascending and disjoint inside
+/// `[0, capacity)`, each of `len > 0`, `copy_len <= len`, alignment a power
+/// of two and offset a multiple of it. The planners never panic or
+/// overflow on other input, but their plans are only meaningful for input
+/// that passes; [`crate::plan::Plan::validate_against`] runs this first.
+///
+/// # Errors
+///
+/// [`Error::InvalidLayout`] naming the first block that breaks a rule.
+pub fn check_live(blocks: &[LiveBlock], capacity: u64) -> Result<()> {
+    let mut cursor = 0u64;
+    for (i, b) in blocks.iter().enumerate() {
+        let end = b.offset.checked_add(b.len).filter(|&e| e <= capacity);
+        let ok = b.len > 0
+            && b.copy_len <= b.len
+            && b.align.is_power_of_two()
+            && b.offset % b.align == 0
+            && b.offset >= cursor;
+        match end {
+            Some(end) if ok => cursor = end,
+            _ => {
+                return Err(Error::InvalidLayout {
+                    reason: format!(
+                        "live block {i} ({b:?}) is empty, misaligned, copies more than it holds, \
+                         overlaps the block before it (ending at {cursor}) or leaves the region \
+                         of {capacity} B"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A request the targeted planner must make room for.
@@ -56,10 +93,12 @@ pub struct Request {
     pub align: u64,
 }
 
-fn align_up(x: u64, align: u64) -> u64 {
-    // Callers keep offsets below capacity, so this cannot overflow in practice;
-    // saturate rather than wrap if it ever could.
-    x.saturating_add(align - 1) & !(align - 1)
+/// `x` rounded up to a multiple of `align` (a power of two), or `None` if
+/// that is past `u64::MAX`: near 2^64 (metadata arenas) a wrapped or
+/// saturated result would lie below `x` and overlap the block there.
+fn align_up(x: u64, align: u64) -> Option<u64> {
+    let mask = align.max(1) - 1;
+    x.checked_add(mask).map(|v| v & !mask)
 }
 
 /// Where [`plan_full`] puts each unpinned block, and the plan.
@@ -83,22 +122,33 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
             layout.push((b.offset, b.len));
             continue;
         }
-        let mut dst = b.offset;
+        let mut dst = None;
         for (k, gap) in gaps
             .iter_mut()
             .enumerate()
             .take(own_gap + 1)
             .skip(first_open)
         {
-            let pos = align_up(gap.0, b.align);
+            let Some(pos) = align_up(gap.0, b.align) else {
+                continue;
+            };
             if pos.checked_add(b.len).is_some_and(|e| e <= gap.1) {
                 // Invariant: in its own gap the cursor never passes the block,
                 // so `pos <= b.offset` and every move goes down.
-                dst = if k == own_gap { pos.min(b.offset) } else { pos };
-                gap.0 = dst + b.len;
+                let d = if k == own_gap { pos.min(b.offset) } else { pos };
+                gap.0 = d.saturating_add(b.len);
+                dst = Some(d);
                 break;
             }
         }
+        // Found no place (only for input `check_live` refuses): the block
+        // stays, and nothing later in its gap may land on it.
+        let dst = dst.unwrap_or_else(|| {
+            if let Some(gap) = gaps.get_mut(own_gap) {
+                gap.0 = gap.0.max(b.end());
+            }
+            b.offset
+        });
         while first_open < own_gap && gaps[first_open].0 >= gaps[first_open].1 {
             first_open += 1;
         }
@@ -140,11 +190,12 @@ fn largest_aligned_hole(layout: &[(u64, u64)], capacity: u64, align: u64) -> u64
     let mut best = 0;
     let mut cursor = 0;
     for &(off, len) in layout.iter().chain(std::iter::once(&(capacity, 0))) {
-        let start = align_up(cursor, align);
-        if off > start {
-            best = best.max(off - start);
+        if let Some(start) = align_up(cursor, align) {
+            if off > start {
+                best = best.max(off - start);
+            }
         }
-        cursor = cursor.max(off + len);
+        cursor = cursor.max(off.saturating_add(len));
     }
     best
 }
@@ -215,7 +266,13 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
     copied.push(0u64);
     pins.push(0u32);
     for b in blocks {
-        copied.push(copied.last().copied().unwrap_or(0) + b.copy_len);
+        copied.push(
+            copied
+                .last()
+                .copied()
+                .unwrap_or(0)
+                .saturating_add(b.copy_len),
+        );
         pins.push(pins.last().copied().unwrap_or(0) + u32::from(b.pinned));
     }
     let mut best: Option<(u64, usize, usize)> = None; // (cost, a, b)
@@ -229,7 +286,7 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
         // Extend b until the merged free bytes suffice (with slack for
         // alignment padding, checked exactly when the plan is built).
         while b < n && free < req.size {
-            free += holes.spans[b].1 - holes.spans[b].0;
+            free = free.saturating_add(holes.spans[b].1 - holes.spans[b].0);
             b += 1;
         }
         if free < req.size {
@@ -249,7 +306,7 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
     let mut cursor = holes.spans[a].0;
     let mut moves = Vec::new();
     for blk in &blocks[first..last] {
-        let dst = align_up(cursor, blk.align).min(blk.offset);
+        let dst = align_up(cursor, blk.align).map_or(blk.offset, |p| p.min(blk.offset));
         if dst != blk.offset {
             moves.push(Move {
                 key: blk.key,
@@ -258,10 +315,10 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
                 len: blk.copy_len,
             });
         }
-        cursor = dst + blk.len;
+        cursor = dst.saturating_add(blk.len);
     }
     let hole_end = holes.spans[b].1;
-    if align_up(cursor, req.align).checked_add(req.size)? > hole_end {
+    if align_up(cursor, req.align)?.checked_add(req.size)? > hole_end {
         return None; // alignment padding ate the slack
     }
     let mut plan = Plan::empty(PlanKind::Targeted);
@@ -290,7 +347,9 @@ fn plan_evacuate(
     let mut pinned_inside = 0u32;
     let mut consider =
         |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
-            let x = align_up(s, req.align);
+            let Some(x) = align_up(s, req.align) else {
+                return false;
+            };
             let Some(end) = x.checked_add(req.size).filter(|&e| e <= capacity) else {
                 return false;
             };
@@ -365,7 +424,7 @@ fn pack_evacuees(
     let mut moves = Vec::with_capacity(order.len());
     let fits = |(start, end): (u64, u64), b: &LiveBlock| {
         align_up(start, b.align)
-            .checked_add(b.len)
+            .and_then(|p| p.checked_add(b.len))
             .is_some_and(|e| e <= end)
     };
     if order.len() <= 16 {
@@ -378,7 +437,7 @@ fn pack_evacuees(
                 .filter(|(_, &p)| fits(p, b))
                 .min_by_key(|(_, p)| p.1 - p.0)?;
             let (start, end) = free[k];
-            let dst = align_up(start, b.align);
+            let dst = align_up(start, b.align)?;
             free[k] = (dst + b.len, end);
             if dst > start {
                 free.push((start, dst));
@@ -401,7 +460,7 @@ fn pack_evacuees(
                 .find(|&(size, start)| fits((start, start + size), b))?;
             by_size.remove(&found);
             let (size, start) = found;
-            let dst = align_up(start, b.align);
+            let dst = align_up(start, b.align)?;
             if dst > start {
                 by_size.insert((dst - start, start), ());
             }
@@ -447,7 +506,8 @@ mod tests {
     /// Applies a plan to a layout and returns the sorted result, checking
     /// the plan's validity and that nothing overlaps afterwards.
     fn apply(blocks: &[LiveBlock], plan: &Plan, capacity: u64) -> Vec<(u64, u64, u64)> {
-        plan.validate(capacity).expect("plan breaks the wave rule");
+        plan.validate_against(blocks, capacity)
+            .expect("plan breaks the wave rule");
         let mut out: Vec<(u64, u64, u64)> =
             blocks.iter().map(|b| (b.offset, b.len, b.key)).collect();
         for m in plan.moves() {
@@ -596,5 +656,61 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn align_up_never_wraps() {
+        assert_eq!(align_up(u64::MAX - 5, 1 << 62), None);
+        assert_eq!(align_up(3 << 62, 1 << 62), Some(3 << 62));
+        assert_eq!(align_up((3 << 62) + 1, 1 << 62), None);
+        assert_eq!(align_up(u64::MAX, 1), Some(u64::MAX));
+    }
+
+    #[test]
+    fn near_two_to_the_64() {
+        // A region of 2^64 - 2^20 B: blocks of 2^62 B aligned to 2^62, a
+        // request whose alignment cannot be met above the last block.
+        let cap = u64::MAX - ((1 << 20) - 1);
+        let q = 1u64 << 62;
+        let a = |key, offset, len, align| LiveBlock {
+            align,
+            ..blk(key, offset, len)
+        };
+        let blocks = [a(1, q, q, q), a(2, 3 * q, q - (1 << 20), q)];
+        check_live(&blocks, cap).expect("valid input");
+        let full = plan_full(&blocks, cap);
+        let out = apply(&blocks, &full, cap);
+        assert_eq!(out[0], (0, q, 1));
+        for req in [
+            Request { size: q, align: q },
+            Request {
+                size: 2 * q,
+                align: q,
+            },
+            Request {
+                size: q + 1,
+                align: 1 << 40,
+            },
+            Request {
+                size: (1 << 20) + 1,
+                align: 256,
+            },
+        ] {
+            if let Some(p) = plan_targeted(&blocks, cap, req) {
+                apply(&blocks, &p, cap);
+            }
+        }
+        // Packed: [0, q) and [q, 2q - 2^20); the aligned hole starts at 2q.
+        assert_eq!(largest_hole_after_full(&blocks, cap, q), 2 * q - (1 << 20));
+        assert_eq!(largest_hole_after_full(&blocks, cap, 1 << 63), 2 * q - (1 << 20));
+        // Bad input is refused by the check, and the planners stay total.
+        let bad = [a(1, 0, q, 1), a(2, q - 1, 2, 1)];
+        assert!(check_live(&bad, cap).is_err());
+        let _ = plan_full(&bad, cap);
+        let _ = plan_targeted(&bad, cap, Request { size: 10, align: 1 });
+        let wrap = [a(1, u64::MAX - 1, 10, 1)];
+        assert!(check_live(&wrap, u64::MAX).is_err());
+        let _ = plan_full(&wrap, u64::MAX);
+        let _ = largest_hole_after_full(&wrap, u64::MAX, 1 << 63);
     }
 }
