@@ -5,7 +5,7 @@ use super::nodes::{NIL, VACANT};
 use super::FreeIndex;
 
 impl FreeIndex {
-    /// Checks every invariant of the [module docs](self); for tests. O(nodes).
+    /// Checks every invariant of the [module docs](super); for tests. O(nodes).
     ///
     /// # Errors
     ///

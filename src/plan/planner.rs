@@ -702,7 +702,10 @@ mod tests {
         }
         // Packed: [0, q) and [q, 2q - 2^20); the aligned hole starts at 2q.
         assert_eq!(largest_hole_after_full(&blocks, cap, q), 2 * q - (1 << 20));
-        assert_eq!(largest_hole_after_full(&blocks, cap, 1 << 63), 2 * q - (1 << 20));
+        assert_eq!(
+            largest_hole_after_full(&blocks, cap, 1 << 63),
+            2 * q - (1 << 20)
+        );
         // Bad input is refused by the check, and the planners stay total.
         let bad = [a(1, 0, q, 1), a(2, q - 1, 2, 1)];
         assert!(check_live(&bad, cap).is_err());
