@@ -47,7 +47,7 @@ const GIB: u64 = 1 << 30;
 fn drv(call: &'static str) -> impl Fn(result::DriverError) -> Error {
     move |e| Error::Driver {
         call,
-        message: format!("{e:?}"),
+        source: cuarena::error::DriverError::from(e),
     }
 }
 

@@ -81,7 +81,7 @@ impl Timer {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let err = |e| cuarena::Error::Driver {
             call: "cuEventCreate",
-            message: format!("{e:?}"),
+            source: cuarena::error::DriverError::from(e),
         };
         Ok(Self {
             stream: backend.stream().clone(),
@@ -95,7 +95,7 @@ impl Timer {
     fn median_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
         let drv = |e| cuarena::Error::Driver {
             call: "event",
-            message: format!("{e:?}"),
+            source: cuarena::error::DriverError::from(e),
         };
         f()?;
         self.stream.synchronize().map_err(drv)?;
@@ -121,7 +121,7 @@ impl Timer {
     ) -> Result<(f64, f64)> {
         let drv = |e| cuarena::Error::Driver {
             call: "event",
-            message: format!("{e:?}"),
+            source: cuarena::error::DriverError::from(e),
         };
         f()?;
         self.stream.synchronize().map_err(drv)?;
@@ -157,7 +157,7 @@ fn blocker(region_ptr: u64, stream: &CudaStream) -> Result<()> {
     .result()
     .map_err(|e| cuarena::Error::Driver {
         call: "cuMemsetD32Async",
-        message: format!("{e:?}"),
+        source: cuarena::error::DriverError::from(e),
     })
 }
 
@@ -171,7 +171,7 @@ fn memcpy_each(backend: &CudaBackend, copies: &[(u64, u64, u64)]) -> Result<()> 
         unsafe { result::memcpy_dtod_async(base + d, base + s, n as usize, stream) }.map_err(
             |e| cuarena::Error::Driver {
                 call: "cuMemcpyDtoDAsync",
-                message: format!("{e:?}"),
+                source: cuarena::error::DriverError::from(e),
             },
         )?;
     }
@@ -347,11 +347,11 @@ fn main() -> Result<()> {
     let mut shapes = vec![CudaOptions::default()];
     if sweep {
         for (t, v) in [(256, 4), (256, 8), (512, 4), (256, 16), (1024, 4)] {
-            shapes.push(CudaOptions {
-                threads_per_cta: t,
-                vectors_per_thread: v,
-                ctas_per_sm: None,
-            });
+            shapes.push(
+                CudaOptions::default()
+                    .with_threads_per_cta(t)
+                    .with_vectors_per_thread(v),
+            );
         }
     }
     let capacity = 17 * GIB;
@@ -385,7 +385,7 @@ fn main() -> Result<()> {
         .result()
         .map_err(|e| cuarena::Error::Driver {
             call: "cuMemsetD32Async",
-            message: format!("{e:?}"),
+            source: cuarena::error::DriverError::from(e),
         })?;
         let timer = Timer::new(&backend, reps)?;
         all.extend(run_cases(&mut backend, &timer, &label)?);

@@ -38,7 +38,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use cuarena::placement::{FreeIndex, NodeId};
+use cuarena::placement::FreeIndex;
 use offset_allocator::{Allocation, Allocator};
 
 /// Smallest and largest sampled size, log2 (64 B and 256 MiB).
@@ -46,8 +46,6 @@ const MIN_LOG2: f64 = 6.0;
 const MAX_LOG2: f64 = 28.0;
 /// The arena's default alignment, to which it rounds sizes.
 const GRAIN: u64 = 256;
-/// An empty ring slot (after a failed alloc).
-const NO_NODE: NodeId = NodeId::MAX;
 
 /// splitmix64: deterministic, used only outside the timed loop.
 struct Rng(u64);
@@ -130,7 +128,7 @@ impl Workload {
 /// Our index with a ring of live blocks, warmed to a steady state.
 struct Ours {
     index: FreeIndex,
-    ring: Vec<NodeId>,
+    ring: Vec<Option<cuarena::placement::Allocation>>,
     step: usize,
     failures: u64,
 }
@@ -154,24 +152,22 @@ impl Ours {
     }
 
     #[inline]
-    fn alloc(&mut self, size: u64) -> NodeId {
-        match self.index.alloc(black_box(size), GRAIN) {
-            Some((id, offset)) => {
-                black_box(offset);
-                id
+    fn alloc(&mut self, size: u64) -> Option<cuarena::placement::Allocation> {
+        let a = self.index.alloc(black_box(size), GRAIN);
+        match &a {
+            Some(a) => {
+                black_box(a.offset());
             }
-            None => {
-                self.failures += 1;
-                NO_NODE
-            }
+            None => self.failures += 1,
         }
+        a
     }
 
     #[inline]
     fn replace(&mut self, slot: usize, size: u64) {
-        let old = self.ring[slot];
-        if old != NO_NODE {
-            self.index.free(black_box(old));
+        if let Some(old) = self.ring[slot].take() {
+            // Cannot fail: the ring holds only this index's allocations.
+            let _ = self.index.free(black_box(old));
         }
         self.ring[slot] = self.alloc(size);
     }

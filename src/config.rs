@@ -19,6 +19,7 @@ pub enum CompactionPolicy {
 
 /// Configuration of an [`crate::Arena`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ArenaConfig {
     /// Bytes of the arena's region.
     pub capacity_bytes: u64,

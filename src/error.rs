@@ -180,6 +180,104 @@ pub enum Error {
         capacity_bytes: u64,
     },
 
+    /// A pin on a block that already holds `u32::MAX` pins.
+    #[error("block already holds {pins} pins, the most a block can hold")]
+    PinOverflow {
+        /// Pins the block holds.
+        pins: u32,
+    },
+
+    /// Spilling was asked of a backend that has no host tier (or of an
+    /// arena whose `spill_host_bytes` is 0).
+    #[error("no host tier: {requested_bytes} B asked of a backend without one")]
+    NoHostTier {
+        /// Bytes asked of the host tier.
+        requested_bytes: u64,
+    },
+
+    /// The backend's region is smaller than the configured capacity.
+    #[error("backend region of {backend_bytes} B is smaller than the configured capacity of {capacity_bytes} B")]
+    BackendTooSmall {
+        /// Bytes of the backend's region.
+        backend_bytes: u64,
+        /// Capacity the config asks for.
+        capacity_bytes: u64,
+    },
+
+    /// Host memory for `what` could not be allocated (the request exceeds
+    /// what this machine's allocator can give). Nothing was changed.
+    #[error("cannot allocate {requested_bytes} B of host memory for {what}")]
+    HostMemory {
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// What they were for (region, host tier, read buffer, ...).
+        what: &'static str,
+    },
+
+    /// A size does not fit in this machine's address space (`usize`).
+    #[error("{requested_bytes} B exceed this machine's address space of {max_bytes} B")]
+    ExceedsAddressSpace {
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Largest size the address space can hold (`usize::MAX`).
+        max_bytes: u64,
+    },
+
+    /// The handle table would need more slots than a table can hold.
+    #[error("a handle table of {requested_slots} slots exceeds the largest possible table of {max_slots} slots")]
+    TableOverflow {
+        /// Slots asked for.
+        requested_slots: u64,
+        /// Most slots a table can hold.
+        max_slots: u64,
+    },
+
+    /// A CUDA graph capture recorded no work.
+    #[error("the graph capture recorded no work")]
+    EmptyCapture,
+
+    /// A captured graph can no longer run: the handle table's device buffer
+    /// (or the region) moved since the capture, because the table grew.
+    #[error(
+        "the handle table's device buffer moved since this graph was captured \
+         (it grew past the {reserved_slots} slots it held then, for {slots_in_use} in use now); \
+         reserve_handle_table for the most blocks live at once, then capture again"
+    )]
+    TableMoved {
+        /// Slots the table held at capture.
+        reserved_slots: usize,
+        /// Slots in use now.
+        slots_in_use: usize,
+    },
+
+    /// The CUDA region would hold no bytes: the device's free memory times
+    /// the fraction asked for rounds down to 0.
+    #[error("a region of {requested_bytes} B (of {free_device_bytes} B free on the device, rounded down to a multiple of {multiple_of_bytes} B) holds nothing")]
+    EmptyRegion {
+        /// Bytes the fraction came to, before rounding.
+        requested_bytes: u64,
+        /// Free device memory reported by the driver.
+        free_device_bytes: u64,
+        /// The multiple the capacity is rounded down to.
+        multiple_of_bytes: u64,
+    },
+
+    /// A placement [`crate::placement::Allocation`] given to an index that
+    /// did not make it, or made before the index was rebuilt.
+    #[error("allocation at offset {offset} does not belong to this index (another index, or one since rebuilt)")]
+    ForeignAllocation {
+        /// The allocation's offset.
+        offset: u64,
+    },
+
+    /// A layout given to the placement index or the planner breaks its rules
+    /// (blocks out of order, overlapping, empty, out of bounds, misaligned).
+    #[error("invalid layout: {reason}")]
+    InvalidLayout {
+        /// Which rule, and which blocks.
+        reason: String,
+    },
+
     /// A compaction plan breaks the wave rule (see [`crate::plan::Plan`]).
     #[error("invalid plan: {reason}")]
     InvalidPlan {
@@ -187,7 +285,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// The arena's configuration is inconsistent.
+    /// The configuration is inconsistent (an arena's capacity or
+    /// alignment, a backend's options): fix the values passed.
     #[error("invalid config: {reason}")]
     InvalidConfig {
         /// What is wrong.
@@ -201,13 +300,25 @@ pub enum Error {
         reason: String,
     },
 
-    /// A CUDA driver call failed.
-    #[error("CUDA driver call {call} failed: {message}")]
+    /// A CUDA driver call failed. The driver's result code is kept in
+    /// `source` ([`DriverError::code`], [`DriverError::is_out_of_memory`]).
+    #[error("CUDA driver call {call} failed: {source}")]
     Driver {
         /// The driver call (or cudarc method) that failed.
         call: &'static str,
-        /// The driver's error.
-        message: String,
+        /// The driver's error, with its result code.
+        #[source]
+        source: DriverError,
+    },
+
+    /// The device reported a fault while running the arena's own kernels
+    /// (for example the move kernel's watchdog: a tile waited too long for
+    /// an earlier one). Not a failed driver call; the region's contents
+    /// are undefined and the arena is poisoned.
+    #[error("device fault: {reason}")]
+    DeviceFault {
+        /// What the device reported.
+        reason: String,
     },
 
     /// NVRTC could not compile a kernel from `kernels/`.
@@ -226,4 +337,75 @@ pub enum Error {
         /// The failure that poisoned it.
         reason: String,
     },
+}
+
+/// A CUDA driver error: the `CUresult` code and its name, without a
+/// dependency on the driver bindings (the core builds without them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverError {
+    code: u32,
+    name: String,
+}
+
+impl DriverError {
+    /// `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub const OUT_OF_MEMORY: u32 = 2;
+
+    /// An error of driver result `code`, named `name` (for example
+    /// `CUDA_ERROR_OUT_OF_MEMORY`).
+    pub fn new(code: u32, name: impl Into<String>) -> Self {
+        Self {
+            code,
+            name: name.into(),
+        }
+    }
+
+    /// The driver's result code (`CUresult`).
+    pub fn code(&self) -> u32 {
+        self.code
+    }
+
+    /// The result code's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True for `CUDA_ERROR_OUT_OF_MEMORY`: the device could not provide
+    /// the memory (make the region smaller, or free memory elsewhere).
+    pub fn is_out_of_memory(&self) -> bool {
+        self.code == Self::OUT_OF_MEMORY
+    }
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (CUresult {})", self.name, self.code)
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_errors_keep_their_code_as_source() {
+        let e = Error::Driver {
+            call: "cuMemAlloc",
+            source: DriverError::new(DriverError::OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"),
+        };
+        let src = std::error::Error::source(&e).expect("source");
+        assert!(src.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert!(e.to_string().contains("cuMemAlloc"));
+        match e {
+            Error::Driver { source, .. } => {
+                assert!(source.is_out_of_memory());
+                assert_eq!(source.code(), 2);
+                assert_eq!(source.name(), "CUDA_ERROR_OUT_OF_MEMORY");
+            }
+            _ => unreachable!(),
+        }
+        assert!(!DriverError::new(1, "CUDA_ERROR_INVALID_VALUE").is_out_of_memory());
+    }
 }

@@ -65,6 +65,7 @@ impl ElemType {
 
 /// What the arena knows about a live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BlockInfo {
     /// The block's handle.
     pub handle: Handle,

@@ -61,7 +61,7 @@ const MAX_PENDING: usize = 4096;
 fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
     move |e| cuarena::Error::Driver {
         call,
-        message: format!("{e:?}"),
+        source: cuarena::error::DriverError::from(e),
     }
 }
 

@@ -14,7 +14,7 @@ use super::{Arena, Place};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::{BlockKey, Handle};
-use crate::placement::NodeId;
+use crate::placement::Allocation;
 use crate::plan::planner;
 
 impl<B: Backend> Arena<B> {
@@ -33,35 +33,37 @@ impl<B: Backend> Arena<B> {
                 continue;
             };
             b.last_use.store(self.tick(), Ordering::Relaxed);
-            let Place::Host(tier_node) = b.place else {
+            let Place::Host(t) = &b.place else {
                 continue;
             };
-            let (reserved, align, size) = (b.reserved, b.align, b.size);
+            let (host, reserved, align, size) = (t.offset(), b.reserved, b.align, b.size);
             let node = self.place_on_device(reserved, align, &keep)?;
-            let (dev, host) = match self.tier.as_ref() {
-                Some(t) => (self.index.offset(node), t.offset(tier_node)),
-                None => return Err(Error::NotResident),
-            };
+            let (dev, slot) = (node.offset(), node.slot());
             if let Err(e) = self.backend.restore(host, dev, size) {
                 self.poisoned = Some(format!("restoring a spilled block failed: {e}"));
                 return Err(e);
             }
-            if let Some(t) = self.tier.as_mut() {
-                t.free(tier_node);
+            let old = match self.blocks.get_mut(h.key) {
+                Some(b) => std::mem::replace(&mut b.place, Place::Device(node)),
+                None => Place::Device(node),
+            };
+            if let (Place::Host(t), Some(tier)) = (old, self.tier.as_mut()) {
+                if let Err(e) = tier.free(t) {
+                    // Unreachable: the tier's allocations are its own.
+                    self.poisoned = Some(format!("freeing a host-tier block failed: {e}"));
+                    return Err(e);
+                }
             }
-            if let Some(b) = self.blocks.get_mut(h.key) {
-                b.place = Place::Device(node);
-            }
-            self.set_owner(node, h.key);
+            self.set_owner(slot, h.key);
             self.set_entry(h.key, Some((dev, size)));
             self.counters.restores += 1;
-            self.counters.bytes_restored += size;
+            self.counters.bytes_restored = self.counters.bytes_restored.saturating_add(size);
         }
         Ok(())
     }
 
     /// The least recently used block in the region that may be spilled.
-    fn lru_victim(&self, keep: &[BlockKey]) -> Option<BlockKey> {
+    pub(super) fn lru_victim(&self, keep: &[BlockKey]) -> Option<BlockKey> {
         self.blocks
             .iter()
             .filter(|(k, b)| {
@@ -78,11 +80,11 @@ impl<B: Backend> Arena<B> {
         reserved: u64,
         align: u64,
         keep: &[BlockKey],
-    ) -> Result<NodeId> {
+    ) -> Result<Allocation> {
         let capacity = self.config.capacity_bytes;
         loop {
             // The last eviction may have opened a hole that fits as it is.
-            if let Some((node, _)) = self.index.alloc(reserved, align) {
+            if let Some(node) = self.index.alloc(reserved, align) {
                 return Ok(node);
             }
             if self.index.free_bytes() >= reserved {
@@ -100,7 +102,7 @@ impl<B: Backend> Arena<B> {
                 self.counters.planning += t0.elapsed();
                 if let Some(plan) = plan {
                     self.execute(plan, t0)?;
-                    if let Some((node, _)) = self.index.alloc(reserved, align) {
+                    if let Some(node) = self.index.alloc(reserved, align) {
                         return Ok(node);
                     }
                 }
@@ -110,7 +112,7 @@ impl<B: Backend> Arena<B> {
                     let plan = planner::plan_full(&self.live, capacity);
                     self.counters.planning += t0.elapsed();
                     self.execute(plan, t0)?;
-                    if let Some((node, _)) = self.index.alloc(reserved, align) {
+                    if let Some(node) = self.index.alloc(reserved, align) {
                         return Ok(node);
                     }
                 }
@@ -119,19 +121,19 @@ impl<B: Backend> Arena<B> {
                 // Everything left is pinned or needed by this request.
                 self.counters.failed_allocs += 1;
                 self.collect_live();
-                let needed: u64 = self
+                // Saturating: near 2^64 B the sum can exceed u64.
+                let needed = self
                     .live
                     .iter()
                     .filter(|l| l.pinned)
                     .map(|l| l.len)
-                    .sum::<u64>()
-                    + keep
-                        .iter()
-                        .filter_map(|k| self.blocks.get(*k))
-                        .filter(|b| b.pins == 0 && matches!(b.place, Place::Device(_)))
-                        .map(|b| b.reserved)
-                        .sum::<u64>()
-                    + reserved;
+                    .chain(
+                        keep.iter()
+                            .filter_map(|k| self.blocks.get(*k))
+                            .filter(|b| b.pins == 0 && matches!(b.place, Place::Device(_)))
+                            .map(|b| b.reserved),
+                    )
+                    .fold(reserved, u64::saturating_add);
                 return Err(Error::WorkingSetTooLarge {
                     needed_bytes: needed,
                     reachable_bytes: planner::largest_hole_after_full(&self.live, capacity, align),
@@ -142,17 +144,20 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Copies one block to the host tier and frees its space in the region.
-    fn spill(&mut self, key: BlockKey, requested: u64) -> Result<()> {
+    pub(super) fn spill(&mut self, key: BlockKey, requested: u64) -> Result<()> {
         let Some(b) = self.blocks.get(key) else {
             return Ok(());
         };
-        let (Place::Device(node), reserved, size) = (b.place, b.reserved, b.size) else {
+        let (Place::Device(node), reserved, size) = (&b.place, b.reserved, b.size) else {
             return Ok(());
         };
+        let dev = node.offset();
         let Some(tier) = self.tier.as_mut() else {
-            return Err(Error::NotResident);
+            return Err(Error::NoHostTier {
+                requested_bytes: reserved,
+            });
         };
-        let Some((tier_node, host)) = tier.alloc(reserved, 1) else {
+        let Some(tier_node) = tier.alloc(reserved, 1) else {
             self.counters.failed_allocs += 1;
             let r = tier.report();
             return Err(Error::HostTierFull {
@@ -163,21 +168,28 @@ impl<B: Backend> Arena<B> {
                 host_largest_free_bytes: r.largest_free_bytes,
             });
         };
-        let dev = self.index.offset(node);
-        if let Err(e) = self.backend.spill(dev, host, size) {
+        if let Err(e) = self.backend.spill(dev, tier_node.offset(), size) {
             if let Some(t) = self.tier.as_mut() {
-                t.free(tier_node);
+                // Cannot fail: the allocation was just made by this tier.
+                let _ = t.free(tier_node);
             }
             self.poisoned = Some(format!("spilling a block failed: {e}"));
             return Err(e);
         }
-        self.index.free(node);
-        if let Some(b) = self.blocks.get_mut(key) {
-            b.place = Place::Host(tier_node);
+        let old = match self.blocks.get_mut(key) {
+            Some(b) => std::mem::replace(&mut b.place, Place::Host(tier_node)),
+            None => Place::Host(tier_node),
+        };
+        if let Place::Device(node) = old {
+            if let Err(e) = self.index.free(node) {
+                // Unreachable: the arena holds only its index's allocations.
+                self.poisoned = Some(format!("freeing a spilled block's space failed: {e}"));
+                return Err(e);
+            }
         }
         self.set_entry(key, None);
         self.counters.evictions += 1;
-        self.counters.bytes_evicted += size;
+        self.counters.bytes_evicted = self.counters.bytes_evicted.saturating_add(size);
         Ok(())
     }
 }

@@ -7,6 +7,7 @@ use crate::plan::PlanKind;
 
 /// A snapshot of the arena's state and history.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Bytes of the region.
     pub capacity_bytes: u64,
@@ -61,6 +62,7 @@ pub struct Stats {
 
 /// What one compaction did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompactionReport {
     /// Targeted or full.
     pub kind: PlanKind,
@@ -175,5 +177,31 @@ impl Stats {
         }
         let _ = writeln!(s, "{line}");
         s
+    }
+}
+
+impl std::fmt::Display for Stats {
+    /// The table of [`Stats::summary`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary())
+    }
+}
+
+impl std::fmt::Display for CompactionReport {
+    /// One line: kind, blocks and bytes moved, waves, host times.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            PlanKind::Targeted => "targeted",
+            PlanKind::Full => "full",
+        };
+        write!(
+            f,
+            "{kind} compaction: {} block(s), {} moved in {} wave(s); planning {:.3} ms, execution {:.3} ms",
+            self.moves,
+            fmt_bytes(self.bytes_moved),
+            self.waves,
+            self.planning.as_secs_f64() * 1e3,
+            self.execution.as_secs_f64() * 1e3,
+        )
     }
 }

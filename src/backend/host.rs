@@ -108,7 +108,7 @@ impl HostBackend {
                 w.push(i as u32);
             }
         }
-        let mut staging = vec![0u8; staged];
+        let mut staging: Vec<u8> = zeroed_vec(staged as u64, 1, "a wave's staging buffer")?;
         let mut loaded = vec![false; n];
         let mut reads: Vec<u32> = (0..n as u32).collect();
         let mut writes: Vec<u32> = Vec::new();
@@ -147,14 +147,26 @@ impl HostBackend {
 
 /// `bytes` zeroed host bytes, or an error (not an abort) when the host
 /// cannot provide them.
-fn zeroed(bytes: u64, what: &str) -> Result<Vec<u8>> {
-    let cannot = || crate::Error::InvalidConfig {
-        reason: format!("the host backend cannot allocate a {what} of {bytes} B in host memory"),
+pub(crate) fn zeroed(bytes: u64, what: &'static str) -> Result<Vec<u8>> {
+    zeroed_vec(bytes, 1, what)
+}
+
+/// `n` zeroed values of `T` (`n * elem_bytes` bytes, for the error), or
+/// [`crate::Error::HostMemory`] (not an abort) when the host cannot
+/// provide them.
+pub(crate) fn zeroed_vec<T: Clone + Default>(
+    n: u64,
+    elem_bytes: u64,
+    what: &'static str,
+) -> Result<Vec<T>> {
+    let cannot = || crate::Error::HostMemory {
+        requested_bytes: n.saturating_mul(elem_bytes),
+        what,
     };
-    let len = usize::try_from(bytes).map_err(|_| cannot())?;
+    let len = usize::try_from(n).map_err(|_| cannot())?;
     let mut v = Vec::new();
     v.try_reserve_exact(len).map_err(|_| cannot())?;
-    v.resize(len, 0);
+    v.resize(len, T::default());
     Ok(v)
 }
 

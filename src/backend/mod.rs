@@ -62,26 +62,26 @@ pub trait Backend {
     /// Sets up a host tier of `bytes` for spilling (page-locked memory on
     /// the CUDA backend). The default has none.
     fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
-        Err(Error::InvalidConfig {
-            reason: format!("this backend has no host tier for spilling ({bytes} B asked)"),
+        Err(Error::NoHostTier {
+            requested_bytes: bytes,
         })
     }
 
     /// Copies `len` bytes at region offset `offset` to host-tier offset
     /// `host_offset` (in stream order on the CUDA backend).
     fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
-        let _ = (offset, host_offset, len);
-        Err(Error::InvalidConfig {
-            reason: "this backend has no host tier for spilling".into(),
+        let _ = (offset, host_offset);
+        Err(Error::NoHostTier {
+            requested_bytes: len,
         })
     }
 
     /// Copies `len` bytes at host-tier offset `host_offset` back to region
     /// offset `offset`.
     fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
-        let _ = (host_offset, offset, len);
-        Err(Error::InvalidConfig {
-            reason: "this backend has no host tier for spilling".into(),
+        let _ = (host_offset, offset);
+        Err(Error::NoHostTier {
+            requested_bytes: len,
         })
     }
 }

@@ -56,16 +56,59 @@
 #![deny(unsafe_code)]
 
 mod bins;
+mod carve;
+mod check;
+mod nodes;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use bins::{bin_min_size, bin_round_down, bin_round_up, Bitmap, NUM_BINS};
+use bins::{bin_round_down, bin_round_up};
+use nodes::{fit, is_free_at, release, Classes, Node, MAX_NODES, NIL, USED};
 
-/// Identifies a node of a [`FreeIndex`]. A used block keeps its id until it is
-/// freed or the index is rebuilt; ids of freed blocks are reused.
-pub type NodeId = u32;
+use crate::error::{Error, Result};
+
+/// Source of epochs: every index layout (each [`FreeIndex::new`] and
+/// [`FreeIndex::rebuild`]) gets a fresh one, so an [`Allocation`] names the
+/// layout that made it.
+static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
+
+/// A used block of a [`FreeIndex`]: its offset and size are public, the
+/// node that holds it is not. Only [`FreeIndex::alloc`] and
+/// [`FreeIndex::rebuild`] make one, it cannot be cloned, and
+/// [`FreeIndex::free`] consumes it, so a block cannot be freed twice; an
+/// allocation from another index, or from before a rebuild, is refused
+/// ([`Error::ForeignAllocation`]), never corrupts the index.
+#[derive(Debug, PartialEq, Eq, Hash)]
+#[must_use = "an allocation that is dropped can never be freed"]
+pub struct Allocation {
+    offset: u64,
+    size: u64,
+    /// The layout that made it (see `NEXT_EPOCH`).
+    epoch: u64,
+    node: u32,
+}
+
+impl Allocation {
+    /// First byte of the block.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes of the block (exactly what was asked for).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// A small dense number, unique among the index's live allocations, for
+    /// side tables (the same number [`Region::slot`] reports). Reused after
+    /// the block is freed.
+    pub fn slot(&self) -> u32 {
+        self.node
+    }
+}
 
 /// One region of the index's address space, as listed by
 /// [`FreeIndex::regions`].
@@ -75,12 +118,14 @@ pub struct Region {
     pub offset: u64,
     /// Length in bytes (> 0).
     pub size: u64,
-    /// `Some(id)` for a used block, `None` for free space.
-    pub node: Option<NodeId>,
+    /// `Some(slot)` for a used block (its [`Allocation::slot`]), `None` for
+    /// free space.
+    pub slot: Option<u32>,
 }
 
 /// A summary of free space, from [`FreeIndex::report`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct StorageReport {
     /// Total free bytes.
     pub free_bytes: u64,
@@ -91,132 +136,6 @@ pub struct StorageReport {
     pub free_regions: usize,
     /// Number of used blocks.
     pub used_blocks: usize,
-}
-
-/// No node (end of a list).
-const NIL: u32 = u32::MAX;
-/// `Node::bin_prev` of a used block.
-const USED: u32 = u32::MAX - 1;
-/// `Node::bin_prev` of a slot that holds no region.
-const VACANT: u32 = u32::MAX - 2;
-/// Node ids are below this, so they never collide with the markers above.
-const MAX_NODES: usize = VACANT as usize;
-
-/// A slot of [`FreeIndex::nodes`]: a used block, a free region, or vacant.
-/// 32 bytes, two per cache line (the state lives in `bin_prev` for that), and
-/// aligned so that no node straddles two lines: the large `Vec` allocation
-/// is only 16-byte aligned otherwise, and a straddling node costs two misses.
-#[derive(Debug, Clone, Copy)]
-#[repr(align(32))]
-struct Node {
-    /// First byte of the region.
-    offset: u64,
-    /// Exact length in bytes, > 0 (never rounded to a class).
-    size: u64,
-    /// Node just below in address order, or `NIL` for the one at offset 0.
-    addr_prev: u32,
-    /// Node just above in address order, or `NIL` for the last one.
-    addr_next: u32,
-    /// Used block: `USED`. Vacant slot: `VACANT`. Free region: the previous
-    /// node in its class list, except at the head of the list, where it is
-    /// any other value (`NIL` or stale): heads are recognised by
-    /// [`Classes::heads`], so popping a head never touches the next node.
-    bin_prev: u32,
-    /// Free region: next node in its class list, or `NIL`.
-    /// Vacant slot: next vacant slot, or `NIL`. Used block: unused.
-    bin_next: u32,
-}
-
-impl Node {
-    #[inline]
-    fn is_free(&self) -> bool {
-        self.bin_prev != USED && self.bin_prev != VACANT
-    }
-
-    /// A used block (not in any class list).
-    #[inline]
-    fn used(offset: u64, size: u64, addr_prev: u32, addr_next: u32) -> Self {
-        Node {
-            offset,
-            size,
-            addr_prev,
-            addr_next,
-            bin_prev: USED,
-            bin_next: NIL,
-        }
-    }
-}
-
-/// The size-class lists of free regions. Kept apart from the node table so
-/// that the hot paths can hold the table as a plain slice (its pointer and
-/// length stay in registers) while they edit the lists.
-#[derive(Clone)]
-struct Classes {
-    /// Head of each class's list of free regions, or `NIL`. Class `b` holds
-    /// exactly the free regions with `bin_round_down(size) == b`.
-    heads: Box<[u32; NUM_BINS]>,
-    /// Bit `b` set iff `heads[b] != NIL`.
-    map: Bitmap,
-}
-
-impl Classes {
-    fn new() -> Self {
-        Classes {
-            heads: Box::new([NIL; NUM_BINS]),
-            map: Bitmap::default(),
-        }
-    }
-
-    fn clear(&mut self) {
-        self.heads.fill(NIL);
-        self.map = Bitmap::default();
-    }
-
-    /// The first nonempty class `>= bin` and its head.
-    #[inline]
-    fn first_at_or_above(&self, bin: u32) -> Option<(u32, u32)> {
-        let bin = self.map.first_at_or_above(bin)?;
-        Some((bin, self.heads[bin as usize]))
-    }
-
-    /// Files the free region `node` at the head of class `bin`, which must
-    /// be its class.
-    #[inline]
-    fn link(&mut self, nodes: &mut [Node], node: u32, bin: u32) {
-        debug_assert_eq!(bin, bin_round_down(nodes[node as usize].size));
-        let head = self.heads[bin as usize];
-        let n = &mut nodes[node as usize];
-        n.bin_prev = NIL;
-        n.bin_next = head;
-        if head != NIL {
-            nodes[head as usize].bin_prev = node;
-        } else {
-            self.map.set(bin);
-        }
-        self.heads[bin as usize] = node;
-    }
-
-    /// Removes the free region `node` from the list of `bin`, its class.
-    /// Leaves `node`'s own links as they were.
-    #[inline]
-    fn unlink(&mut self, nodes: &mut [Node], node: u32, bin: u32) {
-        let Node {
-            bin_prev, bin_next, ..
-        } = nodes[node as usize];
-        if self.heads[bin as usize] == node {
-            // The new head's `bin_prev` goes stale rather than being reset
-            // (see `Node::bin_prev`), which saves a likely cache miss.
-            self.heads[bin as usize] = bin_next;
-            if bin_next == NIL {
-                self.map.clear(bin);
-            }
-        } else {
-            nodes[bin_prev as usize].bin_next = bin_next;
-            if bin_next != NIL {
-                nodes[bin_next as usize].bin_prev = bin_prev;
-            }
-        }
-    }
 }
 
 /// A free-space index over `[0, capacity)`: exact-size, exact-failure TLSF
@@ -243,6 +162,8 @@ pub struct FreeIndex {
     free_regions: usize,
     /// Number of used blocks.
     used_blocks: usize,
+    /// The current layout's epoch (see [`Allocation`]).
+    epoch: u64,
 }
 
 impl fmt::Debug for FreeIndex {
@@ -269,9 +190,12 @@ impl FreeIndex {
             free_bytes: 0,
             free_regions: 0,
             used_blocks: 0,
+            epoch: 0,
         };
-        let mut ids = Vec::new();
-        index.rebuild(&[], &mut ids);
+        index.reset();
+        if capacity > 0 {
+            index.push_region(0, capacity, NIL, false);
+        }
         index
     }
 
@@ -280,15 +204,26 @@ impl FreeIndex {
         self.capacity
     }
 
-    /// Allocates `size` bytes at an offset that is a multiple of `align`, and
-    /// returns the new block's node and offset.
+    /// Allocates `size` bytes at an offset that is a multiple of `align`.
     ///
     /// `size > 0` and `align` a power of two (debug-asserted). Returns `None`
     /// only if no free region can hold `size` bytes at an `align`-aligned
     /// offset (or, unreachably in practice, if the index already has ~4
     /// billion nodes). O(1) unless no region of a surely-fitting class exists
     /// (see the [module docs](self)).
-    pub fn alloc(&mut self, size: u64, align: u64) -> Option<(NodeId, u64)> {
+    pub fn alloc(&mut self, size: u64, align: u64) -> Option<Allocation> {
+        let (node, offset) = self.alloc_node(size, align)?;
+        Some(Allocation {
+            offset,
+            size: size.max(1),
+            epoch: self.epoch,
+            node,
+        })
+    }
+
+    /// `alloc`, returning the node and the offset.
+    #[inline]
+    fn alloc_node(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         debug_assert!(size > 0, "alloc of zero bytes");
         debug_assert!(
             align.is_power_of_two(),
@@ -323,7 +258,7 @@ impl FreeIndex {
     /// need not fit, `[class of size, class that surely fits)`, in ascending
     /// class order. Classes at or above the upper bound were found empty.
     #[cold]
-    fn alloc_scan(&mut self, size: u64, align_mask: u64) -> Option<(NodeId, u64)> {
+    fn alloc_scan(&mut self, size: u64, align_mask: u64) -> Option<(u32, u64)> {
         let end = bin_round_up(size.saturating_add(align_mask));
         let mut next = self.classes.first_at_or_above(bin_round_down(size));
         while let Some((bin, head)) = next {
@@ -343,133 +278,28 @@ impl FreeIndex {
         None
     }
 
-    /// Turns `size` bytes at `offset + pad` of the free region `node` (filed
-    /// in `bin`) into a used block; the front padding and the tail, if any,
-    /// stay free. Neither can touch another free region, because `node`'s
-    /// neighbours are used (no two free regions are adjacent).
-    #[inline]
-    fn take(&mut self, node: u32, bin: u32, pad: u64, size: u64) -> Option<(NodeId, u64)> {
-        let n = self.nodes[node as usize];
-        let tail = n.size - pad - size;
-        let needed = usize::from(pad > 0) + usize::from(tail > 0);
-        if self.nodes.len() + needed > MAX_NODES && self.vacant_slots() < needed {
-            return None;
-        }
-        if pad > 0 {
-            return Some(self.take_padded(node, bin, pad, size));
-        }
-        self.free_bytes -= size;
-        self.used_blocks += 1;
-        if tail == 0 {
-            // Exact fit: the region becomes the block.
-            let nodes = &mut self.nodes[..];
-            self.classes.unlink(nodes, node, bin);
-            nodes[node as usize].bin_prev = USED;
-            self.free_regions -= 1;
-            return Some((node, n.offset));
-        }
-        let tail_bin = bin_round_down(tail);
-        if tail_bin == bin {
-            // The rest stays in the same class: carve the block off the front
-            // into a new node and leave the free node where it is in its list
-            // (no list neighbours touched, which is the arena's fill pattern).
-            let used = new_node(
-                &mut self.nodes,
-                &mut self.vacant_head,
-                Node::used(n.offset, size, n.addr_prev, node),
-            );
-            let nodes = &mut self.nodes[..];
-            if n.addr_prev == NIL {
-                self.addr_head = used;
-            } else {
-                nodes[n.addr_prev as usize].addr_next = used;
-            }
-            let m = &mut nodes[node as usize];
-            m.offset += size;
-            m.size = tail;
-            m.addr_prev = used;
-            return Some((used, n.offset));
-        }
-        // The region becomes the block; the tail moves to a new free node.
-        let t = new_node(
-            &mut self.nodes,
-            &mut self.vacant_head,
-            Node::used(n.offset + size, tail, node, n.addr_next),
-        );
-        let nodes = &mut self.nodes[..];
-        self.classes.unlink(nodes, node, bin);
-        let m = &mut nodes[node as usize];
-        m.size = size;
-        m.addr_next = t;
-        m.bin_prev = USED;
-        if n.addr_next != NIL {
-            nodes[n.addr_next as usize].addr_prev = t;
-        }
-        self.classes.link(nodes, t, tail_bin);
-        Some((node, n.offset))
-    }
-
-    /// `take` with front padding (`pad > 0`), off the hot path: only when
-    /// `align` exceeds the alignment of the free regions' offsets.
-    #[cold]
-    fn take_padded(&mut self, node: u32, bin: u32, pad: u64, size: u64) -> (NodeId, u64) {
-        let n = self.nodes[node as usize];
-        let offset = n.offset + pad;
-        let tail = n.size - pad - size;
-        // `pad > 0` means `n.offset > 0`, so `node` is not the address head.
-        let p = new_node(
-            &mut self.nodes,
-            &mut self.vacant_head,
-            Node::used(n.offset, pad, n.addr_prev, node),
-        );
-        let t = if tail > 0 {
-            new_node(
-                &mut self.nodes,
-                &mut self.vacant_head,
-                Node::used(offset + size, tail, node, n.addr_next),
-            )
-        } else {
-            n.addr_next
-        };
-        let nodes = &mut self.nodes[..];
-        self.classes.unlink(nodes, node, bin);
-        {
-            let m = &mut nodes[node as usize];
-            m.offset = offset;
-            m.size = size;
-            m.addr_prev = p;
-            m.addr_next = t;
-            m.bin_prev = USED;
-        }
-        if n.addr_prev == NIL {
-            self.addr_head = p;
-        } else {
-            nodes[n.addr_prev as usize].addr_next = p;
-        }
-        self.classes.link(nodes, p, bin_round_down(pad));
-        if tail > 0 {
-            if n.addr_next != NIL {
-                nodes[n.addr_next as usize].addr_prev = t;
-            }
-            self.classes.link(nodes, t, bin_round_down(tail));
-            self.free_regions += 1;
-        }
-        self.free_bytes -= size;
-        self.used_blocks += 1;
-        (node, offset)
-    }
-
-    /// Frees the used block `node`, coalescing it with free neighbours. O(1).
+    /// Frees a block, coalescing it with free neighbours. O(1).
     ///
-    /// `node` must be a live used node (debug-asserted); its id may be reused
-    /// by a later `alloc`.
-    pub fn free(&mut self, node: NodeId) {
-        debug_assert!(
-            self.nodes
-                .get(node as usize)
-                .is_some_and(|n| n.bin_prev == USED),
-            "free of node {node}, which is not a used block"
-        );
+    /// # Errors
+    ///
+    /// [`Error::ForeignAllocation`] for an allocation that another index
+    /// made, or this one before its last [`rebuild`](Self::rebuild); the
+    /// index is unchanged then.
+    pub fn free(&mut self, a: Allocation) -> Result<()> {
+        let owned = a.epoch == self.epoch
+            && self
+                .nodes
+                .get(a.node as usize)
+                .is_some_and(|n| n.bin_prev == USED && n.offset == a.offset && n.size == a.size);
+        if !owned {
+            return Err(Error::ForeignAllocation { offset: a.offset });
+        }
+        self.free_node(a.node);
+        Ok(())
+    }
+
+    /// Frees the used block `node` (checked by the caller).
+    fn free_node(&mut self, node: u32) {
         let nodes = &mut self.nodes[..];
         let n = nodes[node as usize];
         let (prev, next) = (n.addr_prev, n.addr_next);
@@ -548,18 +378,6 @@ impl FreeIndex {
         self.free_regions -= usize::from(prev_free && next_free);
     }
 
-    /// Offset of a live node.
-    pub fn offset(&self, node: NodeId) -> u64 {
-        debug_assert!(self.is_live(node), "node {node} is not live");
-        self.nodes[node as usize].offset
-    }
-
-    /// Size in bytes of a live node (exactly the size it was allocated with).
-    pub fn size(&self, node: NodeId) -> u64 {
-        debug_assert!(self.is_live(node), "node {node} is not live");
-        self.nodes[node as usize].size
-    }
-
     /// Total free bytes. O(1).
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
@@ -600,48 +418,29 @@ impl FreeIndex {
             let region = Region {
                 offset: n.offset,
                 size: n.size,
-                node: (!n.is_free()).then_some(node),
+                slot: (!n.is_free()).then_some(node),
             };
             node = n.addr_next;
             Some(region)
         })
     }
 
-    /// Resets the index to a layout in which `used` (`(offset, size)` pairs,
-    /// ascending, non-overlapping, in bounds, sizes > 0: debug-asserted) are
-    /// the used blocks and the space between them is free. Clears `out` and
-    /// pushes each block's new id, in the order of `used`. O(n); reuses the
-    /// index's allocations.
+    /// Resets the index to a layout in which `used` (`(offset, size)` pairs)
+    /// are the used blocks and the space between them is free. Clears `out`
+    /// and pushes each block's new [`Allocation`], in the order of `used`.
+    /// Every allocation made before is void afterwards (freeing one is
+    /// [`Error::ForeignAllocation`]). O(n); reuses the index's allocations.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If the layout needs more than ~4 billion nodes (`used.len()` around
-    /// 2^31), which no id could name.
-    pub fn rebuild(&mut self, used: &[(u64, u64)], out: &mut Vec<NodeId>) {
-        debug_assert!(
-            used.windows(2)
-                .all(|w| w[0].0.checked_add(w[0].1).is_some_and(|end| end <= w[1].0)),
-            "rebuild: blocks overlap or are out of order"
-        );
-        debug_assert!(
-            used.iter()
-                .all(|&(o, s)| s > 0 && s <= self.capacity && o <= self.capacity - s),
-            "rebuild: a block is empty or out of bounds"
-        );
-        assert!(
-            2 * used.len() < MAX_NODES,
-            "rebuild: {} blocks exceed the node id space",
-            used.len()
-        );
-        self.nodes.clear();
-        self.addr_head = NIL;
-        self.vacant_head = NIL;
-        self.classes.clear();
-        self.free_bytes = 0;
-        self.free_regions = 0;
+    /// [`Error::InvalidLayout`], leaving the index (and `out`) unchanged,
+    /// unless the blocks ascend, do not overlap, lie in `[0, capacity)` and
+    /// have sizes > 0, and there are few enough to name (below ~2^31).
+    pub fn rebuild(&mut self, used: &[(u64, u64)], out: &mut Vec<Allocation>) -> Result<()> {
+        self.check_layout(used)?;
+        self.reset();
         self.used_blocks = used.len();
         out.clear();
-
         let mut cursor = 0u64;
         let mut last = NIL;
         for &(offset, size) in used {
@@ -649,12 +448,61 @@ impl FreeIndex {
                 last = self.push_region(cursor, offset - cursor, last, false);
             }
             last = self.push_region(offset, size, last, true);
-            out.push(last);
-            cursor = offset.saturating_add(size);
+            out.push(Allocation {
+                offset,
+                size,
+                epoch: self.epoch,
+                node: last,
+            });
+            // Checked above: `offset + size <= capacity`.
+            cursor = offset + size;
         }
         if self.capacity > cursor {
             self.push_region(cursor, self.capacity - cursor, last, false);
         }
+        Ok(())
+    }
+
+    /// The checks of [`rebuild`](Self::rebuild).
+    fn check_layout(&self, used: &[(u64, u64)]) -> Result<()> {
+        let invalid = |reason: String| Err(Error::InvalidLayout { reason });
+        if used.len() >= MAX_NODES / 2 {
+            return invalid(format!(
+                "{} blocks exceed the index's node id space ({} blocks)",
+                used.len(),
+                MAX_NODES / 2
+            ));
+        }
+        let mut cursor = 0u64;
+        for (i, &(offset, size)) in used.iter().enumerate() {
+            let end = offset.checked_add(size).filter(|&e| e <= self.capacity);
+            let Some(end) = end.filter(|_| size > 0) else {
+                return invalid(format!(
+                    "block {i} at {offset} of {size} B is empty or outside [0, {})",
+                    self.capacity
+                ));
+            };
+            if offset < cursor {
+                return invalid(format!(
+                    "block {i} at {offset} starts below the end {cursor} of the block before it \
+                     (blocks must ascend and not overlap)"
+                ));
+            }
+            cursor = end;
+        }
+        Ok(())
+    }
+
+    /// Empties the node table and starts a new epoch.
+    fn reset(&mut self) {
+        self.nodes.clear();
+        self.addr_head = NIL;
+        self.vacant_head = NIL;
+        self.classes.clear();
+        self.free_bytes = 0;
+        self.free_regions = 0;
+        self.used_blocks = 0;
+        self.epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Appends a region at the top of the address list during `rebuild`.
@@ -680,191 +528,4 @@ impl FreeIndex {
         }
         id
     }
-
-    /// Checks every invariant of the [module docs](self); for tests. O(nodes).
-    ///
-    /// # Errors
-    ///
-    /// A description of the first broken invariant found.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let slots = self.nodes.len();
-        let mut seen = vec![false; slots];
-
-        // Address list: covers [0, capacity) exactly, links consistent.
-        let (mut cursor, mut prev, mut node) = (0u64, NIL, self.addr_head);
-        let (mut free_bytes, mut free_regions, mut used_blocks) = (0u64, 0usize, 0usize);
-        let mut prev_free = false;
-        while node != NIL {
-            let n = self
-                .nodes
-                .get(node as usize)
-                .ok_or(format!("address list: node {node} out of range"))?;
-            if std::mem::replace(&mut seen[node as usize], true) {
-                return Err(format!("address list: node {node} appears twice"));
-            }
-            if n.bin_prev == VACANT {
-                return Err(format!("address list: node {node} is vacant"));
-            }
-            if n.addr_prev != prev {
-                return Err(format!("node {node}: addr_prev {} != {prev}", n.addr_prev));
-            }
-            if n.offset != cursor || n.size == 0 {
-                return Err(format!(
-                    "node {node}: [{}, +{}) but expected offset {cursor}",
-                    n.offset, n.size
-                ));
-            }
-            cursor = n
-                .offset
-                .checked_add(n.size)
-                .ok_or(format!("node {node}: end overflows"))?;
-            if n.is_free() {
-                if prev_free {
-                    return Err(format!(
-                        "node {node}: free and adjacent to free node {prev}"
-                    ));
-                }
-                free_bytes += n.size;
-                free_regions += 1;
-            } else {
-                used_blocks += 1;
-            }
-            prev_free = n.is_free();
-            prev = node;
-            node = n.addr_next;
-        }
-        if cursor != self.capacity {
-            return Err(format!(
-                "regions end at {cursor}, capacity is {}",
-                self.capacity
-            ));
-        }
-        if (self.addr_head == NIL) != (self.capacity == 0) {
-            return Err("addr_head is NIL iff capacity is 0".into());
-        }
-        if (free_bytes, free_regions, used_blocks)
-            != (self.free_bytes, self.free_regions, self.used_blocks)
-        {
-            return Err(format!(
-                "counters (free_bytes, free_regions, used_blocks) = {:?}, address list says {:?}",
-                (self.free_bytes, self.free_regions, self.used_blocks),
-                (free_bytes, free_regions, used_blocks)
-            ));
-        }
-
-        // Class lists: exactly the free regions, each in its own class.
-        let mut binned = 0usize;
-        for bin in 0..NUM_BINS as u32 {
-            let head = self.classes.heads[bin as usize];
-            if (head != NIL) != self.classes.map.get(bin) {
-                return Err(format!("class {bin}: bitmap bit disagrees with list"));
-            }
-            let (mut prev, mut node) = (NIL, head);
-            while node != NIL {
-                let n = self
-                    .nodes
-                    .get(node as usize)
-                    .ok_or(format!("class {bin}: node {node} out of range"))?;
-                // A head's `bin_prev` may be stale (see `Node::bin_prev`).
-                if !n.is_free() || (prev != NIL && n.bin_prev != prev) {
-                    return Err(format!(
-                        "class {bin}: node {node} not free or bin_prev wrong"
-                    ));
-                }
-                if bin_round_down(n.size) != bin || bin_min_size(bin) > n.size {
-                    return Err(format!(
-                        "class {bin}: node {node} of size {} misfiled",
-                        n.size
-                    ));
-                }
-                binned += 1;
-                if binned > free_regions {
-                    return Err(format!("class lists hold more than {free_regions} regions"));
-                }
-                prev = node;
-                node = n.bin_next;
-            }
-        }
-        if binned != free_regions {
-            return Err(format!(
-                "class lists hold {binned} regions, address list {free_regions}"
-            ));
-        }
-        if !self.classes.map.summary_consistent() {
-            return Err("bitmap summary disagrees with leaf words".into());
-        }
-
-        // Vacant slots: the rest, all on the vacant list.
-        let mut vacant = 0usize;
-        let mut node = self.vacant_head;
-        while node != NIL {
-            let n = self
-                .nodes
-                .get(node as usize)
-                .ok_or(format!("vacant list: node {node} out of range"))?;
-            if std::mem::replace(&mut seen[node as usize], true) || n.bin_prev != VACANT {
-                return Err(format!("vacant list: node {node} is live or listed twice"));
-            }
-            vacant += 1;
-            node = n.bin_next;
-        }
-        if vacant != self.vacant_slots() || seen.iter().any(|&s| !s) {
-            return Err("some slot is neither live nor on the vacant list".into());
-        }
-        Ok(())
-    }
-
-    // ---- internals ----
-
-    /// Whether `node` names a used block or a free region.
-    fn is_live(&self, node: NodeId) -> bool {
-        self.nodes
-            .get(node as usize)
-            .is_some_and(|n| n.bin_prev != VACANT)
-    }
-
-    /// Slots on the vacant list.
-    fn vacant_slots(&self) -> usize {
-        self.nodes.len() - self.free_regions - self.used_blocks
-    }
-}
-
-/// Stores `node` in a vacant slot (the last released) or a new one, and
-/// returns its id. The caller checked that an id is available.
-#[inline]
-fn new_node(nodes: &mut Vec<Node>, vacant_head: &mut u32, node: Node) -> u32 {
-    if *vacant_head != NIL {
-        let id = *vacant_head;
-        let slot = &mut nodes[id as usize];
-        *vacant_head = slot.bin_next;
-        *slot = node;
-        id
-    } else {
-        let id = nodes.len() as u32;
-        nodes.push(node);
-        id
-    }
-}
-
-/// Puts a slot (already out of every list) on the vacant list.
-#[inline]
-fn release(nodes: &mut [Node], vacant_head: &mut u32, node: u32) {
-    let n = &mut nodes[node as usize];
-    n.bin_prev = VACANT;
-    n.bin_next = *vacant_head;
-    *vacant_head = node;
-}
-
-/// Whether node `id` is a free region (`false` for `NIL`).
-#[inline]
-fn is_free_at(nodes: &[Node], id: u32) -> bool {
-    nodes.get(id as usize).is_some_and(Node::is_free)
-}
-
-/// The front padding at which `n` holds `size` bytes aligned to
-/// `align_mask + 1`, or `None` if it does not hold them.
-#[inline]
-fn fit(n: &Node, size: u64, align_mask: u64) -> Option<u64> {
-    let pad = n.offset.wrapping_neg() & align_mask;
-    (n.size >= pad && n.size - pad >= size).then_some(pad)
 }

@@ -21,6 +21,18 @@ impl Rng {
     }
 }
 
+/// `alloc` as `(allocation, offset)`.
+fn alloc(index: &mut FreeIndex, size: u64, align: u64) -> Option<(Allocation, u64)> {
+    index.alloc(size, align).map(|a| {
+        let o = a.offset();
+        (a, o)
+    })
+}
+
+fn free(index: &mut FreeIndex, a: Allocation) {
+    index.free(a).expect("free of a live allocation");
+}
+
 fn check(index: &FreeIndex) {
     if let Err(e) = index.check_invariants() {
         panic!("invariant broken: {e}\n{index:?}");
@@ -30,7 +42,7 @@ fn check(index: &FreeIndex) {
 fn free_list(index: &FreeIndex) -> Vec<(u64, u64)> {
     index
         .regions()
-        .filter(|r| r.node.is_none())
+        .filter(|r| r.slot.is_none())
         .map(|r| (r.offset, r.size))
         .collect()
 }
@@ -49,7 +61,7 @@ fn new_and_empty() {
         [Region {
             offset: 0,
             size: 1000,
-            node: None
+            slot: None
         }]
     );
     assert_eq!(
@@ -65,7 +77,7 @@ fn new_and_empty() {
     let mut zero = FreeIndex::new(0);
     check(&zero);
     assert_eq!(zero.regions().count(), 0);
-    assert_eq!(zero.alloc(1, 1), None);
+    assert_eq!(alloc(&mut zero, 1, 1), None);
     assert_eq!(zero.largest_free(), 0);
     assert!(format!("{zero:?}").contains("FreeIndex"));
 }
@@ -73,35 +85,32 @@ fn new_and_empty() {
 #[test]
 fn alloc_free_coalesce() {
     let mut index = FreeIndex::new(1000);
-    let (a, oa) = index.alloc(100, 1).unwrap();
-    let (b, ob) = index.alloc(200, 1).unwrap();
-    let (c, oc) = index.alloc(300, 1).unwrap();
+    let (a, oa) = alloc(&mut index, 100, 1).unwrap();
+    let (b, ob) = alloc(&mut index, 200, 1).unwrap();
+    let (c, oc) = alloc(&mut index, 300, 1).unwrap();
     check(&index);
     // One free region, so blocks are carved from its front in order.
     assert_eq!((oa, ob, oc), (0, 100, 300));
-    assert_eq!(
-        (index.size(a), index.size(b), index.size(c)),
-        (100, 200, 300)
-    );
-    assert_eq!(index.offset(c), 300);
+    assert_eq!((a.size(), b.size(), c.size()), (100, 200, 300));
+    assert_eq!(c.offset(), 300);
     assert_eq!(index.free_bytes(), 400);
-    assert_eq!(index.alloc(401, 1), None);
+    assert_eq!(alloc(&mut index, 401, 1), None);
 
-    index.free(b);
+    free(&mut index, b);
     check(&index);
     assert_eq!(free_list(&index), [(100, 200), (600, 400)]);
-    index.free(a); // merges with the hole after it
+    free(&mut index, a); // merges with the hole after it
     check(&index);
     assert_eq!(free_list(&index), [(0, 300), (600, 400)]);
-    index.free(c); // merges on both sides
+    free(&mut index, c); // merges on both sides
     check(&index);
     assert_eq!(free_list(&index), [(0, 1000)]);
     assert_eq!(index.report().used_blocks, 0);
 
     // Fill exactly, then nothing fits.
-    let (d, od) = index.alloc(1000, 1).unwrap();
+    let (d, od) = alloc(&mut index, 1000, 1).unwrap();
     assert_eq!(od, 0);
-    assert_eq!(index.alloc(1, 1), None);
+    assert_eq!(alloc(&mut index, 1, 1), None);
     assert_eq!(
         index.report(),
         StorageReport {
@@ -109,7 +118,7 @@ fn alloc_free_coalesce() {
             ..Default::default()
         }
     );
-    index.free(d);
+    free(&mut index, d);
     check(&index);
 }
 
@@ -123,7 +132,7 @@ fn fill_and_drain() {
     let mut end = 0;
     for _ in 0..2000 {
         let size = 256 * (1 + rng.below(16));
-        let (id, offset) = index.alloc(size, 256).unwrap();
+        let (id, offset) = alloc(&mut index, size, 256).unwrap();
         assert_eq!(offset, end);
         end += size;
         blocks.push(id);
@@ -134,7 +143,7 @@ fn fill_and_drain() {
         blocks.swap(i, rng.below(i as u64 + 1) as usize);
     }
     for (k, id) in blocks.into_iter().enumerate() {
-        index.free(id);
+        free(&mut index, id);
         if k % 97 == 0 {
             check(&index);
         }
@@ -159,7 +168,7 @@ fn with_holes(capacity: u64, holes: &[(u64, u64)]) -> FreeIndex {
     }
     let mut index = FreeIndex::new(capacity);
     let mut ids = Vec::new();
-    index.rebuild(&used, &mut ids);
+    index.rebuild(&used, &mut ids).expect("valid layout");
     check(&index);
     assert_eq!(free_list(&index), holes);
     index
@@ -172,17 +181,17 @@ fn exact_fit_alone_in_its_class() {
     assert_ne!(bins::bin_round_down(1000), bins::bin_round_up(1000));
     let mut index = with_holes(10_000, &[(256, 1000)]);
     assert_eq!(index.largest_free(), 1000);
-    let (node, offset) = index.alloc(1000, 1).unwrap();
-    assert_eq!((offset, index.size(node)), (256, 1000));
+    let (node, offset) = alloc(&mut index, 1000, 1).unwrap();
+    assert_eq!((offset, node.size()), (256, 1000));
     assert_eq!(index.free_bytes(), 0);
     check(&index);
 
     // One byte short: exact failure.
     let mut index = with_holes(10_000, &[(256, 999)]);
-    assert_eq!(index.alloc(1000, 1), None);
+    assert_eq!(alloc(&mut index, 1000, 1), None);
     // With a smaller same-class region listed first, the scan goes on.
     let mut index = with_holes(10_000, &[(256, 999), (2000, 1000), (4000, 990)]);
-    assert_eq!(index.alloc(1000, 1).map(|(_, o)| o), Some(2000));
+    assert_eq!(alloc(&mut index, 1000, 1).map(|(_, o)| o), Some(2000));
     check(&index);
 }
 
@@ -190,9 +199,9 @@ fn exact_fit_alone_in_its_class() {
 fn alignment() {
     // Free space starts at 768, an odd multiple of 256.
     let mut index = with_holes(3 * 4096, &[(768, 3 * 4096 - 768)]);
-    let (node, offset) = index.alloc(256, 4096).unwrap();
+    let (node, offset) = alloc(&mut index, 256, 4096).unwrap();
     assert_eq!(offset, 4096);
-    assert_eq!(index.offset(node), 4096);
+    assert_eq!(node.offset(), 4096);
     check(&index);
     // The padding stays free and the tail too.
     assert_eq!(
@@ -200,33 +209,33 @@ fn alignment() {
         [(768, 4096 - 768), (4096 + 256, 2 * 4096 - 256)]
     );
     // Every 256-multiple offset can take 256-aligned blocks without padding.
-    let (_, o) = index.alloc(256, 256).unwrap();
+    let (_, o) = alloc(&mut index, 256, 256).unwrap();
     assert_eq!(o % 256, 0);
     check(&index);
 
     // A hole that fits only with all its padding used: size + align - 1 does
     // not fit, so only the exact scan finds it.
     let mut index = with_holes(3 * 4096, &[(768, 4096 + 256 - 768)]);
-    let (_, offset) = index.alloc(256, 4096).unwrap();
+    let (_, offset) = alloc(&mut index, 256, 4096).unwrap();
     assert_eq!(offset, 4096);
     assert_eq!(free_list(&index), [(768, 4096 - 768)]);
     check(&index);
     // One byte short.
     let mut index = with_holes(3 * 4096, &[(768, 4096 + 255 - 768)]);
-    assert_eq!(index.alloc(256, 4096), None);
+    assert_eq!(alloc(&mut index, 256, 4096), None);
 
     // The head of the good-fit class is misaligned but a larger class fits.
     let mut index = with_holes(1 << 20, &[(768, 600), (8192, 64 * 1024)]);
-    let (_, offset) = index.alloc(512, 4096).unwrap();
+    let (_, offset) = alloc(&mut index, 512, 4096).unwrap();
     assert_eq!(offset, 8192);
     check(&index);
 
     // Huge alignments.
     let mut index = FreeIndex::new(u64::MAX);
-    let (_, o1) = index.alloc(1, 1).unwrap();
-    let (_, o2) = index.alloc(1, 1 << 63).unwrap();
+    let (_, o1) = alloc(&mut index, 1, 1).unwrap();
+    let (_, o2) = alloc(&mut index, 1, 1 << 63).unwrap();
     assert_eq!((o1, o2), (0, 1 << 63));
-    assert_eq!(index.alloc(1 << 63, 1 << 63), None);
+    assert_eq!(alloc(&mut index, 1 << 63, 1 << 63), None);
     check(&index);
 }
 
@@ -234,20 +243,20 @@ fn alignment() {
 fn huge_sizes() {
     let mut index = FreeIndex::new(u64::MAX);
     assert_eq!(index.largest_free(), u64::MAX);
-    let (a, _) = index.alloc(u64::MAX - 10, 1).unwrap();
-    assert_eq!(index.alloc(11, 1), None);
-    let (b, ob) = index.alloc(10, 1).unwrap();
+    let (a, _) = alloc(&mut index, u64::MAX - 10, 1).unwrap();
+    assert_eq!(alloc(&mut index, 11, 1), None);
+    let (b, ob) = alloc(&mut index, 10, 1).unwrap();
     assert_eq!(ob, u64::MAX - 10);
     assert_eq!(index.free_bytes(), 0);
     check(&index);
-    index.free(a);
-    index.free(b);
+    free(&mut index, a);
+    free(&mut index, b);
     check(&index);
-    assert_eq!(index.alloc(u64::MAX, 1).map(|(_, o)| o), Some(0));
+    assert_eq!(alloc(&mut index, u64::MAX, 1).map(|(_, o)| o), Some(0));
     assert_eq!(
         FreeIndex::new(5 << 40)
             .alloc(3 << 40, 1 << 40)
-            .map(|(_, o)| o),
+            .map(|a| a.offset()),
         Some(0)
     );
 }
@@ -256,15 +265,15 @@ fn huge_sizes() {
 fn rebuild_layout_and_reuse() {
     let mut index = FreeIndex::new(10_000);
     for _ in 0..50 {
-        index.alloc(100, 1).unwrap();
+        let _ = alloc(&mut index, 100, 1).unwrap();
     }
     let used = [(0, 10), (10, 20), (100, 50), (9_000, 1_000)];
-    let mut ids = vec![7, 7, 7];
-    index.rebuild(&used, &mut ids);
+    let mut ids = Vec::new();
+    index.rebuild(&used, &mut ids).expect("valid layout");
     check(&index);
     assert_eq!(ids.len(), 4);
-    for (&id, &(o, s)) in ids.iter().zip(&used) {
-        assert_eq!((index.offset(id), index.size(id)), (o, s));
+    for (id, &(o, s)) in ids.iter().zip(&used) {
+        assert_eq!((id.offset(), id.size()), (o, s));
     }
     let regions: Vec<_> = index.regions().collect();
     assert_eq!(
@@ -273,32 +282,32 @@ fn rebuild_layout_and_reuse() {
             Region {
                 offset: 0,
                 size: 10,
-                node: Some(ids[0])
+                slot: Some(ids[0].slot())
             },
             Region {
                 offset: 10,
                 size: 20,
-                node: Some(ids[1])
+                slot: Some(ids[1].slot())
             },
             Region {
                 offset: 30,
                 size: 70,
-                node: None
+                slot: None
             },
             Region {
                 offset: 100,
                 size: 50,
-                node: Some(ids[2])
+                slot: Some(ids[2].slot())
             },
             Region {
                 offset: 150,
                 size: 8_850,
-                node: None
+                slot: None
             },
             Region {
                 offset: 9_000,
                 size: 1_000,
-                node: Some(ids[3])
+                slot: Some(ids[3].slot())
             },
         ]
     );
@@ -307,13 +316,15 @@ fn rebuild_layout_and_reuse() {
     // Warm: a second rebuild of the same size allocates nothing new.
     let slots = index.nodes.capacity();
     let out_cap = ids.capacity();
-    index.rebuild(&used, &mut ids);
+    index.rebuild(&used, &mut ids).expect("valid layout");
     assert_eq!((index.nodes.capacity(), ids.capacity()), (slots, out_cap));
-    index.rebuild(&[], &mut ids);
+    index.rebuild(&[], &mut ids).expect("valid layout");
     assert!(ids.is_empty());
     assert_eq!(free_list(&index), [(0, 10_000)]);
     check(&index);
-    index.rebuild(&[(0, 10_000)], &mut ids);
+    index
+        .rebuild(&[(0, 10_000)], &mut ids)
+        .expect("valid layout");
     assert_eq!(index.free_bytes(), 0);
     check(&index);
 }
@@ -322,7 +333,7 @@ fn rebuild_layout_and_reuse() {
 #[derive(Default)]
 struct Model {
     free: BTreeMap<u64, u64>,
-    used: HashMap<NodeId, (u64, u64)>,
+    used: HashMap<u32, (u64, u64)>,
 }
 
 impl Model {
@@ -380,12 +391,12 @@ fn compare(index: &FreeIndex, model: &Model) {
     check(index);
     let free: Vec<(u64, u64)> = model.free.iter().map(|(&o, &s)| (o, s)).collect();
     assert_eq!(free_list(index), free);
-    let mut used: Vec<(u64, u64, NodeId)> =
+    let mut used: Vec<(u64, u64, u32)> =
         model.used.iter().map(|(&id, &(o, s))| (o, s, id)).collect();
     used.sort_unstable();
-    let regions: Vec<(u64, u64, NodeId)> = index
+    let regions: Vec<(u64, u64, u32)> = index
         .regions()
-        .filter_map(|r| Some((r.offset, r.size, r.node?)))
+        .filter_map(|r| Some((r.offset, r.size, r.slot?)))
         .collect();
     assert_eq!(regions, used);
     assert_eq!(
@@ -419,7 +430,7 @@ fn run_model(seed: u64, capacity: u64, ops: usize) {
     let mut rng = Rng(seed);
     let mut index = FreeIndex::new(capacity);
     let mut model = Model::new(capacity);
-    let mut live: Vec<NodeId> = Vec::new();
+    let mut live: Vec<Allocation> = Vec::new();
     let mut ids = Vec::new();
     let (mut hits, mut misses) = (0, 0);
     for step in 0..ops {
@@ -427,20 +438,21 @@ fn run_model(seed: u64, capacity: u64, ops: usize) {
             0..=54 => {
                 let (size, align) = random_request(&mut rng, &model, capacity);
                 let expect = model.fits(size, align);
-                match index.alloc(size, align) {
-                    Some((id, offset)) => {
+                match alloc(&mut index, size, align) {
+                    Some((a, offset)) => {
                         assert!(
                             expect,
                             "step {step}: alloc({size}, {align}) succeeded but nothing fits"
                         );
                         assert_eq!(offset % align, 0);
-                        assert_eq!((index.offset(id), index.size(id)), (offset, size));
+                        assert_eq!((a.offset(), a.size()), (offset, size));
                         model.take(offset, size);
                         assert!(
-                            model.used.insert(id, (offset, size)).is_none(),
-                            "id {id} reused while live"
+                            model.used.insert(a.slot(), (offset, size)).is_none(),
+                            "slot {} reused while live",
+                            a.slot()
                         );
-                        live.push(id);
+                        live.push(a);
                         hits += 1;
                     }
                     None => {
@@ -453,21 +465,21 @@ fn run_model(seed: u64, capacity: u64, ops: usize) {
                 }
             }
             55..=97 if !live.is_empty() => {
-                let id = live.swap_remove(rng.below(live.len() as u64) as usize);
-                let (o, s) = model.used.remove(&id).unwrap();
-                index.free(id);
+                let a = live.swap_remove(rng.below(live.len() as u64) as usize);
+                let (o, s) = model.used.remove(&a.slot()).unwrap();
+                free(&mut index, a);
                 model.give(o, s);
             }
             _ => {
                 // Rebuild from the current layout, as after a compaction that
                 // moved nothing; ids are renamed.
-                let mut layout: Vec<(u64, u64, NodeId)> =
+                let mut layout: Vec<(u64, u64, u32)> =
                     model.used.iter().map(|(&id, &(o, s))| (o, s, id)).collect();
                 layout.sort_unstable();
                 let used: Vec<(u64, u64)> = layout.iter().map(|&(o, s, _)| (o, s)).collect();
-                index.rebuild(&used, &mut ids);
-                model.used = ids.iter().zip(&used).map(|(&id, &r)| (id, r)).collect();
-                live = ids.clone();
+                index.rebuild(&used, &mut ids).expect("valid layout");
+                model.used = ids.iter().zip(&used).map(|(a, &r)| (a.slot(), r)).collect();
+                live = std::mem::take(&mut ids);
             }
         }
         compare(&index, &model);
@@ -484,4 +496,61 @@ fn random_ops_match_reference_model() {
     run_model(2, 1_000_003, 4000);
     run_model(3, 64 * 1024, 3000);
     run_model(4, 5_000_000_000, 2000);
+}
+
+#[test]
+fn foreign_and_stale_allocations_are_refused() {
+    let mut a = FreeIndex::new(1000);
+    let mut b = FreeIndex::new(1000);
+    let x = a.alloc(100, 1).expect("fits");
+    let y = b.alloc(100, 1).expect("fits");
+    // Same offset, same slot, another index: refused, `b` unchanged.
+    assert_eq!((x.offset(), x.slot()), (y.offset(), y.slot()));
+    let before = b.report();
+    assert_eq!(b.free(x), Err(Error::ForeignAllocation { offset: 0 }));
+    assert_eq!(b.report(), before);
+    check(&b);
+    // An allocation made before a rebuild is void after it.
+    let mut out = Vec::new();
+    b.rebuild(&[(0, 100)], &mut out).expect("valid layout");
+    let before = b.report();
+    assert!(matches!(b.free(y), Err(Error::ForeignAllocation { .. })));
+    assert_eq!(b.report(), before);
+    check(&b);
+    let fresh = out.pop().expect("one block");
+    assert_eq!(b.free(fresh), Ok(()));
+    assert_eq!(free_list(&b), [(0, 1000)]);
+}
+
+#[test]
+fn invalid_rebuild_layouts_change_nothing() {
+    let mut index = FreeIndex::new(u64::MAX);
+    let keep = index.alloc(1 << 62, 1 << 62).expect("fits");
+    let before: Vec<Region> = index.regions().collect();
+    let mut out = Vec::new();
+    let near = u64::MAX - 10;
+    for bad in [
+        &[(0, 10), (5, 10)][..],           // overlap
+        &[(10, 10), (0, 5)][..],           // not ascending
+        &[(0, 0)][..],                     // empty
+        &[(near, 11)][..],                 // end == 2^64: past the capacity
+        &[(near, u64::MAX)][..],           // end overflows u64
+        &[(0, 1), (near, 20), (1, 1)][..], // overflow, then wrap back
+    ] {
+        assert!(
+            matches!(
+                index.rebuild(bad, &mut out),
+                Err(Error::InvalidLayout { .. })
+            ),
+            "{bad:?}"
+        );
+        assert_eq!(index.regions().collect::<Vec<_>>(), before);
+        assert!(out.is_empty());
+    }
+    index.free(keep).expect("still valid: nothing was rebuilt");
+    check(&index);
+    let mut small = FreeIndex::new(100);
+    assert!(small.rebuild(&[(50, 51)], &mut out).is_err());
+    assert!(small.rebuild(&[(50, 50)], &mut out).is_ok());
+    check(&small);
 }

@@ -56,11 +56,11 @@ pub struct Move {
 impl Move {
     /// End of the source range (exclusive).
     pub fn src_end(&self) -> u64 {
-        self.src + self.len
+        self.src.saturating_add(self.len)
     }
     /// End of the destination range (exclusive).
     pub fn dst_end(&self) -> u64 {
-        self.dst + self.len
+        self.dst.saturating_add(self.len)
     }
 }
 
@@ -115,7 +115,7 @@ impl Plan {
 
     /// Bytes copied by the plan.
     pub fn bytes_moved(&self) -> u64 {
-        self.moves().map(|m| m.len).sum()
+        self.moves().map(|m| m.len).fold(0, u64::saturating_add)
     }
 
     /// Checks rules 1–3 of the wave rule and that every range lies within
@@ -123,6 +123,67 @@ impl Plan {
     pub fn validate(&self, capacity_bytes: u64) -> Result<()> {
         for (w, wave) in self.waves.iter().enumerate() {
             validate_wave(w, wave, capacity_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Every rule, against the live blocks the plan was made from: the
+    /// input passes [`planner::check_live`], the waves pass
+    /// [`validate`](Self::validate), every move names an unpinned live
+    /// block where it is at that wave, copies its `copy_len` and keeps its
+    /// alignment, and after every wave the blocks (at their reserved
+    /// lengths) are pairwise disjoint inside the region, which is rule 4
+    /// and the final layout's guarantee. O((blocks + moves) log blocks)
+    /// per wave.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLayout`] for bad input, [`Error::InvalidPlan`] for
+    /// a plan that breaks a rule.
+    pub fn validate_against(&self, live: &[planner::LiveBlock], capacity_bytes: u64) -> Result<()> {
+        planner::check_live(live, capacity_bytes)?;
+        self.validate(capacity_bytes)?;
+        let mut by_key: Vec<(u64, usize)> =
+            live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
+        by_key.sort_unstable();
+        if let Some(w) = by_key.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::InvalidLayout {
+                reason: format!("two live blocks share key {}", w[0].0),
+            });
+        }
+        let mut at: Vec<u64> = live.iter().map(|l| l.offset).collect();
+        let mut layout: Vec<(u64, u64)> = Vec::with_capacity(live.len());
+        for (w, wave) in self.waves.iter().enumerate() {
+            for m in &wave.moves {
+                let i = by_key
+                    .binary_search_by_key(&m.key, |e| e.0)
+                    .map(|k| by_key[k].1)
+                    .map_err(|_| invalid(format!("wave {w}: move {m:?} names no live block")))?;
+                let l = &live[i];
+                if l.pinned || at[i] != m.src || m.len != l.copy_len || m.dst % l.align != 0 {
+                    return Err(invalid(format!(
+                        "wave {w}: move {m:?} does not match its block {l:?} (now at {}): \
+                         pinned, wrong source or length, or misaligned destination",
+                        at[i]
+                    )));
+                }
+                at[i] = m.dst;
+            }
+            layout.clear();
+            layout.extend(at.iter().zip(live).map(|(&o, l)| (o, l.len)));
+            layout.sort_unstable();
+            let mut cursor = 0u64;
+            for &(offset, len) in &layout {
+                match offset.checked_add(len).filter(|&e| e <= capacity_bytes) {
+                    Some(end) if offset >= cursor => cursor = end,
+                    _ => {
+                        return Err(invalid(format!(
+                            "after wave {w} the block at {offset} of {len} B overlaps another \
+                             (one ends at {cursor}) or leaves the region of {capacity_bytes} B"
+                        )))
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -248,5 +309,49 @@ mod tests {
     fn evacuation_upward_into_free_space_is_valid() {
         let p = plan(vec![mv(0, 900, 50), mv(100, 800, 50)]);
         assert_eq!(p.validate(1000), Ok(()));
+    }
+
+    #[test]
+    fn validate_against_checks_the_final_layout() {
+        use planner::LiveBlock;
+        let live = |key, offset, len, pinned| LiveBlock {
+            key,
+            offset,
+            len,
+            copy_len: len,
+            align: 1,
+            pinned,
+        };
+        let blocks = [live(0, 0, 100, false), live(300, 300, 100, false)];
+        // Valid by rules 1-3, but lands on the block at 300 that stays.
+        let p = plan(vec![mv(0, 250, 100)]);
+        assert_eq!(p.validate(1000), Ok(()));
+        assert!(matches!(
+            p.validate_against(&blocks, 1000),
+            Err(Error::InvalidPlan { .. })
+        ));
+        assert_eq!(
+            plan(vec![mv(0, 150, 100)]).validate_against(&blocks, 1000),
+            Ok(())
+        );
+        // A move of a pinned block, of a block not where it is, or of none.
+        let pinned = [live(0, 0, 100, true)];
+        assert!(plan(vec![mv(0, 500, 100)])
+            .validate_against(&pinned, 1000)
+            .is_err());
+        let mut wrong_src = mv(0, 500, 100);
+        wrong_src.src = 10;
+        assert!(plan(vec![wrong_src])
+            .validate_against(&blocks, 1000)
+            .is_err());
+        assert!(plan(vec![mv(7, 500, 100)])
+            .validate_against(&blocks, 1000)
+            .is_err());
+        // Bad input: overlapping live blocks.
+        let overlapping = [live(0, 0, 100, false), live(50, 50, 100, false)];
+        assert!(matches!(
+            Plan::empty(PlanKind::Full).validate_against(&overlapping, 1000),
+            Err(Error::InvalidLayout { .. })
+        ));
     }
 }

@@ -324,7 +324,7 @@ impl Backend for Failing {
     fn execute(&mut self, _: &Plan) -> Result<()> {
         Err(Error::Driver {
             call: "test",
-            message: "injected".into(),
+            source: cuarena::error::DriverError::new(999, "injected"),
         })
     }
 }
@@ -424,4 +424,42 @@ fn the_backend_table_follows_compactions() {
             assert_eq!(u64::from(e.version), h.to_bits() >> 32);
         }
     }
+}
+
+#[test]
+fn dedicated_errors_name_what_was_asked() {
+    // A backend without a host tier, asked for one.
+    let r = Arena::with_backend(
+        ArenaConfig::new(4 * KIB).with_spill_host_bytes(8 * KIB),
+        Failing(HostBackend::new(4 * KIB).expect("b")),
+    );
+    assert!(matches!(
+        r,
+        Err(Error::NoHostTier { requested_bytes }) if requested_bytes == 8 * KIB
+    ));
+    // A backend smaller than the config.
+    let r = Arena::with_backend(
+        ArenaConfig::new(8 * KIB),
+        HostBackend::new(4 * KIB).expect("b"),
+    );
+    assert_eq!(
+        r.err(),
+        Some(Error::BackendTooSmall {
+            backend_bytes: 4 * KIB,
+            capacity_bytes: 8 * KIB
+        })
+    );
+}
+
+#[test]
+fn stats_and_reports_display() {
+    let mut a = Arena::host(ArenaConfig::new(64 * KIB)).expect("arena");
+    fragment(&mut a, 16, 2 * KIB);
+    let report = a.compact().expect("compact");
+    let line = report.to_string();
+    assert!(line.starts_with("full compaction:"), "{line}");
+    assert!(line.contains("wave"), "{line}");
+    let table = a.stats().to_string();
+    assert_eq!(table, a.summary());
+    assert!(table.contains("cuarena memory summary"));
 }

@@ -460,7 +460,7 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
         .map(|_| arena.alloc(256).expect("small"))
         .collect();
     match g.launch(&mut arena) {
-        Err(Error::InvalidConfig { reason }) => println!("refused as expected: {reason}"),
+        Err(e @ Error::TableMoved { .. }) => println!("refused as expected: {e}"),
         other => panic!("a replay after the table moved must be refused, got {other:?}"),
     }
     assert_ne!(arena.backend().table_ptr(), g.table().table);

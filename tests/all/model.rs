@@ -67,7 +67,14 @@ pub(crate) struct Model<'a, B: Backend> {
     last_moves: u64,
 }
 
+/// Blocks above this many bytes hold no model data (metadata arenas near
+/// 2^64 B): they are placed and checked, never written or read.
+const DATA_LIMIT: u64 = 1 << 20;
+
 fn pattern(seed: u64, len: u64) -> Vec<u8> {
+    if len > DATA_LIMIT {
+        return Vec::new();
+    }
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|_| {
@@ -145,7 +152,7 @@ impl<'a, B: Backend> Model<'a, B> {
                     self.freed.push(b.handle);
                 }
             }
-            Op::Write { idx, seed } if n > 0 => {
+            Op::Write { idx, seed } if n > 0 && self.blocks[idx % n].size <= DATA_LIMIT => {
                 let i = idx % n;
                 let data = pattern(step as u64 * 256 + seed as u64, self.blocks[i].size);
                 self.arena
@@ -204,15 +211,23 @@ impl<'a, B: Backend> Model<'a, B> {
                 expect_unchanged(self, "bad alignment");
             }
             Op::TooLarge => {
-                assert!(matches!(
-                    self.arena.alloc(cap + 1),
-                    Err(Error::TooLarge { .. })
-                ));
-                let r = self.arena.alloc(u64::MAX);
-                if self.granule > 1 {
-                    assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{r:?}");
-                } else {
-                    assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
+                if let Some(over) = cap.checked_add(1) {
+                    let r = self.arena.alloc(over);
+                    if self.granule > 1 && over > u64::MAX - (self.granule - 1) {
+                        assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{r:?}");
+                    } else {
+                        assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
+                    }
+                }
+                // With a 1-byte granule, u64::MAX B is a valid request of an
+                // arena of u64::MAX B.
+                if self.granule > 1 || cap < u64::MAX {
+                    let r = self.arena.alloc(u64::MAX);
+                    if self.granule > 1 {
+                        assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{r:?}");
+                    } else {
+                        assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
+                    }
                 }
                 expect_unchanged(self, "too-large alloc");
             }
@@ -236,7 +251,7 @@ impl<'a, B: Backend> Model<'a, B> {
                 self.foreign.free(h).expect("foreign free");
                 expect_unchanged(self, "foreign handle");
             }
-            Op::WrongLengthRead { idx } if n > 0 => {
+            Op::WrongLengthRead { idx } if n > 0 && self.blocks[idx % n].size <= DATA_LIMIT => {
                 let b = &self.blocks[idx % n];
                 let mut out = vec![0u8; b.size as usize + 1];
                 assert!(matches!(
@@ -268,11 +283,14 @@ impl<'a, B: Backend> Model<'a, B> {
         } else {
             self.arena.alloc_aligned(size, align)
         };
-        let reserved = size.div_ceil(self.granule) * self.granule;
+        // Saturating: only compared with what the arena reports.
+        let reserved = size.div_ceil(self.granule).saturating_mul(self.granule);
         match r {
             Ok(handle) => {
                 let data = pattern(step as u64, size);
-                self.arena.write(handle, &data).expect("write new block");
+                if size <= DATA_LIMIT {
+                    self.arena.write(handle, &data).expect("write new block");
+                }
                 let align = align.max(self.granule);
                 self.blocks.push(ModelBlock {
                     handle,
@@ -329,16 +347,25 @@ impl<'a, B: Backend> Model<'a, B> {
                 b.offset
             );
             assert_eq!(b.offset % b.align_bytes, 0, "step {step}: misaligned block");
-            end = b.offset + b.reserved_bytes;
-            assert!(end <= cap, "step {step}: block out of bounds");
+            end = b
+                .offset
+                .checked_add(b.reserved_bytes)
+                .filter(|&e| e <= cap)
+                .unwrap_or_else(|| panic!("step {step}: block out of bounds"));
         }
         let st = self.arena.stats();
-        let reserved: u64 = infos.iter().map(|b| b.reserved_bytes).sum();
+        let reserved = infos
+            .iter()
+            .try_fold(0u64, |s, b| s.checked_add(b.reserved_bytes))
+            .expect("reserved bytes exceed u64: blocks overlap");
         assert_eq!(st.allocated_bytes, reserved);
         assert_eq!(st.free_bytes, cap - reserved);
         assert_eq!(
             st.requested_bytes,
-            self.blocks.iter().map(|b| b.size).sum::<u64>()
+            self.blocks
+                .iter()
+                .try_fold(0u64, |s, b| s.checked_add(b.size))
+                .expect("requested bytes exceed u64")
         );
         assert_eq!(st.live_blocks, self.blocks.len());
         assert_eq!(
@@ -380,7 +407,7 @@ impl<'a, B: Backend> Model<'a, B> {
         if !self.arena.backend().stores_bytes() {
             return;
         }
-        for b in &self.blocks {
+        for b in self.blocks.iter().filter(|b| b.size <= DATA_LIMIT) {
             let got: Vec<u8> = self.arena.read(b.handle).expect("read");
             assert!(
                 got == b.data,
@@ -446,6 +473,123 @@ pub(crate) fn run_random_program<B: Backend>(arena: &mut Arena<B>, seed: u64, st
         model.step(&op, step);
     }
     model.verify_bytes(steps);
+}
+
+/// A weighted random op over an arena near 2^64 B: sizes from bytes to
+/// 2^63, alignments up to the maximum, and the same bad input.
+fn gen_huge_op(r: &mut u64, cap: u64) -> Op {
+    let mut next = || {
+        *r ^= *r << 13;
+        *r ^= *r >> 7;
+        *r ^= *r << 17;
+        *r
+    };
+    let k = next() % 100;
+    let idx = next() as usize;
+    match k {
+        0..=39 => {
+            let size = match next() % 6 {
+                0 => 1 + next() % 4096,
+                1 => 1 + next() % (1u64 << (20 + next() % 42)),
+                // Near 2^62 and 2^63.
+                2 | 3 => (1u64 << 62) + next() % (1u64 << 62),
+                4 => (1u64 << 63) - next() % (1u64 << 40),
+                _ => 1 + next() % (cap / 3).max(1),
+            };
+            let align_log2 = match next() % 4 {
+                0 => 0,
+                1 => 30, // MAX_ALIGN
+                _ => (next() % 31) as u8,
+            };
+            Op::Alloc { size, align_log2 }
+        }
+        // All the free bytes half the time: fills the region to its last
+        // byte, so holes open next to 2^64 when blocks there are freed.
+        40..=49 => Op::AllocFree {
+            frac: if next() % 2 == 0 {
+                255
+            } else {
+                (next() % 255 + 1) as u8
+            },
+        },
+        50..=74 => Op::Free { idx },
+        75..=79 => Op::Pin { idx },
+        80..=84 => Op::Unpin { idx },
+        85..=89 => Op::Compact,
+        90 => Op::ZeroAlloc,
+        91 => Op::BadAlign,
+        92..=93 => Op::TooLarge,
+        94..=96 => Op::DoubleFree,
+        97 => Op::ForeignHandle,
+        _ => Op::Write { idx, seed: 0 },
+    }
+}
+
+/// Metadata arenas of capacities up to `u64::MAX`, with blocks of 2^62 to
+/// 2^63 B at alignments up to the maximum: no overlap, every block in
+/// bounds and aligned, stats consistent, errors change nothing, and an
+/// allocation without pins or raised alignments fails only when it
+/// exceeds the free bytes.
+#[test]
+fn metadata_arenas_near_two_to_the_64() {
+    let max_align = cuarena::config::MAX_ALIGN;
+    let configs = [
+        (u64::MAX, 1),
+        (u64::MAX - 255, 256),
+        (u64::MAX - (max_align - 1), max_align),
+        (3 << 62, 256),
+        (1 << 63, 1 << 12),
+        ((1 << 63) + (1 << 62) + 4096, 4096),
+    ];
+    let (mut compactions, mut ooms) = (0, 0);
+    for (i, &(cap, align)) in configs.iter().enumerate() {
+        for seed in 0..8u64 {
+            let config = ArenaConfig::new(cap).with_alignment_bytes(align);
+            let mut arena = Arena::metadata(config).expect("arena");
+            let failed_before = arena.stats().failed_allocs;
+            {
+                let mut model = Model::new(&mut arena, false);
+                let mut r = (seed * 31 + i as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+                for step in 0..300 {
+                    let op = gen_huge_op(&mut r, cap);
+                    model.step(&op, step);
+                }
+            }
+            let st = arena.stats();
+            compactions += st.targeted_compactions + st.full_compactions;
+            ooms += st.failed_allocs - failed_before;
+        }
+    }
+    assert!(
+        compactions > 50 && ooms > 50,
+        "weak test: {compactions} compactions, {ooms} failed allocs"
+    );
+}
+
+/// Reading a block larger than host memory is an error, not an abort.
+#[test]
+fn reading_a_block_larger_than_memory_is_an_error() {
+    let mut arena = Arena::metadata(ArenaConfig::new(1 << 62)).expect("arena");
+    let h = arena.alloc(1 << 61).expect("alloc");
+    let before = arena.blocks();
+    assert!(matches!(
+        arena.read::<u8>(h),
+        Err(Error::HostMemory { requested_bytes, .. }) if requested_bytes == 1 << 61
+    ));
+    assert!(matches!(
+        arena.read::<u64>(h),
+        Err(Error::HostMemory { .. })
+    ));
+    assert_eq!(arena.blocks(), before);
+    // The host backend refuses a region it cannot allocate, the same way.
+    assert!(matches!(
+        Arena::host(ArenaConfig::new(1 << 62)),
+        Err(Error::HostMemory { .. })
+    ));
+    assert!(matches!(
+        Arena::host(ArenaConfig::new(4096).with_spill_host_bytes(1 << 62)),
+        Err(Error::HostMemory { .. })
+    ));
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {

@@ -33,7 +33,7 @@
 //! program will have live at once (plus spilled) *before* capturing;
 //! [`ArenaGraph::capture`] reserves at least [`DEFAULT_RESERVED_SLOTS`]
 //! (1 MiB of table) and twice the current table. A replay after the table
-//! moved anyway returns [`Error::InvalidConfig`] saying so, instead of
+//! moved anyway returns [`Error::TableMoved`] saying so, instead of
 //! running on freed memory; capture again then.
 //!
 //! # Performance
@@ -98,9 +98,9 @@ fn current_args(arena: &Arena<CudaBackend>) -> Result<HandleArgs> {
     Ok(HandleArgs {
         base: arena.backend().region_ptr(),
         table: arena.backend().table_ptr(),
-        slots: u32::try_from(slots).map_err(|_| Error::TooLarge {
-            requested_bytes: slots as u64,
-            capacity_bytes: u64::from(u32::MAX),
+        slots: u32::try_from(slots).map_err(|_| Error::TableOverflow {
+            requested_slots: slots as u64,
+            max_slots: u64::from(u32::MAX),
         })?,
         pad: 0,
     })
@@ -300,9 +300,7 @@ impl ArenaGraph {
         recorded?;
         let graph = ended
             .map_err(driver_err("cuStreamEndCapture / cuGraphInstantiate"))?
-            .ok_or(Error::InvalidConfig {
-                reason: "the capture recorded no work".to_string(),
-            })?;
+            .ok_or(Error::EmptyCapture)?;
         Ok(Self {
             graph,
             arena_id: arena.id(),
@@ -318,7 +316,7 @@ impl ArenaGraph {
     /// changes. Fails, running nothing, when a handle of the graph was
     /// freed ([`Error::StaleHandle`]), for another arena's graph, and when
     /// the table's device buffer has moved since the capture
-    /// ([`Error::InvalidConfig`]: reserve more with
+    /// ([`Error::TableMoved`]: reserve more with
     /// [`reserve_handle_table`] and capture again).
     pub fn launch(&self, arena: &mut Arena<CudaBackend>) -> Result<()> {
         if arena.id() != self.arena_id {
@@ -331,13 +329,9 @@ impl ArenaGraph {
         arena.flush_table()?;
         let now = current_args(arena)?;
         if now.table != self.table.table || now.base != self.region_ptr {
-            return Err(Error::InvalidConfig {
-                reason: format!(
-                    "the handle table's device buffer moved since this graph was captured \
-                     (it grew past the {} slots it held then, for {} in use now); \
-                     reserve_handle_table for the most blocks live at once, then capture again",
-                    self.reserved_slots, now.slots
-                ),
+            return Err(Error::TableMoved {
+                reserved_slots: self.reserved_slots,
+                slots_in_use: now.slots as usize,
             });
         }
         self.graph.launch().map_err(driver_err("cuGraphLaunch"))

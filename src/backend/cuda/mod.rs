@@ -81,11 +81,19 @@ use crate::handle::TableEntry;
 use buffers::{DeviceBuf, PinnedBuf};
 use kernels::MoveKernels;
 
-/// Maps a cudarc driver error to [`Error::Driver`] naming `call`.
+/// Maps a cudarc driver error to [`Error::Driver`] naming `call`, keeping
+/// the driver's result code.
 pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::Driver {
         call,
-        message: format!("{e:?}"),
+        source: e.into(),
+    }
+}
+
+impl From<DriverError> for crate::error::DriverError {
+    /// Keeps the `CUresult` code and its name (no driver call needed).
+    fn from(e: DriverError) -> Self {
+        crate::error::DriverError::new(e.0 as u32, format!("{:?}", e.0))
     }
 }
 
@@ -108,6 +116,7 @@ pub enum CudaCapacity {
 /// Tuning of the move kernel. The defaults were chosen by measurement
 /// (`benches/moves.rs`); other values are for experiments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CudaOptions {
     /// Threads per CTA (a power of two, 32..=1024).
     pub threads_per_cta: u32,
@@ -133,6 +142,25 @@ impl Default for CudaOptions {
 }
 
 impl CudaOptions {
+    /// Sets the threads per CTA (a power of two, 32..=1024).
+    pub fn with_threads_per_cta(mut self, threads: u32) -> Self {
+        self.threads_per_cta = threads;
+        self
+    }
+
+    /// Sets the 16-byte vectors each thread holds per tile (a power of two,
+    /// 1..=16).
+    pub fn with_vectors_per_thread(mut self, vectors: u32) -> Self {
+        self.vectors_per_thread = vectors;
+        self
+    }
+
+    /// Sets the CTAs per multiprocessor (`None`: the driver's occupancy).
+    pub fn with_ctas_per_sm(mut self, ctas: Option<u32>) -> Self {
+        self.ctas_per_sm = ctas;
+        self
+    }
+
     /// Bytes of one tile: `threads_per_cta * vectors_per_thread * 16`.
     pub fn tile_bytes(&self) -> u64 {
         u64::from(self.threads_per_cta) * u64::from(self.vectors_per_thread) * 16
@@ -148,7 +176,10 @@ impl CudaOptions {
             Ok(())
         } else {
             Err(Error::InvalidConfig {
-                reason: format!("CUDA kernel options out of range: {self:?}"),
+                reason: format!(
+                    "CUDA kernel options out of range: {self:?} (threads_per_cta a power of two \
+                     in 32..=1024, vectors_per_thread a power of two in 1..=16, ctas_per_sm >= 1)"
+                ),
             })
         }
     }
@@ -156,6 +187,7 @@ impl CudaOptions {
 
 /// What the driver reports about the move kernel as loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MoveKernelInfo {
     /// Registers per thread.
     pub registers: i32,
@@ -333,16 +365,26 @@ impl CudaBackend {
                 }
                 let (free, _total) = ctx.mem_get_info().map_err(driver_err("cuMemGetInfo"))?;
                 let bytes = (free as f64 * fraction) as u64;
-                bytes / multiple_of_bytes * multiple_of_bytes
+                let rounded = bytes / multiple_of_bytes * multiple_of_bytes;
+                if rounded == 0 {
+                    return Err(Error::EmptyRegion {
+                        requested_bytes: bytes,
+                        free_device_bytes: free as u64,
+                        multiple_of_bytes,
+                    });
+                }
+                rounded
             }
         };
         if capacity_bytes == 0 {
             return Err(Error::InvalidConfig {
-                reason: "the CUDA region must hold at least one byte".to_string(),
+                reason: "the CUDA region must hold at least one byte (CudaCapacity::Bytes(0))"
+                    .to_string(),
             });
         }
-        let bytes = usize::try_from(capacity_bytes).map_err(|_| Error::InvalidConfig {
-            reason: format!("capacity {capacity_bytes} B does not fit in usize"),
+        let bytes = usize::try_from(capacity_bytes).map_err(|_| Error::ExceedsAddressSpace {
+            requested_bytes: capacity_bytes,
+            max_bytes: usize::MAX as u64,
         })?;
         // SAFETY: a plain allocation in the context bound by
         // CudaContext::new; its bytes are uninitialised, which the arena
@@ -463,8 +505,9 @@ impl CudaBackend {
         let entry = std::mem::size_of::<TableEntry>();
         let need = slots
             .checked_mul(entry)
-            .ok_or_else(|| Error::InvalidConfig {
-                reason: format!("a table of {slots} slots overflows usize"),
+            .ok_or_else(|| Error::TableOverflow {
+                requested_slots: slots as u64,
+                max_slots: (usize::MAX / entry) as u64,
             })?;
         let old_bytes = self.scratch.table.bytes;
         if old_bytes < need {

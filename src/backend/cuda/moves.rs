@@ -83,11 +83,10 @@ impl CudaBackend {
         unsafe { result::memset_d8_async(s.ctl.ptr + 4, 0, 4, self.stream.cu_stream()) }
             .map_err(driver_err("cuMemsetD8Async"))?;
         if bits & ERR_TIMEOUT != 0 {
-            return Err(Error::Driver {
-                call: "cuarena_move",
-                message: format!(
-                    "a tile waited too long for an earlier tile (error bits {bits:#x}); \
-                     the region's contents are undefined"
+            return Err(Error::DeviceFault {
+                reason: format!(
+                    "the move kernel's watchdog fired: a tile waited too long for an earlier \
+                     tile (error bits {bits:#x}); the region's contents are undefined"
                 ),
             });
         }
@@ -223,8 +222,9 @@ impl Backend for CudaBackend {
         }
         let slots = first
             .checked_add(entries.len())
-            .ok_or_else(|| Error::InvalidConfig {
-                reason: "handle table slot overflow".into(),
+            .ok_or_else(|| Error::TableOverflow {
+                requested_slots: (first as u64).saturating_add(entries.len() as u64),
+                max_slots: usize::MAX as u64,
             })?;
         self.reserve_table(slots)?;
         let bytes: &[u8] = bytemuck::cast_slice(entries);

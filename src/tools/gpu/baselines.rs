@@ -179,8 +179,9 @@ struct Pool {
 
 impl Pool {
     fn create(ordinal: usize, max_size: u64) -> Result<Pool> {
-        let max_size = usize::try_from(max_size).map_err(|_| Error::InvalidConfig {
-            reason: format!("pool size {max_size} B does not fit in usize"),
+        let max_size = usize::try_from(max_size).map_err(|_| Error::ExceedsAddressSpace {
+            requested_bytes: max_size,
+            max_bytes: usize::MAX as u64,
         })?;
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,

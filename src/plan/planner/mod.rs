@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use smallvec::smallvec;
 
 use super::{Move, Plan, PlanKind, Wave};
+use crate::error::{Error, Result};
 
 /// A live block as the planner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +43,45 @@ pub struct LiveBlock {
 }
 
 impl LiveBlock {
+    /// End of the block (exclusive); saturating, so a block that
+    /// [`check_live`] would refuse cannot wrap around.
     fn end(&self) -> u64 {
-        self.offset + self.len
+        self.offset.saturating_add(self.len)
     }
+}
+
+/// Checks the planners' input: blocks ascending and disjoint inside
+/// `[0, capacity)`, each of `len > 0`, `copy_len <= len`, alignment a power
+/// of two and offset a multiple of it. The planners never panic or
+/// overflow on other input, but their plans are only meaningful for input
+/// that passes; [`crate::plan::Plan::validate_against`] runs this first.
+///
+/// # Errors
+///
+/// [`Error::InvalidLayout`] naming the first block that breaks a rule.
+pub fn check_live(blocks: &[LiveBlock], capacity: u64) -> Result<()> {
+    let mut cursor = 0u64;
+    for (i, b) in blocks.iter().enumerate() {
+        let end = b.offset.checked_add(b.len).filter(|&e| e <= capacity);
+        let ok = b.len > 0
+            && b.copy_len <= b.len
+            && b.align.is_power_of_two()
+            && b.offset % b.align == 0
+            && b.offset >= cursor;
+        match end {
+            Some(end) if ok => cursor = end,
+            _ => {
+                return Err(Error::InvalidLayout {
+                    reason: format!(
+                        "live block {i} ({b:?}) is empty, misaligned, copies more than it holds, \
+                         overlaps the block before it (ending at {cursor}) or leaves the region \
+                         of {capacity} B"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A request the targeted planner must make room for.
@@ -56,10 +93,12 @@ pub struct Request {
     pub align: u64,
 }
 
-fn align_up(x: u64, align: u64) -> u64 {
-    // Callers keep offsets below capacity, so this cannot overflow in practice;
-    // saturate rather than wrap if it ever could.
-    x.saturating_add(align - 1) & !(align - 1)
+/// `x` rounded up to a multiple of `align` (a power of two), or `None` if
+/// that is past `u64::MAX`: near 2^64 (metadata arenas) a wrapped or
+/// saturated result would lie below `x` and overlap the block there.
+fn align_up(x: u64, align: u64) -> Option<u64> {
+    let mask = align.max(1) - 1;
+    x.checked_add(mask).map(|v| v & !mask)
 }
 
 /// Where [`plan_full`] puts each unpinned block, and the plan.
@@ -83,22 +122,33 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
             layout.push((b.offset, b.len));
             continue;
         }
-        let mut dst = b.offset;
+        let mut dst = None;
         for (k, gap) in gaps
             .iter_mut()
             .enumerate()
             .take(own_gap + 1)
             .skip(first_open)
         {
-            let pos = align_up(gap.0, b.align);
+            let Some(pos) = align_up(gap.0, b.align) else {
+                continue;
+            };
             if pos.checked_add(b.len).is_some_and(|e| e <= gap.1) {
                 // Invariant: in its own gap the cursor never passes the block,
                 // so `pos <= b.offset` and every move goes down.
-                dst = if k == own_gap { pos.min(b.offset) } else { pos };
-                gap.0 = dst + b.len;
+                let d = if k == own_gap { pos.min(b.offset) } else { pos };
+                gap.0 = d.saturating_add(b.len);
+                dst = Some(d);
                 break;
             }
         }
+        // Found no place (only for input `check_live` refuses): the block
+        // stays, and nothing later in its gap may land on it.
+        let dst = dst.unwrap_or_else(|| {
+            if let Some(gap) = gaps.get_mut(own_gap) {
+                gap.0 = gap.0.max(b.end());
+            }
+            b.offset
+        });
         while first_open < own_gap && gaps[first_open].0 >= gaps[first_open].1 {
             first_open += 1;
         }
@@ -140,11 +190,12 @@ fn largest_aligned_hole(layout: &[(u64, u64)], capacity: u64, align: u64) -> u64
     let mut best = 0;
     let mut cursor = 0;
     for &(off, len) in layout.iter().chain(std::iter::once(&(capacity, 0))) {
-        let start = align_up(cursor, align);
-        if off > start {
-            best = best.max(off - start);
+        if let Some(start) = align_up(cursor, align) {
+            if off > start {
+                best = best.max(off - start);
+            }
         }
-        cursor = cursor.max(off + len);
+        cursor = cursor.max(off.saturating_add(len));
     }
     best
 }
@@ -215,7 +266,13 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
     copied.push(0u64);
     pins.push(0u32);
     for b in blocks {
-        copied.push(copied.last().copied().unwrap_or(0) + b.copy_len);
+        copied.push(
+            copied
+                .last()
+                .copied()
+                .unwrap_or(0)
+                .saturating_add(b.copy_len),
+        );
         pins.push(pins.last().copied().unwrap_or(0) + u32::from(b.pinned));
     }
     let mut best: Option<(u64, usize, usize)> = None; // (cost, a, b)
@@ -229,7 +286,7 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
         // Extend b until the merged free bytes suffice (with slack for
         // alignment padding, checked exactly when the plan is built).
         while b < n && free < req.size {
-            free += holes.spans[b].1 - holes.spans[b].0;
+            free = free.saturating_add(holes.spans[b].1 - holes.spans[b].0);
             b += 1;
         }
         if free < req.size {
@@ -249,7 +306,7 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
     let mut cursor = holes.spans[a].0;
     let mut moves = Vec::new();
     for blk in &blocks[first..last] {
-        let dst = align_up(cursor, blk.align).min(blk.offset);
+        let dst = align_up(cursor, blk.align).map_or(blk.offset, |p| p.min(blk.offset));
         if dst != blk.offset {
             moves.push(Move {
                 key: blk.key,
@@ -258,10 +315,10 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
                 len: blk.copy_len,
             });
         }
-        cursor = dst + blk.len;
+        cursor = dst.saturating_add(blk.len);
     }
     let hole_end = holes.spans[b].1;
-    if align_up(cursor, req.align).checked_add(req.size)? > hole_end {
+    if align_up(cursor, req.align)?.checked_add(req.size)? > hole_end {
         return None; // alignment padding ate the slack
     }
     let mut plan = Plan::empty(PlanKind::Targeted);
@@ -290,7 +347,9 @@ fn plan_evacuate(
     let mut pinned_inside = 0u32;
     let mut consider =
         |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
-            let x = align_up(s, req.align);
+            let Some(x) = align_up(s, req.align) else {
+                return false;
+            };
             let Some(end) = x.checked_add(req.size).filter(|&e| e <= capacity) else {
                 return false;
             };
@@ -365,7 +424,7 @@ fn pack_evacuees(
     let mut moves = Vec::with_capacity(order.len());
     let fits = |(start, end): (u64, u64), b: &LiveBlock| {
         align_up(start, b.align)
-            .checked_add(b.len)
+            .and_then(|p| p.checked_add(b.len))
             .is_some_and(|e| e <= end)
     };
     if order.len() <= 16 {
@@ -378,7 +437,7 @@ fn pack_evacuees(
                 .filter(|(_, &p)| fits(p, b))
                 .min_by_key(|(_, p)| p.1 - p.0)?;
             let (start, end) = free[k];
-            let dst = align_up(start, b.align);
+            let dst = align_up(start, b.align)?;
             free[k] = (dst + b.len, end);
             if dst > start {
                 free.push((start, dst));
@@ -401,7 +460,7 @@ fn pack_evacuees(
                 .find(|&(size, start)| fits((start, start + size), b))?;
             by_size.remove(&found);
             let (size, start) = found;
-            let dst = align_up(start, b.align);
+            let dst = align_up(start, b.align)?;
             if dst > start {
                 by_size.insert((dst - start, start), ());
             }
@@ -424,177 +483,4 @@ fn pack_evacuees(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn blk(key: u64, offset: u64, len: u64) -> LiveBlock {
-        LiveBlock {
-            key,
-            offset,
-            len,
-            copy_len: len,
-            align: 1,
-            pinned: false,
-        }
-    }
-    fn pinned(key: u64, offset: u64, len: u64) -> LiveBlock {
-        LiveBlock {
-            pinned: true,
-            ..blk(key, offset, len)
-        }
-    }
-
-    /// Applies a plan to a layout and returns the sorted result, checking
-    /// the plan's validity and that nothing overlaps afterwards.
-    fn apply(blocks: &[LiveBlock], plan: &Plan, capacity: u64) -> Vec<(u64, u64, u64)> {
-        plan.validate(capacity).expect("plan breaks the wave rule");
-        let mut out: Vec<(u64, u64, u64)> =
-            blocks.iter().map(|b| (b.offset, b.len, b.key)).collect();
-        for m in plan.moves() {
-            let e = out
-                .iter_mut()
-                .find(|e| e.2 == m.key)
-                .expect("move of unknown block");
-            assert_eq!(e.0, m.src, "move source is not where the block is");
-            e.0 = m.dst;
-        }
-        out.sort_unstable();
-        for w in out.windows(2) {
-            assert!(
-                w[0].0 + w[0].1 <= w[1].0,
-                "blocks overlap after plan: {w:?}"
-            );
-        }
-        out
-    }
-
-    #[test]
-    fn full_slides_everything_down_in_one_wave() {
-        let blocks = [blk(1, 100, 50), blk(2, 200, 300), blk(3, 600, 10)];
-        let plan = plan_full(&blocks, 1000);
-        assert_eq!(plan.waves.len(), 1);
-        let out = apply(&blocks, &plan, 1000);
-        assert_eq!(out, vec![(0, 50, 1), (50, 300, 2), (350, 10, 3)]);
-    }
-
-    #[test]
-    fn four_gib_block_sliding_down_by_256_bytes() {
-        let g = 4u64 << 30;
-        let blocks = [LiveBlock {
-            align: 256,
-            ..blk(7, 256, g)
-        }];
-        let plan = plan_full(&blocks, g + 256);
-        assert_eq!(plan.move_count(), 1);
-        let m = plan.moves().next().copied().expect("one move");
-        assert_eq!((m.src, m.dst, m.len), (256, 0, g));
-        apply(&blocks, &plan, g + 256);
-    }
-
-    #[test]
-    fn chain_where_each_destination_covers_the_previous_source() {
-        // Adjacent blocks after a small hole: every destination covers the
-        // previous block's source; still one wave.
-        let blocks: Vec<_> = (0..100).map(|i| blk(i, 16 + i * 1000, 1000)).collect();
-        let plan = plan_full(&blocks, 200_000);
-        assert_eq!(plan.waves.len(), 1);
-        let out = apply(&blocks, &plan, 200_000);
-        assert_eq!(out[99].0, 99_000);
-    }
-
-    #[test]
-    fn holes_between_pins_become_one_region_per_gap() {
-        let blocks = [
-            blk(1, 10, 10),
-            pinned(2, 40, 10),
-            blk(3, 60, 10),
-            blk(4, 80, 5),
-            pinned(5, 90, 10),
-        ];
-        let plan = plan_full(&blocks, 120);
-        let out = apply(&blocks, &plan, 120);
-        // Gap [0,40): block 1 at 0 and block 3 moves past the pin into it.
-        assert!(out.contains(&(40, 10, 2)) && out.contains(&(90, 10, 5)));
-        assert!(out.contains(&(0, 10, 1)));
-        let layout: Vec<(u64, u64)> = out.iter().map(|e| (e.0, e.1)).collect();
-        // Free space per gap is one region: count free regions.
-        let mut regions = 0;
-        let mut cursor = 0;
-        for &(o, l) in layout.iter().chain(std::iter::once(&(120, 0))) {
-            regions += usize::from(o > cursor);
-            cursor = o + l;
-        }
-        assert!(regions <= 3, "{layout:?}");
-    }
-
-    #[test]
-    fn all_blocks_pinned_moves_nothing() {
-        let blocks = [pinned(1, 10, 10), pinned(2, 40, 10)];
-        assert!(plan_full(&blocks, 100).is_empty());
-        assert_eq!(
-            plan_targeted(&blocks, 100, Request { size: 60, align: 1 }),
-            None
-        );
-        assert_eq!(largest_hole_after_full(&blocks, 100, 1), 50);
-    }
-
-    #[test]
-    fn targeted_moves_less_than_full() {
-        // Many small blocks with holes; a request of 3 holes' worth.
-        let mut blocks = Vec::new();
-        for i in 0..100u64 {
-            blocks.push(blk(i, i * 200, 100));
-        }
-        let cap = 20_000;
-        let req = Request {
-            size: 300,
-            align: 1,
-        };
-        let t = plan_targeted(&blocks, cap, req).expect("targeted plan");
-        let f = plan_full(&blocks, cap);
-        assert!(
-            t.bytes_moved() < f.bytes_moved() / 10,
-            "{} vs {}",
-            t.bytes_moved(),
-            f.bytes_moved()
-        );
-        let out = apply(&blocks, &t, cap);
-        let layout: Vec<(u64, u64)> = out.iter().map(|e| (e.0, e.1)).collect();
-        assert!(largest_aligned_hole(&layout, cap, 1) >= 300);
-    }
-
-    #[test]
-    fn targeted_respects_pins_and_alignment() {
-        let blocks = [
-            blk(1, 0, 256),
-            pinned(2, 512, 256),
-            blk(3, 1024, 256),
-            blk(4, 1536, 256),
-        ];
-        let req = Request {
-            size: 1024,
-            align: 512,
-        };
-        let t = plan_targeted(&blocks, 4096, req).expect("plan");
-        let out = apply(&blocks, &t, 4096);
-        assert!(out.contains(&(512, 256, 2)));
-        let layout: Vec<(u64, u64)> = out.iter().map(|e| (e.0, e.1)).collect();
-        assert!(largest_aligned_hole(&layout, 4096, 512) >= 1024);
-    }
-
-    #[test]
-    fn targeted_falls_back_to_none_when_pins_split_space() {
-        let blocks = [pinned(1, 100, 100), pinned(2, 300, 100)];
-        assert_eq!(
-            plan_targeted(
-                &blocks,
-                500,
-                Request {
-                    size: 150,
-                    align: 1
-                }
-            ),
-            None
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,199 @@
+//! Queries and host transfers.
+
+use bytemuck::Pod;
+
+use super::{Arena, Block, Place, Stats};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::handle::{BlockInfo, ElemType, Handle};
+
+impl<B: Backend> Arena<B> {
+    /// Everything known about a live block.
+    pub fn info(&self, h: Handle) -> Result<BlockInfo> {
+        let b = self.block(h)?;
+        Ok(self.info_of(h, b))
+    }
+
+    pub(super) fn info_of(&self, handle: Handle, b: &Block) -> BlockInfo {
+        let (offset, resident) = match &b.place {
+            Place::Device(a) => (a.offset(), true),
+            Place::Host(_) => (0, false),
+        };
+        BlockInfo {
+            handle,
+            offset,
+            resident,
+            size_bytes: b.size,
+            reserved_bytes: b.reserved,
+            align_bytes: b.align,
+            elem: b.elem,
+            pins: b.pins,
+        }
+    }
+
+    /// Bytes asked for when the block was allocated.
+    pub fn size_bytes(&self, h: Handle) -> Result<u64> {
+        Ok(self.block(h)?.size)
+    }
+
+    /// Alignment of the block's offset.
+    pub fn align_bytes(&self, h: Handle) -> Result<u64> {
+        Ok(self.block(h)?.align)
+    }
+
+    /// Element type, for blocks from [`alloc_elems`](Arena::alloc_elems).
+    pub fn elem_type(&self, h: Handle) -> Result<Option<ElemType>> {
+        Ok(self.block(h)?.elem)
+    }
+
+    /// True if the handle names a live block of this arena.
+    pub fn contains(&self, h: Handle) -> bool {
+        h.arena == self.id && self.blocks.contains_key(h.key)
+    }
+
+    /// Live blocks in address order.
+    pub fn blocks(&self) -> Vec<BlockInfo> {
+        self.index
+            .regions()
+            .filter_map(|r| r.slot)
+            .filter_map(|slot| {
+                let key = *self.owners.get(slot as usize)?;
+                let b = self.blocks.get(key)?;
+                Some(self.info_of(
+                    Handle {
+                        key,
+                        arena: self.id,
+                    },
+                    b,
+                ))
+            })
+            .collect()
+    }
+
+    /// Free regions `(offset, len)` in address order.
+    pub fn free_regions(&self) -> Vec<(u64, u64)> {
+        self.index
+            .regions()
+            .filter(|r| r.slot.is_none())
+            .map(|r| (r.offset, r.size))
+            .collect()
+    }
+
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> Stats {
+        let r = self.index.report();
+        let c = &self.counters;
+        Stats {
+            capacity_bytes: self.config.capacity_bytes,
+            allocated_bytes: self.config.capacity_bytes - r.free_bytes,
+            requested_bytes: c.requested_bytes,
+            free_bytes: r.free_bytes,
+            largest_free_bytes: r.largest_free_bytes,
+            fragmentation: if r.free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - r.largest_free_bytes as f64 / r.free_bytes as f64
+            },
+            live_blocks: self.blocks.len(),
+            free_regions: r.free_regions,
+            pinned_blocks: c.pinned_blocks,
+            peak_allocated_bytes: c.peak_allocated_bytes,
+            allocs: c.allocs,
+            frees: c.frees,
+            failed_allocs: c.failed_allocs,
+            targeted_compactions: c.targeted,
+            full_compactions: c.full,
+            moves: c.moves,
+            bytes_moved: c.bytes_moved,
+            planning_time: c.planning,
+            compaction_time: c.compaction,
+            evictions: c.evictions,
+            restores: c.restores,
+            bytes_evicted: c.bytes_evicted,
+            bytes_restored: c.bytes_restored,
+            host_tier_used_bytes: self
+                .tier
+                .as_ref()
+                .map_or(0, |t| t.capacity() - t.free_bytes()),
+        }
+    }
+
+    /// The statistics as a readable table.
+    pub fn summary(&self) -> String {
+        self.stats().summary()
+    }
+
+    // ---- data -----------------------------------------------------------------
+
+    pub(super) fn check_type<T: Pod>(b: &Block) -> Result<()> {
+        let want = ElemType::of::<T>();
+        match b.elem {
+            Some(e) if e.id != want.id => Err(Error::TypeMismatch {
+                block_type: e.name,
+                requested_type: want.name,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes `data` into the block; `data` must be exactly the block's size.
+    pub fn write<T: Pod>(&mut self, h: Handle, data: &[T]) -> Result<()> {
+        self.block(h)?;
+        self.make_resident(&[h])?;
+        let b = self.block(h)?;
+        Self::check_type::<T>(b)?;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if bytes.len() as u64 != b.size {
+            return Err(Error::LengthMismatch {
+                block_bytes: b.size,
+                slice_bytes: bytes.len() as u64,
+            });
+        }
+        let offset = self.device_offset(b)?;
+        self.backend.write(offset, bytes)
+    }
+
+    /// Reads the block into `out`, which must be exactly the block's size.
+    pub fn read_into<T: Pod>(&mut self, h: Handle, out: &mut [T]) -> Result<()> {
+        self.block(h)?;
+        self.make_resident(&[h])?;
+        let b = self.block(h)?;
+        Self::check_type::<T>(b)?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        if bytes.len() as u64 != b.size {
+            return Err(Error::LengthMismatch {
+                block_bytes: b.size,
+                slice_bytes: bytes.len() as u64,
+            });
+        }
+        let offset = self.device_offset(b)?;
+        self.backend.read(offset, bytes)
+    }
+
+    /// Reads the block as a `Vec<T>`.
+    pub fn read<T: Pod>(&mut self, h: Handle) -> Result<Vec<T>> {
+        let b = self.block(h)?;
+        Self::check_type::<T>(b)?;
+        let elem = std::mem::size_of::<T>() as u64;
+        if elem == 0 || b.size % elem != 0 {
+            return Err(Error::NotWholeElements {
+                block_bytes: b.size,
+                elem_bytes: elem,
+            });
+        }
+        let n = usize::try_from(b.size / elem).map_err(|_| Error::ExceedsAddressSpace {
+            requested_bytes: b.size,
+            max_bytes: usize::MAX as u64,
+        })?;
+        // Fallible: a block larger than host memory (a metadata arena's,
+        // say) is an error, not an abort.
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| Error::HostMemory {
+            requested_bytes: b.size,
+            what: "the Vec that Arena::read returns",
+        })?;
+        out.resize(n, T::zeroed());
+        self.read_into(h, &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,217 @@
+//! Allocation, freeing and pinning.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use bytemuck::Pod;
+
+use super::{Arena, Block, Place};
+use crate::backend::Backend;
+use crate::config::{CompactionPolicy, MAX_ALIGN};
+use crate::error::{Error, Result};
+use crate::handle::{BlockKey, ElemType, Handle};
+use crate::placement::Allocation;
+use crate::plan::planner::{self, Request};
+
+impl<B: Backend> Arena<B> {
+    /// Allocates `bytes` at the arena's default alignment.
+    pub fn alloc(&mut self, bytes: u64) -> Result<Handle> {
+        self.alloc_impl(bytes, self.config.alignment_bytes, None)
+    }
+
+    /// Allocates `bytes` at `align_bytes` (a power of two; the arena's
+    /// alignment is the floor).
+    pub fn alloc_aligned(&mut self, bytes: u64, align_bytes: u64) -> Result<Handle> {
+        self.alloc_impl(bytes, align_bytes, None)
+    }
+
+    /// Allocates `n` elements of `T`; the handle remembers `T`.
+    pub fn alloc_elems<T: Pod>(&mut self, n: usize) -> Result<Handle> {
+        let elem = std::mem::size_of::<T>() as u64;
+        let bytes = (n as u64).checked_mul(elem).ok_or(Error::SizeOverflow {
+            requested_bytes: n as u64,
+            align_bytes: elem,
+        })?;
+        let align = (std::mem::align_of::<T>() as u64).max(self.config.alignment_bytes);
+        self.alloc_impl(bytes, align, Some(ElemType::of::<T>()))
+    }
+
+    pub(super) fn alloc_impl(
+        &mut self,
+        bytes: u64,
+        align: u64,
+        elem: Option<ElemType>,
+    ) -> Result<Handle> {
+        self.check_usable()?;
+        if bytes == 0 {
+            return Err(Error::ZeroSize);
+        }
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(Error::InvalidAlignment {
+                align_bytes: align,
+                max_align_bytes: MAX_ALIGN,
+            });
+        }
+        let align = align.max(self.config.alignment_bytes);
+        let granule = self.config.alignment_bytes;
+        let reserved = bytes
+            .checked_add(granule - 1)
+            .map(|b| b & !(granule - 1))
+            .ok_or(Error::SizeOverflow {
+                requested_bytes: bytes,
+                align_bytes: granule,
+            })?;
+        if reserved > self.config.capacity_bytes {
+            return Err(Error::TooLarge {
+                requested_bytes: reserved,
+                capacity_bytes: self.config.capacity_bytes,
+            });
+        }
+        let node = self.place_on_device(reserved, align, &[])?;
+        let (slot, offset) = (node.slot(), node.offset());
+        let key = self.blocks.insert(Block {
+            place: Place::Device(node),
+            size: bytes,
+            reserved,
+            align,
+            elem,
+            pins: 0,
+            scratch: 0,
+            last_use: AtomicU64::new(self.tick()),
+        });
+        self.set_owner(slot, key);
+        self.set_entry(key, Some((offset, bytes)));
+        let c = &mut self.counters;
+        c.allocs += 1;
+        c.requested_bytes += bytes;
+        let allocated = self.config.capacity_bytes - self.index.free_bytes();
+        c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
+        Ok(Handle {
+            key,
+            arena: self.id,
+        })
+    }
+
+    /// Space for `reserved` bytes in the region: a hole, else a compaction,
+    /// else (spilling on) evicting least recently used blocks not in `keep`.
+    pub(super) fn place_on_device(
+        &mut self,
+        reserved: u64,
+        align: u64,
+        keep: &[BlockKey],
+    ) -> Result<Allocation> {
+        if let Some(node) = self.index.alloc(reserved, align) {
+            return Ok(node);
+        }
+        match self.alloc_by_compacting(reserved, align) {
+            Err(Error::OutOfMemory { .. }) if self.tier.is_some() => {
+                self.alloc_by_spilling(reserved, align, keep)
+            }
+            r => r,
+        }
+    }
+
+    /// The slow path: compact (if allowed and useful), then place.
+    pub(super) fn alloc_by_compacting(&mut self, reserved: u64, align: u64) -> Result<Allocation> {
+        let capacity = self.config.capacity_bytes;
+        if self.config.compaction == CompactionPolicy::Auto && reserved <= self.index.free_bytes() {
+            let req = Request {
+                size: reserved,
+                align,
+            };
+            let t0 = Instant::now();
+            self.collect_live();
+            let plan = planner::plan_targeted(&self.live, capacity, req);
+            self.counters.planning += t0.elapsed();
+            if let Some(plan) = plan {
+                self.execute(plan, t0)?;
+                if let Some(node) = self.index.alloc(reserved, align) {
+                    return Ok(node);
+                }
+            }
+            // Targeted could not (pins, or holes too small for evacuees):
+            // a full compaction, if it would make a hole big enough.
+            let t0 = Instant::now();
+            self.collect_live();
+            if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
+                let plan = planner::plan_full(&self.live, capacity);
+                self.counters.planning += t0.elapsed();
+                self.execute(plan, t0)?;
+                if let Some(node) = self.index.alloc(reserved, align) {
+                    return Ok(node);
+                }
+            }
+        }
+        if self.tier.is_none() {
+            self.counters.failed_allocs += 1;
+        }
+        self.collect_live();
+        Err(Error::OutOfMemory {
+            requested_bytes: reserved,
+            free_bytes: self.index.free_bytes(),
+            largest_free_bytes: self.index.largest_free(),
+            reachable_bytes: planner::largest_hole_after_full(&self.live, capacity, align),
+        })
+    }
+
+    /// Frees a block. Pinned blocks cannot be freed.
+    pub fn free(&mut self, h: Handle) -> Result<()> {
+        let b = self.block(h)?;
+        if b.pins > 0 {
+            return Err(Error::Pinned { pins: b.pins });
+        }
+        let Some(b) = self.blocks.remove(h.key) else {
+            return Err(Error::StaleHandle);
+        };
+        let size = b.size;
+        let freed = match b.place {
+            Place::Device(a) => self.index.free(a),
+            Place::Host(a) => match self.tier.as_mut() {
+                Some(tier) => tier.free(a),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = freed {
+            // Unreachable: the arena only holds allocations of its own indexes.
+            self.poisoned = Some(format!("freeing a block's placement failed: {e}"));
+            return Err(e);
+        }
+        self.set_entry(h.key, None);
+        self.counters.frees += 1;
+        self.counters.requested_bytes -= size;
+        Ok(())
+    }
+
+    // ---- pinning ----------------------------------------------------------------
+
+    /// Pins a block: it never moves until every pin is released. Pins nest.
+    /// A spilled block is brought back first.
+    pub fn pin(&mut self, h: Handle) -> Result<u32> {
+        self.block(h)?;
+        self.make_resident(&[h])?;
+        let b = self.block_mut(h)?;
+        b.pins = b
+            .pins
+            .checked_add(1)
+            .ok_or(Error::PinOverflow { pins: b.pins })?;
+        let pins = b.pins;
+        if pins == 1 {
+            self.counters.pinned_blocks += 1;
+        }
+        Ok(pins)
+    }
+
+    /// Releases one pin; returns the pins left.
+    pub fn unpin(&mut self, h: Handle) -> Result<u32> {
+        let b = self.block_mut(h)?;
+        if b.pins == 0 {
+            return Err(Error::NotPinned);
+        }
+        b.pins -= 1;
+        let pins = b.pins;
+        if pins == 0 {
+            self.counters.pinned_blocks -= 1;
+        }
+        Ok(pins)
+    }
+}

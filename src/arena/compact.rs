@@ -1,0 +1,166 @@
+//! Compaction: plan, check, execute, and move the table to match.
+
+use std::time::Instant;
+
+use slotmap::{Key, KeyData};
+
+use super::{Arena, CompactionReport, Place};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::handle::BlockKey;
+use crate::plan::planner::{self, LiveBlock};
+use crate::plan::{Plan, PlanKind};
+
+impl<B: Backend> Arena<B> {
+    /// Fills `self.live` with the live blocks in address order.
+    pub(super) fn collect_live(&mut self) {
+        self.live.clear();
+        for r in self.index.regions() {
+            let Some(slot) = r.slot else { continue };
+            let Some(&key) = self.owners.get(slot as usize) else {
+                continue;
+            };
+            if let Some(b) = self.blocks.get_mut(key) {
+                b.scratch = self.live.len() as u32;
+                self.live.push(LiveBlock {
+                    key: key.data().as_ffi(),
+                    offset: r.offset,
+                    len: b.reserved,
+                    copy_len: b.size,
+                    align: b.align,
+                    pinned: b.pins > 0,
+                });
+            }
+        }
+    }
+
+    /// The plan a full compaction would run now (for inspection).
+    pub fn plan_full(&mut self) -> Plan {
+        self.collect_live();
+        planner::plan_full(&self.live, self.config.capacity_bytes)
+    }
+
+    /// Compacts fully: afterwards the free space between pinned blocks is one
+    /// region per gap (one region in all without pins).
+    pub fn compact(&mut self) -> Result<CompactionReport> {
+        self.check_usable()?;
+        let t0 = Instant::now();
+        let plan = self.plan_full();
+        self.counters.planning += t0.elapsed();
+        self.execute(plan, t0)
+    }
+
+    /// Runs a plan made from `self.live` and moves the table to match.
+    /// The plan's final layout is checked first (every move names a live,
+    /// unpinned block where it is, keeps its alignment, and the blocks end
+    /// disjoint and inside the region): a plan that fails the check is
+    /// refused with [`Error::InvalidPlan`] and nothing changes.
+    pub(super) fn execute(&mut self, plan: Plan, t0: Instant) -> Result<CompactionReport> {
+        let planning = t0.elapsed();
+        self.check_final_layout(&plan)?;
+        let t1 = Instant::now();
+        if let Err(e) = self.backend.execute(&plan) {
+            self.poisoned = Some(format!("compaction failed part-way: {e}"));
+            return Err(e);
+        }
+        let execution = t1.elapsed();
+        for m in plan.moves() {
+            let key = BlockKey::from(KeyData::from_ffi(m.key));
+            if let Some(size) = self.blocks.get(key).map(|b| b.size) {
+                self.set_entry(key, Some((m.dst, size)));
+            }
+        }
+        self.spans.clear();
+        self.spans.extend(self.layout.iter().map(|e| (e.0, e.1)));
+        let mut allocations = std::mem::take(&mut self.allocations);
+        if let Err(e) = self.index.rebuild(&self.spans, &mut allocations) {
+            // Unreachable: the layout was checked above.
+            self.poisoned = Some(format!(
+                "rebuilding the index after a compaction failed: {e}"
+            ));
+            return Err(e);
+        }
+        for (i, a) in allocations.drain(..).enumerate() {
+            let key = self.layout[i].2;
+            self.set_owner(a.slot(), key);
+            if let Some(b) = self.blocks.get_mut(key) {
+                b.place = Place::Device(a);
+            }
+        }
+        self.allocations = allocations;
+        // The table's new offsets follow the moves in stream order.
+        if let Err(e) = self.flush_table() {
+            self.poisoned = Some(format!(
+                "handle table update failed after a compaction: {e}"
+            ));
+            return Err(e);
+        }
+        let c = &mut self.counters;
+        match plan.kind {
+            PlanKind::Targeted => c.targeted += 1,
+            PlanKind::Full => c.full += 1,
+        }
+        c.moves = c.moves.saturating_add(plan.move_count() as u64);
+        c.bytes_moved = c.bytes_moved.saturating_add(plan.bytes_moved());
+        c.compaction += t0.elapsed();
+        Ok(CompactionReport {
+            kind: plan.kind,
+            moves: plan.move_count(),
+            waves: plan.waves.len(),
+            bytes_moved: plan.bytes_moved(),
+            planning,
+            execution,
+        })
+    }
+
+    /// Fills `self.layout` with the layout after `plan` (sorted by offset)
+    /// and checks it; see [`Self::execute`]. O(blocks + moves).
+    pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<()> {
+        let invalid = |reason: String| Err(Error::InvalidPlan { reason });
+        self.layout.clear();
+        self.layout.extend(
+            self.live
+                .iter()
+                .map(|l| (l.offset, l.len, BlockKey::from(KeyData::from_ffi(l.key)))),
+        );
+        for m in plan.moves() {
+            let key = BlockKey::from(KeyData::from_ffi(m.key));
+            let i = match self.blocks.get(key) {
+                Some(b) => b.scratch as usize,
+                None => return invalid(format!("move {m:?} names no live block")),
+            };
+            let Some(l) = self.live.get(i).filter(|l| l.key == m.key) else {
+                return invalid(format!(
+                    "move {m:?} names a block outside the plan's live set"
+                ));
+            };
+            if l.pinned || self.layout[i].0 != m.src || m.len != l.copy_len || m.dst % l.align != 0
+            {
+                return invalid(format!(
+                    "move {m:?} does not match its block (pinned {}, at {}, {} B to copy, \
+                     alignment {})",
+                    l.pinned, self.layout[i].0, l.copy_len, l.align
+                ));
+            }
+            self.layout[i].0 = m.dst;
+        }
+        if !self.layout.windows(2).all(|w| w[0].0 <= w[1].0) {
+            self.layout.sort_unstable_by_key(|e| e.0);
+        }
+        let capacity = self.config.capacity_bytes;
+        let mut cursor = 0u64;
+        for &(offset, len, _) in &self.layout {
+            let end = offset.checked_add(len).filter(|&e| e <= capacity);
+            match end {
+                Some(end) if offset >= cursor => cursor = end,
+                _ => {
+                    return invalid(format!(
+                        "after the plan a block at {offset} of {len} B overlaps the one below \
+                         (ending at {cursor}) or leaves the region of {capacity} B"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
