@@ -321,6 +321,49 @@ pub enum Error {
         reason: String,
     },
 
+    /// A stream id that was not registered with this arena.
+    #[error("stream #{stream} is not registered with this arena ({registered} streams are, #0 being the arena's own)")]
+    UnknownStream {
+        /// The id given.
+        stream: u32,
+        /// Streams registered.
+        registered: u32,
+    },
+
+    /// A byte range of a storage or block that reaches past its end.
+    #[error("range of {len_bytes} B at offset {offset_bytes} B reaches past the {available_bytes} B available")]
+    RangeOutOfBounds {
+        /// Start of the range asked for, in bytes.
+        offset_bytes: u64,
+        /// Bytes asked for.
+        len_bytes: u64,
+        /// Bytes of the storage, slice or block it was asked of.
+        available_bytes: u64,
+    },
+
+    /// A copy whose source and destination overlap (in one block).
+    #[error(
+        "copy of {len_bytes} B from region offset {src_offset} to {dst_offset}: the ranges overlap"
+    )]
+    OverlappingRanges {
+        /// Region offset of the source.
+        src_offset: u64,
+        /// Region offset of the destination.
+        dst_offset: u64,
+        /// Bytes of the copy.
+        len_bytes: u64,
+    },
+
+    /// A fill pattern that is not 1, 2, 4, 8 or 16 bytes, or a length that
+    /// is not a whole number of patterns.
+    #[error("fill pattern of {pattern_bytes} B over {len_bytes} B: the pattern must be 1, 2, 4, 8 or 16 B and divide the length")]
+    InvalidPattern {
+        /// Bytes of the pattern.
+        pattern_bytes: u64,
+        /// Bytes to fill.
+        len_bytes: u64,
+    },
+
     /// NVRTC could not compile a kernel from `kernels/`.
     #[error("NVRTC failed to compile {source_name}: {log}")]
     Nvrtc {

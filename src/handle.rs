@@ -8,10 +8,9 @@
 
 use std::any::TypeId;
 
-slotmap::new_key_type! {
-    /// Slot key of a block in its arena's table (generational).
-    pub struct BlockKey;
-}
+/// Slot key of a block in its arena's table (generational; see
+/// [`crate::slots`] for the encoding kernels rely on).
+pub(crate) type BlockKey = crate::slots::SlotKey;
 
 /// A tensor in an arena. Cheap to copy; meaningless to any other arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,17 +20,19 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// The slot key as a `u64` (slot index and generation), for passing a
-    /// handle through FFI or into a kernel. See [`Handle::from_bits`].
+    /// The handle as a `u64`, `version << 32 | slot`, for passing a handle
+    /// through FFI or into a kernel. This encoding is the crate's device ABI
+    /// (`kernels/cuarena.cuh`): live versions are odd, a free slot reads as
+    /// version 0. See [`Handle::from_bits`].
     pub fn to_bits(self) -> u64 {
-        slotmap::Key::data(&self.key).as_ffi()
+        self.key.to_bits()
     }
 
     /// Rebuilds a handle of arena `arena_id` from [`Handle::to_bits`]. A
     /// forged or stale value is rejected by the arena when used.
     pub fn from_bits(bits: u64, arena_id: u32) -> Self {
         Self {
-            key: slotmap::KeyData::from_ffi(bits).into(),
+            key: BlockKey::from_bits(bits),
             arena: arena_id,
         }
     }

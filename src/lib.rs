@@ -12,6 +12,9 @@ pub mod error;
 mod handle;
 pub mod placement;
 pub mod plan;
+mod slots;
+pub mod storage;
+pub mod stream;
 
 // Beside the core (feature `tools`): trace readers, replays, pictures.
 #[cfg(feature = "tools")]
@@ -23,3 +26,5 @@ pub use arena::{fmt_bytes, Arena, CompactionReport, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use error::{Error, Result};
 pub use handle::{BlockInfo, ElemType, Handle, TableEntry};
+pub use storage::{AsRange, BlockRange, Storage, StorageSlice};
+pub use stream::StreamId;

@@ -167,10 +167,16 @@ impl Backend for Timed {
     fn write(&mut self, offset: u64, bytes: &[u8]) -> cuarena::Result<()> {
         self.inner.write(offset, bytes)
     }
-    fn read(&mut self, offset: u64, out: &mut [u8]) -> cuarena::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> cuarena::Result<()> {
         self.inner.read(offset, out)?;
         // The stream is idle now: reading the events costs nothing.
         self.harvest()
+    }
+    fn copy(&mut self, src: u64, dst: u64, len: u64) -> cuarena::Result<()> {
+        self.inner.copy(src, dst, len)
+    }
+    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> cuarena::Result<()> {
+        self.inner.fill(offset, len, pattern)
     }
     fn execute(&mut self, plan: &Plan) -> cuarena::Result<()> {
         self.inner.execute(plan)

@@ -69,7 +69,7 @@ impl<B: Backend> Arena<B> {
         }
         let node = self.place_on_device(reserved, align, &[])?;
         let (slot, offset) = (node.slot(), node.offset());
-        let key = self.blocks.insert(Block {
+        let inserted = self.blocks.insert(Block {
             place: Place::Device(node),
             size: bytes,
             reserved,
@@ -79,6 +79,20 @@ impl<B: Backend> Arena<B> {
             scratch: 0,
             last_use: AtomicU64::new(self.tick()),
         });
+        let key = match inserted {
+            Ok(key) => key,
+            Err(block) => {
+                // Every one of the 2^32 handle slots is in use: give the
+                // space back, unchanged.
+                if let Place::Device(node) = block.place {
+                    self.index.free(node)?;
+                }
+                return Err(Error::TableOverflow {
+                    requested_slots: self.blocks.slot_count() as u64 + 1,
+                    max_slots: 1 << 32,
+                });
+            }
+        };
         self.set_owner(slot, key);
         self.set_entry(key, Some((offset, bytes)));
         let c = &mut self.counters;

@@ -2,8 +2,6 @@
 
 use std::time::Instant;
 
-use slotmap::{Key, KeyData};
-
 use super::{Arena, CompactionReport, Place};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -23,7 +21,7 @@ impl<B: Backend> Arena<B> {
             if let Some(b) = self.blocks.get_mut(key) {
                 b.scratch = self.live.len() as u32;
                 self.live.push(LiveBlock {
-                    key: key.data().as_ffi(),
+                    key: key.to_bits(),
                     offset: r.offset,
                     len: b.reserved,
                     copy_len: b.size,
@@ -65,7 +63,7 @@ impl<B: Backend> Arena<B> {
         }
         let execution = t1.elapsed();
         for m in plan.moves() {
-            let key = BlockKey::from(KeyData::from_ffi(m.key));
+            let key = BlockKey::from_bits(m.key);
             if let Some(size) = self.blocks.get(key).map(|b| b.size) {
                 self.set_entry(key, Some((m.dst, size)));
             }
@@ -121,10 +119,10 @@ impl<B: Backend> Arena<B> {
         self.layout.extend(
             self.live
                 .iter()
-                .map(|l| (l.offset, l.len, BlockKey::from(KeyData::from_ffi(l.key)))),
+                .map(|l| (l.offset, l.len, BlockKey::from_bits(l.key))),
         );
         for m in plan.moves() {
-            let key = BlockKey::from(KeyData::from_ffi(m.key));
+            let key = BlockKey::from_bits(m.key);
             let i = match self.blocks.get(key) {
                 Some(b) => b.scratch as usize,
                 None => return invalid(format!("move {m:?} names no live block")),

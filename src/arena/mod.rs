@@ -21,7 +21,7 @@ mod stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use slotmap::{Key, SlotMap};
+use crate::slots::Slots;
 
 pub use stats::{fmt_bytes, CompactionReport, Stats};
 
@@ -92,7 +92,7 @@ pub struct Arena<B: Backend = HostBackend> {
     config: ArenaConfig,
     backend: B,
     index: FreeIndex,
-    blocks: SlotMap<BlockKey, Block>,
+    blocks: Slots<Block>,
     /// Owner of each used placement node (entries of free nodes are stale).
     owners: Vec<BlockKey>,
     counters: Counters,
@@ -150,7 +150,7 @@ impl<B: Backend> Arena<B> {
             index: FreeIndex::new(config.capacity_bytes),
             config,
             backend,
-            blocks: SlotMap::with_key(),
+            blocks: Slots::default(),
             owners: Vec::new(),
             counters: Counters::default(),
             poisoned: None,
@@ -241,15 +241,14 @@ impl<B: Backend> Arena<B> {
 
     /// Records a slot's new state: `Some((offset, bytes))` live, `None` freed.
     fn set_entry(&mut self, key: BlockKey, live: Option<(u64, u64)>) {
-        let bits = key.data().as_ffi();
-        let slot = (bits & 0xFFFF_FFFF) as usize;
+        let slot = key.slot() as usize;
         if self.table.len() <= slot {
             self.table.resize(slot + 1, TableEntry::default());
         }
         self.table[slot] = match live {
             Some((offset, bytes)) => TableEntry {
                 offset,
-                version: (bits >> 32) as u32,
+                version: key.version(),
                 len: u32::try_from(bytes).unwrap_or(u32::MAX),
             },
             None => TableEntry::default(),
@@ -284,7 +283,7 @@ impl<B: Backend> Arena<B> {
     fn set_owner(&mut self, slot: u32, key: BlockKey) {
         let i = slot as usize;
         if self.owners.len() <= i {
-            self.owners.resize(i + 1, BlockKey::null());
+            self.owners.resize(i + 1, BlockKey::NULL);
         }
         self.owners[i] = key;
     }

@@ -8,10 +8,11 @@
 //! tests see it. By default plans are also validated up front
 //! ([`HostBackend::with_validation`] turns that off, to watch the corruption).
 
-use super::{check_range, Backend};
-use crate::error::Result;
+use super::{check_disjoint, check_pattern, check_range, Backend};
+use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 use crate::plan::{Plan, Wave};
+use crate::stream::StreamId;
 
 /// Host-memory backend for tests, docs, CI and the demo's fallback.
 #[derive(Debug, Clone)]
@@ -23,6 +24,9 @@ pub struct HostBackend {
     table: Vec<TableEntry>,
     /// The host tier (a second Vec standing in for page-locked memory).
     tier: Vec<u8>,
+    /// Streams registered, the arena stream included. Host operations are
+    /// synchronous, so streams are ids only.
+    streams: u32,
 }
 
 impl HostBackend {
@@ -35,6 +39,7 @@ impl HostBackend {
             validate: true,
             table: Vec::new(),
             tier: Vec::new(),
+            streams: 1,
         })
     }
 
@@ -53,6 +58,16 @@ impl HostBackend {
     /// The backend's copy of the handle table (what a kernel would see).
     pub fn table(&self) -> &[TableEntry] {
         &self.table
+    }
+
+    /// Registers another stream (an id: host work is synchronous).
+    pub fn register_stream(&mut self) -> Result<StreamId> {
+        let id = StreamId(self.streams);
+        self.streams = self.streams.checked_add(1).ok_or(Error::UnknownStream {
+            stream: u32::MAX,
+            registered: self.streams,
+        })?;
+        Ok(id)
     }
 
     /// The region's bytes (for tests).
@@ -182,11 +197,34 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         check_range(offset, out.len() as u64, self.capacity_bytes())?;
         let o = offset as usize;
         out.copy_from_slice(&self.mem[o..o + out.len()]);
         Ok(())
+    }
+
+    fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        check_range(src, len, self.capacity_bytes())?;
+        check_range(dst, len, self.capacity_bytes())?;
+        check_disjoint(src, dst, len)?;
+        let (s, d, n) = (src as usize, dst as usize, len as usize);
+        self.mem.copy_within(s..s + n, d);
+        Ok(())
+    }
+
+    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes())?;
+        check_pattern(len, pattern)?;
+        let o = offset as usize;
+        for chunk in self.mem[o..o + len as usize].chunks_exact_mut(pattern.len()) {
+            chunk.copy_from_slice(pattern);
+        }
+        Ok(())
+    }
+
+    fn stream_count(&self) -> u32 {
+        self.streams
     }
 
     fn execute(&mut self, plan: &Plan) -> Result<()> {

@@ -2,7 +2,7 @@
 //! moves are bounds-checked and counted but copy nothing. It replays traces
 //! of any size (a 25 GB trace on a machine with less memory).
 
-use super::{check_range, Backend};
+use super::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::Result;
 use crate::plan::Plan;
 
@@ -40,10 +40,21 @@ impl Backend for MetaBackend {
         check_range(offset, bytes.len() as u64, self.capacity_bytes)
     }
 
-    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         check_range(offset, out.len() as u64, self.capacity_bytes)?;
         out.fill(0);
         Ok(())
+    }
+
+    fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        check_range(src, len, self.capacity_bytes)?;
+        check_range(dst, len, self.capacity_bytes)?;
+        check_disjoint(src, dst, len)
+    }
+
+    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes)?;
+        check_pattern(len, pattern)
     }
 
     fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {

@@ -24,6 +24,7 @@ pub use meta::MetaBackend;
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 use crate::plan::Plan;
+use crate::stream::StreamId;
 
 /// Storage for one arena's region.
 ///
@@ -41,8 +42,39 @@ pub trait Backend {
     /// Copies `bytes` into the region at `offset`.
     fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()>;
 
-    /// Copies `out.len()` bytes of the region at `offset` into `out`.
-    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()>;
+    /// Copies `out.len()` bytes of the region at `offset` into `out`, after
+    /// the work enqueued on the arena stream so far (the host waits for it).
+    /// Takes `&self`: reading back needs no exclusive access.
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()>;
+
+    /// Copies `len` bytes from region offset `src` to `dst`, in arena-stream
+    /// order. The ranges must not overlap ([`Error::OverlappingRanges`]).
+    fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()>;
+
+    /// Fills `len` bytes at `offset` with `pattern` repeated, in arena-stream
+    /// order. `pattern` holds 1, 2, 4, 8 or 16 bytes and `len` is a multiple
+    /// of its length ([`Error::InvalidPattern`] otherwise).
+    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()>;
+
+    /// Streams this backend knows: ids `0..stream_count()` are valid, and 0
+    /// is the arena stream. Backends register streams of their own kind
+    /// (CUDA streams on the CUDA backend, ids alone on the host backend).
+    fn stream_count(&self) -> u32 {
+        1
+    }
+
+    /// Makes the arena stream's later work wait for everything enqueued on
+    /// `stream` so far (CUDA: an event recorded there, waited for on the
+    /// arena stream; the host does not wait). A no-op for the arena stream.
+    fn wait_stream(&mut self, stream: StreamId) -> Result<()> {
+        check_stream(stream, self.stream_count())
+    }
+
+    /// Makes `stream`'s later work wait for everything enqueued on the arena
+    /// stream so far (moves, writes, fills). A no-op for the arena stream.
+    fn join_arena(&mut self, stream: StreamId) -> Result<()> {
+        check_stream(stream, self.stream_count())
+    }
 
     /// Executes every wave of `plan` in order, honouring the wave rule of
     /// [`crate::plan`]. On error the caller must assume any subset of the
@@ -82,6 +114,45 @@ pub trait Backend {
         let _ = (host_offset, offset);
         Err(Error::NoHostTier {
             requested_bytes: len,
+        })
+    }
+}
+
+/// Checks that `stream` is one of `count` registered streams.
+pub(crate) fn check_stream(stream: StreamId, count: u32) -> Result<()> {
+    if stream.0 < count {
+        Ok(())
+    } else {
+        Err(Error::UnknownStream {
+            stream: stream.0,
+            registered: count,
+        })
+    }
+}
+
+/// Checks a fill pattern: 1, 2, 4, 8 or 16 bytes, `len` a multiple of it.
+pub(crate) fn check_pattern(len: u64, pattern: &[u8]) -> Result<()> {
+    let p = pattern.len() as u64;
+    if matches!(p, 1 | 2 | 4 | 8 | 16) && len % p == 0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidPattern {
+            pattern_bytes: p,
+            len_bytes: len,
+        })
+    }
+}
+
+/// Checks that a copy's source and destination do not overlap.
+pub(crate) fn check_disjoint(src: u64, dst: u64, len: u64) -> Result<()> {
+    let apart = src.saturating_add(len) <= dst || dst.saturating_add(len) <= src;
+    if apart || len == 0 {
+        Ok(())
+    } else {
+        Err(Error::OverlappingRanges {
+            src_offset: src,
+            dst_offset: dst,
+            len_bytes: len,
         })
     }
 }

@@ -318,8 +318,14 @@ impl Backend for Failing {
     fn write(&mut self, o: u64, b: &[u8]) -> Result<()> {
         self.0.write(o, b)
     }
-    fn read(&mut self, o: u64, b: &mut [u8]) -> Result<()> {
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<()> {
         self.0.read(o, b)
+    }
+    fn copy(&mut self, s: u64, d: u64, n: u64) -> Result<()> {
+        self.0.copy(s, d, n)
+    }
+    fn fill(&mut self, o: u64, n: u64, p: &[u8]) -> Result<()> {
+        self.0.fill(o, n, p)
     }
     fn execute(&mut self, _: &Plan) -> Result<()> {
         Err(Error::Driver {

@@ -116,6 +116,18 @@ impl PinnedBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.words) }
     }
 
+    /// Word `i` (0 when out of range), read volatile: the device writes it
+    /// by an async copy that the caller has waited for (an event).
+    pub(super) fn load(&self, i: usize) -> u64 {
+        if i >= self.words {
+            return 0;
+        }
+        // SAFETY: `i < words`, the buffer holds `words` initialised u64s,
+        // and the caller waited for the copy that wrote it; a volatile read
+        // of a u64 through a shared reference creates no `&mut` alias.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+    }
+
     pub(super) fn release(&mut self) {
         if !self.ptr.is_null() {
             // SAFETY: `ptr` came from cuMemHostAlloc; callers wait for the

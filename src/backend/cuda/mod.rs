@@ -242,7 +242,7 @@ struct Scratch {
     /// Recorded after the error word was copied into `status`.
     status_ready: CudaEvent,
     /// `status_ready` was recorded and not yet looked at.
-    status_pending: bool,
+    status_pending: std::sync::atomic::AtomicBool,
     /// Epoch of the last move launch (flags equal to it are "loaded").
     epoch: u32,
 }
@@ -418,7 +418,7 @@ impl CudaBackend {
             ],
             parity: 0,
             status_ready: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            status_pending: false,
+            status_pending: std::sync::atomic::AtomicBool::new(false),
             epoch: 0,
         };
         let mut backend = CudaBackend {

@@ -1,10 +1,14 @@
 //! Plan execution: the `Backend` implementation (transfers, spills, table
 //! uploads, waves of moves) and the launches of the move kernels.
 
-use cudarc::driver::{result, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::{
+    result, sys, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 
 use super::{driver_err, stage, CudaBackend};
-use crate::backend::{check_range, Backend};
+use crate::backend::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 use crate::plan::Plan;
@@ -52,9 +56,13 @@ impl CudaBackend {
 
     /// Looks at the kernels' error word copied back by the last plan:
     /// waits for it when `wait`, else only if the GPU is already done.
-    pub(super) fn check_status(&mut self, wait: bool) -> Result<()> {
-        let s = &mut self.scratch;
-        if !s.status_pending {
+    ///
+    /// Faults are sticky: the device's error word is never cleared, so once
+    /// a plan broke the wave rule or the watchdog fired, every later check
+    /// reports it again (the arena poisons itself the first time).
+    pub(super) fn check_status(&self, wait: bool) -> Result<()> {
+        let s = &self.scratch;
+        if !s.status_pending.load(Ordering::Acquire) {
             return Ok(());
         }
         if wait {
@@ -68,20 +76,11 @@ impl CudaBackend {
         {
             return Ok(());
         }
-        s.status_pending = false;
-        let status = s.status.as_mut_slice();
-        let word = status.first().copied().unwrap_or(0);
-        let bits = (word >> 32) as u32;
+        let bits = (s.status.load(0) >> 32) as u32;
         if bits == 0 {
+            s.status_pending.store(false, Ordering::Release);
             return Ok(());
         }
-        if let Some(w) = status.first_mut() {
-            *w = 0;
-        }
-        // Clear the device's sticky error word for later plans.
-        // SAFETY: ctl holds at least 8 bytes; the memset is stream ordered.
-        unsafe { result::memset_d8_async(s.ctl.ptr + 4, 0, 4, self.stream.cu_stream()) }
-            .map_err(driver_err("cuMemsetD8Async"))?;
         if bits & ERR_TIMEOUT != 0 {
             return Err(Error::DeviceFault {
                 reason: format!(
@@ -90,10 +89,10 @@ impl CudaBackend {
                 ),
             });
         }
-        Err(Error::InvalidPlan {
+        Err(Error::DeviceFault {
             reason: format!(
-                "a destination overlaps the source of a later move in its wave (rule 3; \
-                 error bits {bits:#x}); that move ran without waiting"
+                "the move kernel found a destination over the source of a later move in its \
+                 wave (rule 3 of the plan; error bits {bits:#x}); the region's contents are undefined"
             ),
         })
     }
@@ -137,7 +136,7 @@ impl Backend for CudaBackend {
             .map_err(driver_err("cuMemcpyHtoDAsync"))
     }
 
-    fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         check_range(offset, out.len() as u64, self.capacity_bytes)?;
         if !out.is_empty() {
             self.ctx
@@ -154,6 +153,83 @@ impl Backend for CudaBackend {
                 .map_err(driver_err("cuStreamSynchronize"))?;
         }
         self.check_status(true)
+    }
+
+    fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        check_range(src, len, self.capacity_bytes)?;
+        check_range(dst, len, self.capacity_bytes)?;
+        check_disjoint(src, dst, len)?;
+        self.check_status(false)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = usize::try_from(len).map_err(|_| Error::ExceedsAddressSpace {
+            requested_bytes: len,
+            max_bytes: usize::MAX as u64,
+        })?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (base, _record) = self.region.device_ptr_mut(&self.stream);
+        // SAFETY: both ranges lie in the region and do not overlap (checked
+        // above); the copy is ordered on the arena stream.
+        unsafe { result::memcpy_dtod_async(base + dst, base + src, n, self.stream.cu_stream()) }
+            .map_err(driver_err("cuMemcpyDtoDAsync"))
+    }
+
+    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
+        check_range(offset, len, self.capacity_bytes)?;
+        check_pattern(len, pattern)?;
+        self.check_status(false)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let too_big = |_| Error::ExceedsAddressSpace {
+            requested_bytes: len,
+            max_bytes: usize::MAX as u64,
+        };
+        // The widest memset whose unit the pattern repeats in, at an
+        // address aligned for it; a pattern that repeats in no unit of 4
+        // bytes or less goes through `fill_staged`.
+        let address = self.region_ptr + offset;
+        let unit = [4usize, 2, 1].into_iter().find(|&u| {
+            pattern.len() % u == 0
+                && address % u as u64 == 0
+                && len % u as u64 == 0
+                && pattern.chunks_exact(u).all(|c| c == &pattern[..u])
+        });
+        let Some(unit) = unit else {
+            return self.fill_staged(offset, len, pattern);
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (base, _record) = self.region.device_ptr_mut(&self.stream);
+        let dst = base + offset;
+        let stream = self.stream.cu_stream();
+        // For all three: `len` bytes at `dst` lie in the region (checked
+        // above), `dst` is aligned for the unit, and the memset is ordered on
+        // the arena stream.
+        let r = match unit {
+            4 => {
+                let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
+                let n = usize::try_from(len / 4).map_err(too_big)?;
+                // SAFETY: as above, 4-byte units.
+                unsafe { sys::cuMemsetD32Async(dst, v, n, stream) }.result()
+            }
+            2 => {
+                let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
+                let n = usize::try_from(len / 2).map_err(too_big)?;
+                // SAFETY: as above, 2-byte units.
+                unsafe { sys::cuMemsetD16Async(dst, v, n, stream) }.result()
+            }
+            _ => {
+                let n = usize::try_from(len).map_err(too_big)?;
+                // SAFETY: as above, bytes.
+                unsafe { result::memset_d8_async(dst, pattern[0], n, stream) }
+            }
+        };
+        r.map_err(driver_err("cuMemsetAsync"))
     }
 
     fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
@@ -413,12 +489,34 @@ impl Backend for CudaBackend {
         s.status_ready
             .record(&self.stream)
             .map_err(driver_err("cuEventRecord"))?;
-        s.status_pending = true;
+        s.status_pending.store(true, Ordering::Release);
         Ok(())
     }
 }
 
 impl CudaBackend {
+    /// Fills `len` bytes at `offset` with a pattern of 8 or 16 bytes that no
+    /// memset unit repeats, by uploading it from the host in chunks of at
+    /// most 4 MiB (pageable uploads are staged by the driver before the call
+    /// returns). Correct for every pattern, at upload bandwidth.
+    fn fill_staged(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
+        const CHUNK: u64 = 4 << 20;
+        let chunk = CHUNK.min(len) as usize / pattern.len() * pattern.len();
+        let buf: Vec<u8> = pattern
+            .iter()
+            .copied()
+            .cycle()
+            .take(chunk.max(pattern.len()))
+            .collect();
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            self.write(offset + done, &buf[..n])?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
     /// Enqueues the prep and move kernels of one chunk.
     fn launch_chunk(&mut self, args: &WaveArgs, grid: u32, prep_cap: u32) -> Result<()> {
         if args.n_tiles == 0 {

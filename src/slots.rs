@@ -1,0 +1,243 @@
+//! Generational slots: the arena's host table of blocks, keyed by the
+//! `(slot, version)` pairs that handles carry and kernels resolve.
+//!
+//! Hand-written rather than `slotmap` because the key's encoding is an ABI:
+//! kernels decode a handle's bits on the device (`kernels/cuarena.cuh`),
+//! and slotmap documents its own FFI encoding as unspecified. Here the
+//! crate defines it:
+//!
+//! - bits = `version << 32 | slot`;
+//! - a live slot's version is odd, a free slot's even, and a slot never used
+//!   (or freed, in the device table) reads as version 0;
+//! - a slot whose version would wrap is retired, never reused, so a stale
+//!   handle can never match a later block.
+
+/// A slot and its version: what a [`crate::Handle`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct SlotKey {
+    slot: u32,
+    version: u32,
+}
+
+impl SlotKey {
+    /// A key no slot ever matches (version 0 is never live).
+    pub(crate) const NULL: SlotKey = SlotKey {
+        slot: 0,
+        version: 0,
+    };
+
+    /// `version << 32 | slot`: the device ABI.
+    pub(crate) fn to_bits(self) -> u64 {
+        (u64::from(self.version) << 32) | u64::from(self.slot)
+    }
+
+    /// The key encoded by [`to_bits`](Self::to_bits). Any value decodes;
+    /// one that names no live slot is rejected by the table.
+    pub(crate) fn from_bits(bits: u64) -> Self {
+        Self {
+            slot: bits as u32,
+            version: (bits >> 32) as u32,
+        }
+    }
+
+    /// Index of the slot.
+    pub(crate) fn slot(self) -> u32 {
+        self.slot
+    }
+
+    /// Version of the slot's occupant (odd).
+    pub(crate) fn version(self) -> u32 {
+        self.version
+    }
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    version: u32,
+    value: Option<T>,
+}
+
+/// The table. Invariant: `entries[i].value.is_some()` exactly when
+/// `entries[i].version` is odd; `free` holds the even, unretired slots.
+#[derive(Debug)]
+pub(crate) struct Slots<T> {
+    entries: Vec<Entry<T>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Slots<T> {
+    /// Occupied slots.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Slots ever used (occupied, free or retired): the device table's size.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Stores `value`; gives it back when every one of the 2^32 slots is
+    /// taken or retired.
+    pub(crate) fn insert(&mut self, value: T) -> Result<SlotKey, T> {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let Ok(slot) = u32::try_from(self.entries.len()) else {
+                    return Err(value);
+                };
+                self.entries.push(Entry {
+                    version: 0,
+                    value: None,
+                });
+                slot
+            }
+        };
+        let Some(entry) = self.entries.get_mut(slot as usize) else {
+            return Err(value);
+        };
+        entry.version += 1; // even -> odd; retired slots are never in `free`
+        entry.value = Some(value);
+        self.len += 1;
+        Ok(SlotKey {
+            slot,
+            version: entry.version,
+        })
+    }
+
+    /// Removes and returns the value of a live key; `None` for a stale or
+    /// made-up key (the table is unchanged).
+    pub(crate) fn remove(&mut self, key: SlotKey) -> Option<T> {
+        let entry = self.entries.get_mut(key.slot as usize)?;
+        if entry.version != key.version {
+            return None;
+        }
+        let value = entry.value.take()?;
+        // odd -> even; the last odd version retires the slot for good.
+        entry.version = entry.version.wrapping_add(1);
+        if entry.version != 0 {
+            self.free.push(key.slot);
+        } else {
+            entry.version = u32::MAX - 1; // even: not live, and never reused
+        }
+        self.len -= 1;
+        Some(value)
+    }
+
+    /// The value of a live key.
+    pub(crate) fn get(&self, key: SlotKey) -> Option<&T> {
+        let entry = self.entries.get(key.slot as usize)?;
+        (entry.version == key.version)
+            .then_some(entry.value.as_ref())
+            .flatten()
+    }
+
+    /// The value of a live key, mutably.
+    pub(crate) fn get_mut(&mut self, key: SlotKey) -> Option<&mut T> {
+        let entry = self.entries.get_mut(key.slot as usize)?;
+        if entry.version != key.version {
+            return None;
+        }
+        entry.value.as_mut()
+    }
+
+    /// True for a live key.
+    pub(crate) fn contains_key(&self, key: SlotKey) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Live keys and values, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SlotKey, &T)> {
+        self.entries.iter().enumerate().filter_map(|(slot, e)| {
+            let value = e.value.as_ref()?;
+            Some((
+                SlotKey {
+                    slot: slot as u32,
+                    version: e.version,
+                },
+                value,
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_abi_is_version_high_slot_low_with_odd_live_versions() {
+        let mut s = Slots::default();
+        let a = s.insert('a').unwrap();
+        let b = s.insert('b').unwrap();
+        assert_eq!(a.to_bits(), 1 << 32);
+        assert_eq!(b.to_bits(), (1 << 32) | 1);
+        assert_eq!(s.remove(a), Some('a'));
+        let c = s.insert('c').unwrap();
+        // Slot 0 reused with the next odd version: the old key is stale.
+        assert_eq!(c.to_bits(), 3 << 32);
+        assert_eq!(s.get(a), None);
+        assert_eq!(s.get(c), Some(&'c'));
+        assert_eq!(SlotKey::from_bits(c.to_bits()), c);
+        assert_eq!((c.slot(), c.version()), (0, 3));
+    }
+
+    #[test]
+    fn stale_and_made_up_keys_change_nothing() {
+        let mut s = Slots::default();
+        let a = s.insert(1u8).unwrap();
+        for bits in [0, 2 << 32, (1 << 32) | 7, u64::MAX] {
+            let k = SlotKey::from_bits(bits);
+            assert_eq!(s.remove(k), None);
+            assert_eq!(s.get_mut(k), None);
+        }
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.remove(a), Some(1));
+        assert_eq!(s.remove(a), None, "double remove");
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn a_slot_whose_version_would_wrap_is_retired() {
+        let mut s = Slots::default();
+        let k = s.insert(()).unwrap();
+        s.remove(k);
+        // Jump to the last odd version.
+        s.entries[0].version = u32::MAX - 1;
+        let last = s.insert(()).unwrap();
+        assert_eq!(last.version(), u32::MAX);
+        s.remove(last);
+        let next = s.insert(()).unwrap();
+        assert_eq!(next.slot(), 1, "slot 0 is retired");
+        assert_eq!(s.slot_count(), 2);
+        assert_eq!(
+            s.get(SlotKey::from_bits(u64::from(u32::MAX - 1) << 32)),
+            None
+        );
+    }
+
+    #[test]
+    fn iteration_sees_exactly_the_live_slots() {
+        let mut s = Slots::default();
+        let keys: Vec<_> = (0..10).map(|i| s.insert(i).unwrap()).collect();
+        for k in keys.iter().step_by(3) {
+            s.remove(*k);
+        }
+        let live: Vec<_> = s.iter().map(|(_, v)| *v).collect();
+        assert_eq!(live, vec![1, 2, 4, 5, 7, 8]);
+        if let Some(v) = s.get_mut(keys[1]) {
+            *v *= 10;
+        }
+        assert_eq!(s.get(keys[1]), Some(&10));
+    }
+}

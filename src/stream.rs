@@ -1,0 +1,38 @@
+//! Streams an arena orders its work with.
+//!
+//! Every transfer, compaction and device-side operation of an arena runs on
+//! its own stream, [`StreamId::ARENA`]. Other streams (a copy stream, a
+//! compute stream, NCCL's) are registered with the arena and named by a
+//! [`StreamId`]. The contract, kept with events and stream waits only:
+//!
+//! - **Uses are recorded.** A block used on a registered stream is marked
+//!   with that stream, explicitly (`record_stream`, as PyTorch's
+//!   `Tensor.record_stream`) or implicitly when kernel arguments or views
+//!   are taken for that stream.
+//! - **Nothing moves or is reused under a use.** Before the arena frees a
+//!   block, moves it, spills it, or writes or reads it on its own stream, the
+//!   arena stream waits for everything enqueued so far on each stream the
+//!   block was used on. Freed bytes are reused only in arena-stream order.
+//! - **Later work sees the moves.** Taking kernel arguments or views for a
+//!   registered stream first makes that stream wait for the arena stream's
+//!   work so far (moves, writes, frees), when there is any it has not waited
+//!   for yet.
+//!
+//! On the host backend every operation is synchronous, so the contract holds
+//! trivially; the arena still validates stream ids and keeps the records, so
+//! the same programs run on both backends.
+
+/// A stream registered with one arena; [`StreamId::ARENA`] is the arena's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub(crate) u32);
+
+impl StreamId {
+    /// The arena's own stream: transfers, compactions and device-side
+    /// operations run on it.
+    pub const ARENA: StreamId = StreamId(0);
+
+    /// Index of the stream in its arena's registry (0 for the arena stream).
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
