@@ -22,7 +22,7 @@ pub mod tools;
 
 #[cfg(feature = "cuda")]
 pub use arena::cuda::graph;
-pub use arena::{fmt_bytes, Arena, CompactionReport, Stats};
+pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use error::{Error, Result};
 pub use handle::{BlockInfo, ElemType, Handle, TableEntry};

@@ -282,3 +282,120 @@ impl<R: AsRange + ?Sized> AsRange for &R {
         (**self).block_range()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Arena, ArenaConfig, Error, StorageSlice};
+
+    #[test]
+    fn dropped_storages_are_freed_at_the_next_allocation() {
+        let mut a = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
+        let s = a.alloc_storage_elems::<f32>(100).unwrap();
+        let t = s.clone();
+        assert_eq!((s.len(), s.len_bytes(), s.owners()), (100, 400, 2));
+        let h = s.handle().unwrap();
+        drop(s);
+        assert_eq!(a.pending_reclaim(), 0, "one owner left");
+        let th = std::thread::spawn(move || drop(t));
+        th.join().unwrap();
+        assert_eq!(a.pending_reclaim(), 1);
+        assert!(a.contains(h), "not freed until the arena's next call");
+        let _u = a.alloc_storage(8).unwrap();
+        assert!(!a.contains(h));
+        assert_eq!(a.pending_reclaim(), 0);
+    }
+
+    #[test]
+    fn empty_storages_hold_no_block_and_slices_check_their_range() {
+        let mut a = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
+        let e = a.alloc_storage_elems::<f32>(0).unwrap();
+        assert!(e.is_empty() && e.handle().is_none());
+        assert_eq!(a.stats().live_blocks, 0);
+        assert_eq!(a.read_range::<f32>(&e).unwrap(), Vec::<f32>::new());
+        a.write_range::<f32>(&e, &[]).unwrap();
+        let s = a.alloc_storage_elems::<u32>(10).unwrap();
+        let mid: StorageSlice = s.slice(2..5).unwrap();
+        assert_eq!((mid.offset_bytes(), mid.len_bytes(), mid.len()), (8, 12, 3));
+        assert!(matches!(
+            s.slice(5..11),
+            Err(Error::RangeOutOfBounds {
+                offset_bytes: 20,
+                len_bytes: 24,
+                available_bytes: 40
+            })
+        ));
+        assert!(mid.slice(0..4).is_err());
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = s.slice(3..2);
+        assert!(backwards.is_err());
+        drop(s);
+        // The slice keeps the storage alive.
+        a.reclaim().unwrap();
+        assert_eq!(a.stats().live_blocks, 1);
+        drop(mid);
+        assert_eq!(a.reclaim().unwrap(), 1);
+        assert_eq!(a.stats().live_blocks, 0);
+    }
+
+    #[test]
+    fn device_ops_on_ranges_match_a_model_and_bad_calls_change_nothing() {
+        let mut a = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
+        let x = a.alloc_storage_zeroed::<u32>(8).unwrap();
+        let y = a.alloc_storage_elems::<u32>(8).unwrap();
+        assert_eq!(a.read_range::<u32>(&x).unwrap(), vec![0; 8]);
+        a.fill(&y, 7u32).unwrap();
+        a.write_range(&x.slice(2..4).unwrap(), &[1u32, 2]).unwrap();
+        a.copy(&x.slice(0..4).unwrap(), &y.slice(4..8).unwrap())
+            .unwrap();
+        a.copy(&y.slice(0..2).unwrap(), &y.slice(2..4).unwrap())
+            .unwrap();
+        assert_eq!(a.read_range::<u32>(&y).unwrap(), [7, 7, 7, 7, 0, 0, 1, 2]);
+        let before = a.read_range::<u32>(&y).unwrap();
+        let stats = a.stats();
+        for e in [
+            a.copy(&y.slice(0..3).unwrap(), &y.slice(2..5).unwrap())
+                .unwrap_err(),
+            a.copy(&x.slice(0..3).unwrap(), &y.slice(0..2).unwrap())
+                .unwrap_err(),
+            a.write_range(&y.slice(0..2).unwrap(), &[1u32]).unwrap_err(),
+            a.write_range(&y, &[1.0f32; 8]).unwrap_err(),
+            a.fill(&y, 1u8).unwrap_err(),
+            a.fill(&y, [0u8; 3]).unwrap_err(),
+        ] {
+            assert!(
+                matches!(
+                    e,
+                    Error::OverlappingRanges { .. }
+                        | Error::LengthMismatch { .. }
+                        | Error::TypeMismatch { .. }
+                        | Error::InvalidPattern { .. }
+                ),
+                "{e}"
+            );
+        }
+        assert_eq!(a.read_range::<u32>(&y).unwrap(), before);
+        assert_eq!(a.stats().allocs, stats.allocs);
+        a.fill_bytes(&y, 0xff).unwrap();
+        assert_eq!(a.read_range::<u32>(&y).unwrap(), vec![u32::MAX; 8]);
+    }
+
+    #[test]
+    fn streams_are_checked_and_uses_recorded() {
+        let mut a = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
+        let s = a.register_stream().unwrap();
+        let x = a.alloc_storage(64).unwrap();
+        a.record_stream(&x, s).unwrap();
+        a.wait_on_arena(s).unwrap();
+        let bogus = crate::StreamId(9);
+        assert!(matches!(
+            a.record_stream(&x, bogus),
+            Err(Error::UnknownStream {
+                stream: 9,
+                registered: 2
+            })
+        ));
+        assert!(a.wait_on_arena(bogus).is_err());
+        drop(x);
+        assert_eq!(a.reclaim().unwrap(), 1);
+    }
+}

@@ -150,7 +150,10 @@ impl<B: Backend> Arena<B> {
             });
         }
         let offset = self.device_offset(b)?;
-        self.backend.write(offset, bytes)
+        self.wait_uses(h.key)?;
+        self.epoch += 1;
+        let r = self.backend.write(offset, bytes);
+        self.sticky(r)
     }
 
     /// Reads the block into `out`, which must be exactly the block's size.
@@ -167,7 +170,9 @@ impl<B: Backend> Arena<B> {
             });
         }
         let offset = self.device_offset(b)?;
-        self.backend.read(offset, bytes)
+        self.wait_uses(h.key)?;
+        let r = self.backend.read(offset, bytes);
+        self.sticky(r)
     }
 
     /// Reads the block as a `Vec<T>`.

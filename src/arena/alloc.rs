@@ -67,6 +67,7 @@ impl<B: Backend> Arena<B> {
                 capacity_bytes: self.config.capacity_bytes,
             });
         }
+        self.drain_reclaim()?;
         let node = self.place_on_device(reserved, align, &[])?;
         let (slot, offset) = (node.slot(), node.offset());
         let inserted = self.blocks.insert(Block {
@@ -76,6 +77,7 @@ impl<B: Backend> Arena<B> {
             align,
             elem,
             pins: 0,
+            uses: smallvec::SmallVec::new(),
             scratch: 0,
             last_use: AtomicU64::new(self.tick()),
         });
@@ -174,6 +176,10 @@ impl<B: Backend> Arena<B> {
         if b.pins > 0 {
             return Err(Error::Pinned { pins: b.pins });
         }
+        // Its bytes are reused in arena-stream order: after the streams that
+        // used it are done with them.
+        self.wait_uses(h.key)?;
+        self.epoch += 1;
         let Some(b) = self.blocks.remove(h.key) else {
             return Err(Error::StaleHandle);
         };
@@ -187,7 +193,7 @@ impl<B: Backend> Arena<B> {
         };
         if let Err(e) = freed {
             // Unreachable: the arena only holds allocations of its own indexes.
-            self.poisoned = Some(format!("freeing a block's placement failed: {e}"));
+            self.poison(format!("freeing a block's placement failed: {e}"));
             return Err(e);
         }
         self.set_entry(h.key, None);

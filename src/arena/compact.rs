@@ -42,6 +42,7 @@ impl<B: Backend> Arena<B> {
     /// region per gap (one region in all without pins).
     pub fn compact(&mut self) -> Result<CompactionReport> {
         self.check_usable()?;
+        self.drain_reclaim()?;
         let t0 = Instant::now();
         let plan = self.plan_full();
         self.counters.planning += t0.elapsed();
@@ -56,9 +57,14 @@ impl<B: Backend> Arena<B> {
     pub(super) fn execute(&mut self, plan: Plan, t0: Instant) -> Result<CompactionReport> {
         let planning = t0.elapsed();
         self.check_final_layout(&plan)?;
+        // Nothing moves under a kernel still using it on another stream.
+        for m in plan.moves() {
+            self.wait_uses(BlockKey::from_bits(m.key))?;
+        }
+        self.epoch += 1;
         let t1 = Instant::now();
         if let Err(e) = self.backend.execute(&plan) {
-            self.poisoned = Some(format!("compaction failed part-way: {e}"));
+            self.poison(format!("compaction failed part-way: {e}"));
             return Err(e);
         }
         let execution = t1.elapsed();
@@ -73,7 +79,7 @@ impl<B: Backend> Arena<B> {
         let mut allocations = std::mem::take(&mut self.allocations);
         if let Err(e) = self.index.rebuild(&self.spans, &mut allocations) {
             // Unreachable: the layout was checked above.
-            self.poisoned = Some(format!(
+            self.poison(format!(
                 "rebuilding the index after a compaction failed: {e}"
             ));
             return Err(e);
@@ -88,7 +94,7 @@ impl<B: Backend> Arena<B> {
         self.allocations = allocations;
         // The table's new offsets follow the moves in stream order.
         if let Err(e) = self.flush_table() {
-            self.poisoned = Some(format!(
+            self.poison(format!(
                 "handle table update failed after a compaction: {e}"
             ));
             return Err(e);

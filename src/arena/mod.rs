@@ -16,13 +16,17 @@ mod alloc;
 mod compact;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod ops;
+mod shared;
 mod spill;
 mod stats;
+mod streams;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::slots::Slots;
 
+pub use shared::SharedArena;
 pub use stats::{fmt_bytes, CompactionReport, Stats};
 
 use crate::backend::{Backend, HostBackend, MetaBackend};
@@ -53,6 +57,9 @@ struct Block {
     align: u64,
     elem: Option<ElemType>,
     pins: u32,
+    /// Registered streams other than the arena's that used the block since
+    /// it was allocated (see [`crate::stream`]).
+    uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
     /// Position in the planner's live list during a compaction.
     scratch: u32,
     /// Tick of the last use (resolved for a kernel, a transfer or a pin):
@@ -96,7 +103,19 @@ pub struct Arena<B: Backend = HostBackend> {
     /// Owner of each used placement node (entries of free nodes are stale).
     owners: Vec<BlockKey>,
     counters: Counters,
-    poisoned: Option<String>,
+    /// Set once, by the first failure that leaves device memory and the
+    /// table in doubt (a fault the GPU found included); never cleared.
+    poisoned: std::sync::OnceLock<String>,
+    /// Where dropped [`Storage`](crate::Storage)s leave their handles.
+    reclaim: std::sync::Arc<crate::storage::Reclaim>,
+    /// Handles taken from `reclaim` and not freed yet (pinned ones wait
+    /// here for their last unpin).
+    reclaiming: Vec<Handle>,
+    /// Counts the arena stream's work that other streams must be ordered
+    /// after (moves, writes, fills, copies, frees).
+    epoch: u64,
+    /// Per registered stream, the `epoch` it last joined.
+    joined: Vec<u64>,
     /// The host tier's index when spilling is on (`spill_host_bytes > 0`).
     tier: Option<FreeIndex>,
     /// Use clock for the spill policy's LRU.
@@ -118,6 +137,16 @@ impl Arena<HostBackend> {
         config.validate()?;
         let backend = HostBackend::new(config.capacity_bytes)?;
         Self::with_backend(config, backend)
+    }
+}
+
+impl Arena<HostBackend> {
+    /// Registers another stream. Host work is synchronous, so a host stream
+    /// is an id only; programs that record uses and wait on streams run the
+    /// same here as on a GPU.
+    pub fn register_stream(&mut self) -> Result<crate::stream::StreamId> {
+        self.check_usable()?;
+        self.backend.register_stream()
     }
 }
 
@@ -153,7 +182,11 @@ impl<B: Backend> Arena<B> {
             blocks: Slots::default(),
             owners: Vec::new(),
             counters: Counters::default(),
-            poisoned: None,
+            poisoned: std::sync::OnceLock::new(),
+            reclaim: Default::default(),
+            reclaiming: Vec::new(),
+            epoch: 0,
+            joined: Vec::new(),
             tier,
             clock: AtomicU64::new(0),
             table: Vec::new(),
@@ -193,12 +226,32 @@ impl<B: Backend> Arena<B> {
     }
 
     fn check_usable(&self) -> Result<()> {
-        match &self.poisoned {
+        match self.poisoned.get() {
             Some(reason) => Err(Error::Poisoned {
                 reason: reason.clone(),
             }),
             None => Ok(()),
         }
+    }
+
+    /// Marks the arena unusable; the first reason sticks.
+    fn poison(&self, reason: String) {
+        let _ = self.poisoned.set(reason);
+    }
+
+    /// Passes `r` through, poisoning the arena on a fault the device
+    /// reported: its bytes are undefined from then on.
+    fn sticky<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(Error::DeviceFault { reason }) = &r {
+            self.poison(format!("device fault: {reason}"));
+        }
+        r
+    }
+
+    /// Why the arena refuses work, if it does: the first failure that
+    /// poisoned it.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.get().map(String::as_str)
     }
 
     fn block(&self, h: Handle) -> Result<&Block> {

@@ -40,7 +40,7 @@ impl<B: Backend> Arena<B> {
             let node = self.place_on_device(reserved, align, &keep)?;
             let (dev, slot) = (node.offset(), node.slot());
             if let Err(e) = self.backend.restore(host, dev, size) {
-                self.poisoned = Some(format!("restoring a spilled block failed: {e}"));
+                self.poison(format!("restoring a spilled block failed: {e}"));
                 return Err(e);
             }
             let old = match self.blocks.get_mut(h.key) {
@@ -50,7 +50,7 @@ impl<B: Backend> Arena<B> {
             if let (Place::Host(t), Some(tier)) = (old, self.tier.as_mut()) {
                 if let Err(e) = tier.free(t) {
                     // Unreachable: the tier's allocations are its own.
-                    self.poisoned = Some(format!("freeing a host-tier block failed: {e}"));
+                    self.poison(format!("freeing a host-tier block failed: {e}"));
                     return Err(e);
                 }
             }
@@ -168,12 +168,21 @@ impl<B: Backend> Arena<B> {
                 host_largest_free_bytes: r.largest_free_bytes,
             });
         };
+        // The copy to the host reads the block on the arena stream, and its
+        // space is reused after it: wait for the streams that used it.
+        if let Err(e) = self.wait_uses(key) {
+            if let Some(t) = self.tier.as_mut() {
+                let _ = t.free(tier_node);
+            }
+            return Err(e);
+        }
+        self.epoch += 1;
         if let Err(e) = self.backend.spill(dev, tier_node.offset(), size) {
             if let Some(t) = self.tier.as_mut() {
                 // Cannot fail: the allocation was just made by this tier.
                 let _ = t.free(tier_node);
             }
-            self.poisoned = Some(format!("spilling a block failed: {e}"));
+            self.poison(format!("spilling a block failed: {e}"));
             return Err(e);
         }
         let old = match self.blocks.get_mut(key) {
@@ -183,7 +192,7 @@ impl<B: Backend> Arena<B> {
         if let Place::Device(node) = old {
             if let Err(e) = self.index.free(node) {
                 // Unreachable: the arena holds only its index's allocations.
-                self.poisoned = Some(format!("freeing a spilled block's space failed: {e}"));
+                self.poison(format!("freeing a spilled block's space failed: {e}"));
                 return Err(e);
             }
         }

@@ -66,13 +66,13 @@ pub trait Backend {
     /// Makes the arena stream's later work wait for everything enqueued on
     /// `stream` so far (CUDA: an event recorded there, waited for on the
     /// arena stream; the host does not wait). A no-op for the arena stream.
-    fn wait_stream(&mut self, stream: StreamId) -> Result<()> {
+    fn wait_stream(&self, stream: StreamId) -> Result<()> {
         check_stream(stream, self.stream_count())
     }
 
     /// Makes `stream`'s later work wait for everything enqueued on the arena
     /// stream so far (moves, writes, fills). A no-op for the arena stream.
-    fn join_arena(&mut self, stream: StreamId) -> Result<()> {
+    fn join_arena(&self, stream: StreamId) -> Result<()> {
         check_stream(stream, self.stream_count())
     }
 

@@ -1,0 +1,147 @@
+//! Streams and storage lifetimes: which streams used a block, the waits
+//! that keep the arena from moving or reusing bytes under them, and the
+//! reclaim queue that dropped [`Storage`]s leave their blocks in. The
+//! contract is in [`crate::stream`].
+
+use bytemuck::Pod;
+
+use super::Arena;
+use crate::backend::{check_stream, Backend};
+use crate::error::{Error, Result};
+use crate::handle::{BlockKey, ElemType};
+use crate::storage::{AsRange, Storage};
+use crate::stream::StreamId;
+
+impl<B: Backend> Arena<B> {
+    /// Records that the bytes `r` names are used by work enqueued on
+    /// `stream` (PyTorch's `record_stream`): the arena will not free, move,
+    /// spill or write the block before that work is done, waiting with
+    /// stream waits, never on the host. Record after enqueueing the work or
+    /// before; the wait covers whatever `stream` holds when it happens.
+    /// Kernel arguments taken for a stream record it themselves.
+    pub fn record_stream(&mut self, r: &impl AsRange, stream: StreamId) -> Result<()> {
+        self.check_usable()?;
+        check_stream(stream, self.backend.stream_count())?;
+        let Some(h) = r.block_range().handle else {
+            return Ok(()); // an empty storage uses nothing
+        };
+        let b = self.block_mut(h)?;
+        if stream != StreamId::ARENA && !b.uses.contains(&stream) {
+            b.uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Makes the arena stream wait for the streams that used block `key`.
+    pub(super) fn wait_uses(&self, key: BlockKey) -> Result<()> {
+        if let Some(b) = self.blocks.get(key) {
+            for &s in &b.uses {
+                self.backend.wait_stream(s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes later work on `stream` wait for the arena stream's work it has
+    /// not waited for yet (moves, writes, fills, copies, frees): call it
+    /// before enqueueing work that uses arena bytes on `stream` (kernel
+    /// arguments taken for a stream do). An event record and a stream wait
+    /// when there is such work, nothing otherwise; the host never waits.
+    pub fn wait_on_arena(&mut self, stream: StreamId) -> Result<()> {
+        self.check_usable()?;
+        check_stream(stream, self.backend.stream_count())?;
+        if stream == StreamId::ARENA {
+            return Ok(());
+        }
+        let i = stream.0 as usize;
+        if self.joined.len() <= i {
+            self.joined.resize(i + 1, u64::MAX); // never joined
+        }
+        if self.joined[i] != self.epoch {
+            self.backend.join_arena(stream)?;
+            self.joined[i] = self.epoch;
+        }
+        Ok(())
+    }
+
+    // ---- owned storage --------------------------------------------------------
+
+    /// Allocates `bytes` as an owned [`Storage`] (untyped): freed when its
+    /// last owner drops. Zero bytes is valid and takes no block.
+    pub fn alloc_storage(&mut self, bytes: u64) -> Result<Storage> {
+        self.storage(bytes, self.config.alignment_bytes, None)
+    }
+
+    /// `n` elements of `T` as an owned [`Storage`], aligned for `T`.
+    pub fn alloc_storage_elems<T: Pod>(&mut self, n: u64) -> Result<Storage> {
+        let bytes = n
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or(Error::SizeOverflow {
+                requested_bytes: n,
+                align_bytes: std::mem::size_of::<T>() as u64,
+            })?;
+        let align = (std::mem::align_of::<T>() as u64).max(self.config.alignment_bytes);
+        self.storage(bytes, align, Some(ElemType::of::<T>()))
+    }
+
+    /// `n` zeroed elements of `T` as an owned [`Storage`] (filled on the
+    /// arena stream).
+    pub fn alloc_storage_zeroed<T: Pod>(&mut self, n: u64) -> Result<Storage> {
+        let s = self.alloc_storage_elems::<T>(n)?;
+        if let Some(h) = s.handle() {
+            self.fill_bytes(&h, 0)?;
+        }
+        Ok(s)
+    }
+
+    fn storage(&mut self, bytes: u64, align: u64, elem: Option<ElemType>) -> Result<Storage> {
+        let handle = if bytes == 0 {
+            self.check_usable()?;
+            None
+        } else {
+            Some(self.alloc_impl(bytes, align, elem)?)
+        };
+        Ok(Storage::new(
+            handle,
+            bytes,
+            elem,
+            self.id,
+            std::sync::Arc::clone(&self.reclaim),
+        ))
+    }
+
+    /// Frees the blocks of storages dropped since the last call (it runs by
+    /// itself at every allocation and compaction). A block still pinned
+    /// waits for its last unpin. Returns the blocks freed.
+    pub fn reclaim(&mut self) -> Result<usize> {
+        self.check_usable()?;
+        self.drain_reclaim()
+    }
+
+    /// Blocks of dropped storages waiting to be freed.
+    pub fn pending_reclaim(&self) -> usize {
+        self.reclaim.pending() + self.reclaiming.len()
+    }
+
+    pub(super) fn drain_reclaim(&mut self) -> Result<usize> {
+        self.reclaim.take(&mut self.reclaiming);
+        let mut freed = 0;
+        let mut i = 0;
+        while i < self.reclaiming.len() {
+            let h = self.reclaiming[i];
+            match self.free(h) {
+                Ok(()) => {
+                    self.reclaiming.swap_remove(i);
+                    freed += 1;
+                }
+                Err(Error::Pinned { .. }) => i += 1,
+                // Freed by hand through its handle already.
+                Err(Error::StaleHandle) => {
+                    self.reclaiming.swap_remove(i);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(freed)
+    }
+}
