@@ -364,6 +364,17 @@ pub enum Error {
         len_bytes: u64,
     },
 
+    /// An NCCL call failed, or peers did not answer within the
+    /// communicator's timeout (the communicator was then aborted, and the
+    /// reason says so). Feature `nccl`.
+    #[error("NCCL {call}: {reason}")]
+    Nccl {
+        /// The NCCL call (or step) that failed.
+        call: &'static str,
+        /// NCCL's result, or what timed out.
+        reason: String,
+    },
+
     /// NVRTC could not compile a kernel from `kernels/`.
     #[error("NVRTC failed to compile {source_name}: {log}")]
     Nvrtc {

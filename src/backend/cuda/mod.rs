@@ -60,6 +60,8 @@ mod buffers;
 mod kernels;
 mod launch;
 mod moves;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod stage;
 mod view;
 

@@ -1,0 +1,691 @@
+//! NCCL communicators (feature `nccl`), through cudarc's NCCL bindings.
+//!
+//! Why not cudarc's safe `Comm` as it is: its communicators are blocking,
+//! so a rank whose peer died hangs in the driver forever, and its `Drop`
+//! panics when `ncclCommAbort` fails. A [`Communicator`] is created
+//! *non-blocking* (`ncclConfig_t::blocking = 0`): every call returns at
+//! once, and the host polls `ncclCommGetAsyncError` against a deadline;
+//! past it the communicator is aborted (`ncclCommAbort`, which also ends
+//! its kernels, so the streams that waited on them run again) and the call
+//! returns [`Error::Nccl`] saying so. Collectives take anything that
+//! implements cudarc's `DevicePtr` / `DevicePtrMut` — arena views and
+//! sub-ranges from the arena's kernel arguments, or plain cudarc buffers —
+//! and run on the communicator's stream.
+//!
+//! # Which NCCL
+//!
+//! cudarc loads `libnccl.so` at run time from the library path (then
+//! `libnccl.so.<CUDA major>` and other usual names); no NCCL is needed to
+//! build. The feature binds NCCL 2.28's API (cudarc's `nccl-02028`), the
+//! version on our GPU machines; it works with libnccl 2.28 and later, since
+//! the functions called here and the config struct are versioned by NCCL
+//! itself. cudarc's plain `nccl` feature selects 2.30 bindings, which need
+//! libnccl 2.30 or later.
+//!
+//! Keep NVLink multicast off on the machines this crate is tested on
+//! (`NCCL_NVLS_ENABLE=0` in the environment).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+pub use cudarc::nccl::NcclType;
+use cudarc::nccl::{result, sys};
+
+use super::driver_err;
+use crate::error::{Error, Result};
+
+/// How long a call may wait for its peers before the communicator is
+/// aborted, unless set with [`Communicator::with_timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+    /// Mean (NCCL's `ncclAvg`).
+    Avg,
+}
+
+impl ReduceOp {
+    fn raw(self) -> sys::ncclRedOp_t {
+        match self {
+            ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+            ReduceOp::Prod => sys::ncclRedOp_t::ncclProd,
+            ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+            ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+            ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
+        }
+    }
+}
+
+/// The id every rank of one communicator is created with: made by one
+/// rank ([`UniqueId::new`]) and passed to the others, as 256 hex digits
+/// ([`to_hex`](UniqueId::to_hex) / [`from_hex`](UniqueId::from_hex)) in a
+/// file or an environment variable, say.
+#[derive(Debug, Clone, Copy)]
+pub struct UniqueId {
+    raw: sys::ncclUniqueId,
+}
+
+impl UniqueId {
+    /// A new id (rank 0 makes it; the call talks to no peer).
+    pub fn new() -> Result<Self> {
+        available().map_err(|reason| Error::NoDevice { reason })?;
+        let raw = result::get_uniqueid().map_err(nccl_err("ncclGetUniqueId"))?;
+        Ok(Self { raw })
+    }
+
+    /// The id as 256 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        self.raw
+            .internal
+            .iter()
+            .map(|&c| format!("{:02x}", c as u8))
+            .collect()
+    }
+
+    /// The id written by [`to_hex`](UniqueId::to_hex). Surrounding
+    /// whitespace is ignored; anything else than 256 hex digits is
+    /// [`Error::InvalidConfig`].
+    pub fn from_hex(text: &str) -> Result<Self> {
+        let text = text.trim();
+        let bad = || Error::InvalidConfig {
+            reason: format!(
+                "an NCCL unique id is 256 hex digits; got {} characters",
+                text.len()
+            ),
+        };
+        if text.len() != 256 || !text.is_ascii() {
+            return Err(bad());
+        }
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (i, c) in internal.iter_mut().enumerate() {
+            let byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+            *c = byte as std::ffi::c_char;
+        }
+        Ok(Self {
+            raw: sys::ncclUniqueId { internal },
+        })
+    }
+}
+
+/// Ok when the NCCL library can be loaded; otherwise why not.
+pub fn available() -> std::result::Result<(), String> {
+    // SAFETY: only tries to open the library.
+    if unsafe { sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err("no NCCL library (libnccl.so) on the library path".to_string())
+    }
+}
+
+/// Maps a cudarc NCCL error to [`Error::Nccl`] naming `call`.
+fn nccl_err(call: &'static str) -> impl Fn(result::NcclError) -> Error {
+    move |e| Error::Nccl {
+        call,
+        reason: format!("{:?}", e.0),
+    }
+}
+
+/// One rank of an NCCL communicator, on one stream. See the
+/// [module documentation](self).
+#[derive(Debug)]
+pub struct Communicator {
+    comm: sys::ncclComm_t,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+    aborted: AtomicBool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a
+// time; every call here takes `&self` and NCCL serialises calls on one
+// communicator internally for non-blocking comms. The raw pointer is owned
+// by this value and released once, in `Drop`.
+unsafe impl Send for Communicator {}
+// SAFETY: as above: the methods only pass the handle to NCCL.
+unsafe impl Sync for Communicator {}
+
+impl Communicator {
+    /// Rank `rank` of `world_size`, on `stream`, joining the communicator
+    /// named by `id`. Returns when every rank has joined, or fails with
+    /// [`Error::Nccl`] after [`DEFAULT_TIMEOUT`] (the communicator is
+    /// aborted). Use [`init_with_timeout`](Communicator::init_with_timeout)
+    /// for another bound.
+    pub fn init(
+        stream: Arc<CudaStream>,
+        id: UniqueId,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<Self> {
+        Self::init_with_timeout(stream, id, rank, world_size, DEFAULT_TIMEOUT)
+    }
+
+    /// [`init`](Communicator::init) with `timeout` as the bound of this call
+    /// and of every later wait.
+    pub fn init_with_timeout(
+        stream: Arc<CudaStream>,
+        id: UniqueId,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let comm = Self::start(&stream, id, rank, world_size)?;
+        let c = Self {
+            comm,
+            stream,
+            rank,
+            world_size,
+            timeout,
+            aborted: AtomicBool::new(false),
+        };
+        c.settle("ncclCommInitRankConfig")?;
+        Ok(c)
+    }
+
+    /// One communicator of `streams.len()` ranks in this process (a stream
+    /// per GPU, rank = position), created together in one NCCL group.
+    pub fn init_all(streams: Vec<Arc<CudaStream>>, timeout: Duration) -> Result<Vec<Self>> {
+        let id = UniqueId::new()?;
+        let world_size = streams.len();
+        result::group_start().map_err(nccl_err("ncclGroupStart"))?;
+        let mut comms = Vec::with_capacity(world_size);
+        let mut started = Ok(());
+        for (rank, stream) in streams.into_iter().enumerate() {
+            match Self::start(&stream, id, rank, world_size) {
+                Ok(comm) => comms.push(Self {
+                    comm,
+                    stream,
+                    rank,
+                    world_size,
+                    timeout,
+                    aborted: AtomicBool::new(false),
+                }),
+                Err(e) => {
+                    started = Err(e);
+                    break;
+                }
+            }
+        }
+        let ended = result::group_end().map_err(nccl_err("ncclGroupEnd"));
+        started?;
+        ended?;
+        for c in &comms {
+            c.settle("ncclCommInitRankConfig")?;
+        }
+        Ok(comms)
+    }
+
+    /// Starts a non-blocking init; the caller settles it.
+    fn start(
+        stream: &CudaStream,
+        id: UniqueId,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<sys::ncclComm_t> {
+        available().map_err(|reason| Error::NoDevice { reason })?;
+        let bad = || Error::InvalidConfig {
+            reason: format!("rank {rank} of a world of {world_size}"),
+        };
+        let n = i32::try_from(world_size).map_err(|_| bad())?;
+        let r = i32::try_from(rank).map_err(|_| bad())?;
+        if rank >= world_size {
+            return Err(bad());
+        }
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let mut config = config_initializer();
+        config.blocking = 0;
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` and `config` are valid for the call; `config` is
+        // initialised as NCCL_CONFIG_INITIALIZER does, for the bound 2.28
+        // struct. A non-blocking init may return ncclInProgress; the caller
+        // polls it to completion.
+        let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, n, id.raw, r, &mut config) };
+        match r {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(comm),
+            e => Err(Error::Nccl {
+                call: "ncclCommInitRankConfig",
+                reason: format!("{e:?}"),
+            }),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the communicator.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The stream collectives run on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The bound on every wait.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets the bound on every later wait.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// True once the communicator was aborted (by a timeout, an error, or
+    /// [`abort`](Communicator::abort)); every later call fails.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Aborts the communicator: pending collectives end, on this rank, and
+    /// the streams waiting for them run again. Peers see their own calls
+    /// fail or time out.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            // SAFETY: the handle is live (not aborted before, swap above).
+            let _ = unsafe { sys::ncclCommAbort(self.comm) };
+        }
+    }
+
+    fn check_live(&self) -> Result<()> {
+        if self.is_aborted() {
+            return Err(Error::Nccl {
+                call: "communicator",
+                reason: "it was aborted after an earlier error or timeout".to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Polls the communicator's asynchronous state until it leaves
+    /// `ncclInProgress`; aborts on an error or past the timeout.
+    fn settle(&self, call: &'static str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: the handle is live; `state` is valid for the call.
+            let r = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if r != sys::ncclResult_t::ncclSuccess {
+                self.abort();
+                return Err(Error::Nccl {
+                    call: "ncclCommGetAsyncError",
+                    reason: format!("{r:?}"),
+                });
+            }
+            match state {
+                sys::ncclResult_t::ncclSuccess => return Ok(()),
+                sys::ncclResult_t::ncclInProgress if Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                sys::ncclResult_t::ncclInProgress => {
+                    self.abort();
+                    return Err(Error::Nccl {
+                        call,
+                        reason: format!(
+                            "no progress within {:?}: a peer did not join or died; \
+                             the communicator was aborted",
+                            self.timeout
+                        ),
+                    });
+                }
+                e => {
+                    self.abort();
+                    return Err(Error::Nccl {
+                        call,
+                        reason: format!("{e:?}; the communicator was aborted"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Checks a call's immediate result, then settles the communicator.
+    fn done(&self, call: &'static str, r: sys::ncclResult_t) -> Result<()> {
+        match r {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => self.settle(call),
+            e => {
+                self.abort();
+                Err(Error::Nccl {
+                    call,
+                    reason: format!("{e:?}; the communicator was aborted"),
+                })
+            }
+        }
+    }
+
+    /// Waits, on the host, until every collective enqueued so far has
+    /// finished, or the timeout passes (then the communicator is aborted and
+    /// the error says so). The one place this module blocks the host on
+    /// device work: for tests, shutdown and failure detection; the training
+    /// path orders work with stream waits instead.
+    pub fn synchronize(&self) -> Result<()> {
+        self.check_live()?;
+        let event = self
+            .stream
+            .record_event(None)
+            .map_err(driver_err("cuEventRecord"))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if event
+                .try_is_complete()
+                .map_err(driver_err("cuEventQuery"))?
+            {
+                return self.settle("synchronize");
+            }
+            self.settle("synchronize")?;
+            if Instant::now() >= deadline {
+                self.abort();
+                return Err(Error::Nccl {
+                    call: "synchronize",
+                    reason: format!(
+                        "collectives did not finish within {:?}: a peer stopped; the \
+                         communicator was aborted",
+                        self.timeout
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Sum (or another reduction) of every rank's `send` into every rank's
+    /// `recv` (same length). In place: pass the same view as `recv` only
+    /// through [`all_reduce_in_place`](Communicator::all_reduce_in_place).
+    pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_live()?;
+        expect_len("all_reduce", recv.len(), send.len())?;
+        let (src, _rs) = send.device_ptr(&self.stream);
+        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
+        // SAFETY: both buffers hold `len` elements of `T` on this
+        // communicator's device (the DevicePtr contract), ordered on its
+        // stream by their SyncOnDrop guards.
+        let r = unsafe {
+            sys::ncclAllReduce(
+                src as _,
+                dst as _,
+                send.len(),
+                T::as_nccl_type(),
+                op.raw(),
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclAllReduce", r)
+    }
+
+    /// All-reduce of `buf` in place.
+    pub fn all_reduce_in_place<T: NcclType, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_live()?;
+        let n = buf.len();
+        let (p, _r) = buf.device_ptr_mut(&self.stream);
+        // SAFETY: `buf` holds `n` elements of `T` on this device; NCCL
+        // allows the same buffer as source and destination.
+        let r = unsafe {
+            sys::ncclAllReduce(
+                p as _,
+                p as _,
+                n,
+                T::as_nccl_type(),
+                op.raw(),
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclAllReduce", r)
+    }
+
+    /// Each rank gets the reduction of its `recv.len()`-element share:
+    /// `send` holds `world_size * recv.len()` elements.
+    pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_live()?;
+        expect_len(
+            "reduce_scatter",
+            send.len(),
+            recv.len().saturating_mul(self.world_size),
+        )?;
+        let n = recv.len();
+        let (src, _rs) = send.device_ptr(&self.stream);
+        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
+        // SAFETY: sizes checked above; buffers valid per DevicePtr.
+        let r = unsafe {
+            sys::ncclReduceScatter(
+                src as _,
+                dst as _,
+                n,
+                T::as_nccl_type(),
+                op.raw(),
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclReduceScatter", r)
+    }
+
+    /// Every rank's `send` concatenated, in rank order, into every rank's
+    /// `recv` (`world_size * send.len()` elements).
+    pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        self.check_live()?;
+        expect_len(
+            "all_gather",
+            recv.len(),
+            send.len().saturating_mul(self.world_size),
+        )?;
+        let (src, _rs) = send.device_ptr(&self.stream);
+        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
+        // SAFETY: sizes checked above; buffers valid per DevicePtr.
+        let r = unsafe {
+            sys::ncclAllGather(
+                src as _,
+                dst as _,
+                send.len(),
+                T::as_nccl_type(),
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclAllGather", r)
+    }
+
+    /// `root`'s `buf` into every rank's `buf`, in place.
+    pub fn broadcast<T: NcclType, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        root: usize,
+    ) -> Result<()> {
+        self.check_live()?;
+        let root = self.peer(root)?;
+        let n = buf.len();
+        let (p, _r) = buf.device_ptr_mut(&self.stream);
+        // SAFETY: `buf` holds `n` elements of `T` on this device.
+        let r = unsafe {
+            sys::ncclBroadcast(
+                p as _,
+                p as _,
+                n,
+                T::as_nccl_type(),
+                root,
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclBroadcast", r)
+    }
+
+    /// Sends `buf` to rank `peer` (which must post a matching
+    /// [`recv`](Communicator::recv)); pair them inside
+    /// [`group`](Communicator::group) when both directions are in flight.
+    pub fn send<T: NcclType, S: DevicePtr<T>>(&self, buf: &S, peer: usize) -> Result<()> {
+        self.check_live()?;
+        let peer = self.peer(peer)?;
+        let (p, _r) = buf.device_ptr(&self.stream);
+        // SAFETY: `buf` holds `len` elements of `T` on this device.
+        let r = unsafe {
+            sys::ncclSend(
+                p as _,
+                buf.len(),
+                T::as_nccl_type(),
+                peer,
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclSend", r)
+    }
+
+    /// Receives `buf.len()` elements from rank `peer`.
+    pub fn recv<T: NcclType, R: DevicePtrMut<T>>(&self, buf: &mut R, peer: usize) -> Result<()> {
+        self.check_live()?;
+        let peer = self.peer(peer)?;
+        let n = buf.len();
+        let (p, _r) = buf.device_ptr_mut(&self.stream);
+        // SAFETY: `buf` holds `n` elements of `T` on this device.
+        let r = unsafe {
+            sys::ncclRecv(
+                p as _,
+                n,
+                T::as_nccl_type(),
+                peer,
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.done("ncclRecv", r)
+    }
+
+    /// Runs `calls` as one NCCL group (`ncclGroupStart` / `ncclGroupEnd`):
+    /// point-to-point pairs, or one call per communicator of
+    /// [`init_all`](Communicator::init_all) from one thread.
+    pub fn group<F: FnOnce() -> Result<()>>(calls: F) -> Result<()> {
+        result::group_start().map_err(nccl_err("ncclGroupStart"))?;
+        let r = calls();
+        let ended = result::group_end().map_err(nccl_err("ncclGroupEnd"));
+        r?;
+        ended.map(|_| ())
+    }
+
+    fn peer(&self, rank: usize) -> Result<i32> {
+        if rank >= self.world_size {
+            return Err(Error::InvalidConfig {
+                reason: format!("rank {rank} in a world of {}", self.world_size),
+            });
+        }
+        i32::try_from(rank).map_err(|_| Error::InvalidConfig {
+            reason: format!("rank {rank} does not fit NCCL's int"),
+        })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Abort, not finalize: finalizing waits for peers, and a drop must
+        // not hang. Errors are ignored: nothing can be done about them here.
+        self.abort();
+    }
+}
+
+/// [`Error::LengthMismatch`] unless `got == want` (elements).
+fn expect_len(_call: &'static str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch {
+            block_bytes: want as u64,
+            slice_bytes: got as u64,
+        })
+    }
+}
+
+/// `NCCL_CONFIG_INITIALIZER` for the bound NCCL 2.28 struct: every field
+/// "undefined" (NCCL picks its default), as `nccl.h` writes it.
+fn config_initializer() -> sys::ncclConfig_t {
+    const UNDEF_INT: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: 22800, // NCCL_VERSION(2, 28, 0)
+        blocking: UNDEF_INT,
+        cgaClusterSize: UNDEF_INT,
+        minCTAs: UNDEF_INT,
+        maxCTAs: UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: UNDEF_INT,
+        trafficClass: UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF_INT,
+        CTAPolicy: UNDEF_INT,
+        shrinkShare: UNDEF_INT,
+        nvlsCTAs: UNDEF_INT,
+        nChannelsPerNetPeer: UNDEF_INT,
+        nvlinkCentricSched: UNDEF_INT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_ids_round_trip_through_hex_and_bad_text_is_an_error() {
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (i, c) in internal.iter_mut().enumerate() {
+            *c = (i as u8).wrapping_mul(37) as std::ffi::c_char;
+        }
+        let id = UniqueId {
+            raw: sys::ncclUniqueId { internal },
+        };
+        let hex = id.to_hex();
+        assert_eq!(hex.len(), 256);
+        let back = UniqueId::from_hex(&format!("  {hex}\n")).unwrap();
+        assert_eq!(back.raw.internal, internal);
+        for bad in ["", "zz", &hex[..254], &format!("{}g", &hex[..255])] {
+            assert!(
+                matches!(UniqueId::from_hex(bad), Err(Error::InvalidConfig { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_config_initializer_matches_nccl_h() {
+        let c = config_initializer();
+        assert_eq!(c.magic, 0xcafe_beef);
+        assert_eq!(c.size, std::mem::size_of::<sys::ncclConfig_t>());
+        assert_eq!(c.blocking, i32::MIN);
+    }
+}
