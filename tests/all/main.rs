@@ -15,6 +15,8 @@ mod gpu_spill;
 #[cfg(feature = "tools")]
 mod hostile;
 mod model;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod spill;
 #[cfg(feature = "tools")]
 mod trace;

@@ -1,0 +1,226 @@
+//! NCCL collectives (feature `nccl`): the communicator on plain cudarc
+//! buffers and on arena tensors, bounded waits when a peer is missing, and
+//! the one-process-per-GPU bootstrap through a shared id in a file.
+//!
+//! Every test skips (printing why) without a GPU or without libnccl. Tests
+//! that need two GPUs skip on one. Run on the two-GPU machine with
+//! `NCCL_NVLS_ENABLE=0 test-all nccl --test-threads=1`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cuarena::backend::cuda::cudarc::driver::{CudaContext, CudaStream};
+use cuarena::backend::cuda::nccl::{self, Communicator, ReduceOp, UniqueId};
+use cuarena::Error;
+
+use crate::gpu_skip::gpu_available;
+
+/// GPUs visible, or `None` (after printing why) when NCCL tests cannot run.
+fn gpus() -> Option<usize> {
+    if !gpu_available() {
+        return None;
+    }
+    if let Err(reason) = nccl::available() {
+        println!("skipped: {reason}");
+        return None;
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Some(n as usize),
+        other => {
+            println!("skipped: device count {other:?}");
+            None
+        }
+    }
+}
+
+fn streams(n: usize) -> Vec<Arc<CudaStream>> {
+    (0..n)
+        .map(|i| {
+            let ctx = CudaContext::new(i).expect("context");
+            ctx.new_stream().expect("stream")
+        })
+        .collect()
+}
+
+#[test]
+fn collectives_on_plain_buffers_are_exact_on_every_visible_gpu() {
+    let Some(n) = gpus() else { return };
+    let comms = Communicator::init_all(streams(n), Duration::from_secs(60)).expect("init_all");
+    let len = 1 << 20;
+    // Integers: sums are exact whatever the reduction order.
+    let mut bufs: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let host: Vec<i64> = (0..len as i64).map(|i| i * (c.rank() as i64 + 1)).collect();
+            c.stream().clone_htod(&host).expect("upload")
+        })
+        .collect();
+    Communicator::group(|| {
+        for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+            c.all_reduce_in_place(b, ReduceOp::Sum)?;
+        }
+        Ok(())
+    })
+    .expect("all_reduce");
+    let ranks_sum: i64 = (1..=n as i64).sum();
+    for (c, b) in comms.iter().zip(&bufs) {
+        c.synchronize().expect("sync");
+        let got = c.stream().clone_dtoh(b).expect("download");
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, &v)| v == i as i64 * ranks_sum),
+            "rank {}",
+            c.rank()
+        );
+    }
+    // all_gather then reduce_scatter of the gathered: each rank gets
+    // world * its own share back.
+    let share = 4096;
+    let sends: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let host = vec![c.rank() as u32 + 7; share];
+            c.stream().clone_htod(&host).expect("upload")
+        })
+        .collect();
+    let mut gathered: Vec<_> = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<u32>(share * n).expect("alloc"))
+        .collect();
+    Communicator::group(|| {
+        for ((c, s), g) in comms.iter().zip(&sends).zip(gathered.iter_mut()) {
+            c.all_gather(s, g)?;
+        }
+        Ok(())
+    })
+    .expect("all_gather");
+    let mut scattered: Vec<_> = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<u32>(share).expect("alloc"))
+        .collect();
+    Communicator::group(|| {
+        for ((c, g), s) in comms.iter().zip(&gathered).zip(scattered.iter_mut()) {
+            c.reduce_scatter(g, s, ReduceOp::Sum)?;
+        }
+        Ok(())
+    })
+    .expect("reduce_scatter");
+    for (c, (g, s)) in comms.iter().zip(gathered.iter().zip(&scattered)) {
+        c.synchronize().expect("sync");
+        let g = c.stream().clone_dtoh(g).expect("download");
+        for r in 0..n {
+            assert!(g[r * share..(r + 1) * share]
+                .iter()
+                .all(|&v| v == r as u32 + 7));
+        }
+        let s = c.stream().clone_dtoh(s).expect("download");
+        assert!(s.iter().all(|&v| v == (c.rank() as u32 + 7) * n as u32));
+    }
+    // Lengths that do not match are errors before anything is enqueued.
+    let short = comms[0]
+        .stream()
+        .alloc_zeros::<u32>(share - 1)
+        .expect("alloc");
+    let mut out = comms[0].stream().alloc_zeros::<u32>(share).expect("alloc");
+    assert!(matches!(
+        comms[0].all_reduce(&short, &mut out, ReduceOp::Sum),
+        Err(Error::LengthMismatch { .. })
+    ));
+}
+
+#[test]
+fn a_rank_whose_peer_never_joins_fails_within_its_timeout() {
+    if gpus().is_none() {
+        return;
+    }
+    let id = UniqueId::new().expect("id");
+    let stream = streams(1).remove(0);
+    let timeout = Duration::from_secs(5);
+    let t0 = Instant::now();
+    // Rank 0 of a world of 2; rank 1 never comes.
+    let r = Communicator::init_with_timeout(stream, id, 0, 2, timeout);
+    let waited = t0.elapsed();
+    match r {
+        Err(Error::Nccl { reason, .. }) => {
+            println!("rank 0 alone: {reason} after {waited:?}");
+            assert!(waited < timeout + Duration::from_secs(10), "{waited:?}");
+        }
+        other => panic!("expected an NCCL timeout, got {other:?}"),
+    }
+}
+
+/// Environment of a rank process started by the bootstrap test.
+const CHILD_RANK: &str = "CUARENA_NCCL_TEST_RANK";
+const CHILD_ID_FILE: &str = "CUARENA_NCCL_TEST_ID_FILE";
+
+#[test]
+fn one_process_per_gpu_bootstraps_through_an_id_file() {
+    if std::env::var(CHILD_RANK).is_ok() {
+        return; // a child runs `nccl_rank_process` only
+    }
+    let Some(n) = gpus() else { return };
+    if n < 2 {
+        println!("skipped: one process per GPU needs two GPUs, {n} visible");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cuarena-nccl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let id_file = dir.join("nccl-id");
+    // What a launcher does: rank 0's id, written where every rank reads it.
+    std::fs::write(&id_file, UniqueId::new().expect("id").to_hex()).expect("write id");
+    let exe = std::env::current_exe().expect("test binary");
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args([
+                    "nccl::nccl_rank_process",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env(CHILD_RANK, rank.to_string())
+                .env(CHILD_ID_FILE, &id_file)
+                .spawn()
+                .expect("spawn rank")
+        })
+        .collect();
+    for (rank, mut c) in children.into_iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(s) = c.try_wait().expect("wait") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("rank {rank} did not finish in 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "rank {rank}: {status}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One rank of the bootstrap test (run by it in a child process).
+#[test]
+#[ignore = "run by one_process_per_gpu_bootstraps_through_an_id_file"]
+fn nccl_rank_process() {
+    let rank: usize = std::env::var(CHILD_RANK)
+        .expect("rank")
+        .parse()
+        .expect("rank number");
+    let id_file = std::env::var(CHILD_ID_FILE).expect("id file");
+    let id = UniqueId::from_hex(&std::fs::read_to_string(id_file).expect("read id")).expect("id");
+    let stream = streams(rank + 1).remove(rank);
+    let comm = Communicator::init_with_timeout(stream, id, rank, 2, Duration::from_secs(60))
+        .expect("init from the id file");
+    let host = vec![rank as u64 + 1; 1 << 16];
+    let mut buf = comm.stream().clone_htod(&host).expect("upload");
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        .expect("all_reduce");
+    comm.synchronize().expect("sync");
+    let got = comm.stream().clone_dtoh(&buf).expect("download");
+    assert!(got.iter().all(|&v| v == 3), "rank {rank}");
+    println!("rank {rank}: all_reduce across processes ok");
+}
