@@ -17,7 +17,8 @@
 #                                 .gpu-stage/out), a short table is printed last
 #
 # Environment for `run` (all optional):
-#   SUITE_SKIP="bench racecheck"  parts to skip: tests bench examples replay memcheck racecheck
+#   SUITE_SKIP="bench racecheck"  parts to skip: tests nccl bench examples replay memcheck
+#                                 racecheck synccheck nccl-memcheck
 #   SUITE_BENCHES="moves handles spill"  GPU benches to run (default all three)
 #   SUITE_EXAMPLES="demo train_mlp"      examples to run (default these two)
 #   CUARENA_GPU_PROGRAMS          random arena programs in the plain test run (default 4000)
@@ -58,11 +59,13 @@ build() {
     local list
     list="$(mktemp)"
     echo "== building tests (release)" >&2
-    cargo test --release --no-run --message-format=json | list_executables >>"$list" || exit 1
+    # With `nccl`: the test binary then holds the NCCL tests too (libnccl is
+    # loaded only when they run, so the binary runs on any GPU machine).
+    cargo test --release --features nccl --no-run --message-format=json | list_executables >>"$list" || exit 1
     echo "== building benches" >&2
     cargo bench --no-run --message-format=json | list_executables >>"$list" || exit 1
     echo "== building examples and the cuarena command" >&2
-    cargo build --release --examples --bins --message-format=json | list_executables >>"$list" || exit 1
+    cargo build --release --features nccl --examples --bins --message-format=json | list_executables >>"$list" || exit 1
     while read -r name kind exe; do
         local dest
         case "$kind" in
@@ -119,8 +122,13 @@ run() {
         tail -n 5 "$out/$log" >&2
     }
 
+    # NVLink multicast stays off on these machines (shared/GPU.md).
+    export NCCL_NVLS_ENABLE=0
     if [[ $skip != *" tests "* ]]; then
         step "gpu tests" tests.log "$bin/test-all" gpu --test-threads=1 --nocapture
+    fi
+    if [[ $skip != *" nccl "* ]]; then
+        step "nccl tests" nccl.log "$bin/test-all" nccl --test-threads=1 --nocapture
     fi
     if [[ $skip != *" bench "* ]]; then
         for b in ${SUITE_BENCHES:-moves handles spill}; do
@@ -153,15 +161,25 @@ run() {
             --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --test-threads=1 \
             --skip gpu_trace_replay
     fi
+    if [[ $skip != *" synccheck "* ]]; then
+        step "synccheck (reduced)" synccheck.log "${san_env[@]}" compute-sanitizer --tool synccheck \
+            --error-exitcode 99 "$bin/test-all" gpu --test-threads=1 --skip gpu_trace_replay
+    fi
+    if [[ $skip != *" nccl-memcheck "* ]]; then
+        step "nccl memcheck" nccl-memcheck.log compute-sanitizer --tool memcheck \
+            --error-exitcode 99 "$bin/test-all" nccl --test-threads=1
+    fi
 
     echo
     echo "== results"
-    for log in tests memcheck racecheck; do
+    for log in tests nccl memcheck racecheck synccheck nccl-memcheck; do
         [ -e "$out/$log.log" ] || continue
         printf '%-10s %s\n' "$log" "$(grep -hE '^test result' "$out/$log.log" | tail -n 1)"
         grep -hE '^test .*(FAILED|panicked)|random programs' "$out/$log.log" | sed "s/^/           /"
     done
-    grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out"/memcheck.log "$out"/racecheck.log 2>/dev/null
+    for log in memcheck racecheck synccheck nccl-memcheck; do
+        [ -e "$out/$log.log" ] && printf '%-14s %s\n' "$log" "$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$log.log" | tail -n 1)"
+    done
     grep -hE "^device |end-to-end" "$out/bench.log" 2>/dev/null
     sed -n '/^moves bench/,$p' "$out/bench.log" 2>/dev/null
     for log in bench-handles bench-spill; do
