@@ -129,6 +129,7 @@ impl Arena<CudaBackend> {
     /// waits for that work before it moves, spills, writes or frees the
     /// block. A fault the device reported poisons the arena here too.
     pub fn kernel_args(&mut self, stream: StreamId) -> Result<KernelArgs<'_>> {
+        self.check_usable()?;
         let r = self.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
