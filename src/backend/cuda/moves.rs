@@ -547,7 +547,8 @@ impl CudaBackend {
             block_dim: (self.options.threads_per_cta, 1, 1),
             shared_mem_bytes: 0,
         };
-        // The region's cudarc events: wait for tracked users, record us.
+        // The region's cudarc events (used by the backend's own transfers
+        // only; views carry none): wait for them, record us.
         let (_base, _record) = self.region.device_ptr_mut(&self.stream);
         let mut prep = self.stream.launch_builder(&self.kernels.prep);
         prep.arg(args);
