@@ -17,6 +17,14 @@
 //!   registered stream first makes that stream wait for the arena stream's
 //!   work so far (moves, writes, frees), when there is any it has not waited
 //!   for yet.
+//! - **Later work sees other streams' writes.** Kernel arguments remember,
+//!   per block, the stream that last wrote it and the streams that read it
+//!   since. An input taken for stream S makes S wait for the last writer; an
+//!   output makes S wait for the last writer and those readers. So an
+//!   all-reduce on the communication stream, then the optimizer's kernel on
+//!   the compute stream, run in that order without the caller joining the
+//!   streams. Raw pointers and explicit `record_stream` calls are not
+//!   tracked this way: order those streams yourself.
 //!
 //! On the host backend every operation is synchronous, so the contract holds
 //! trivially; the arena still validates stream ids and keeps the records, so

@@ -78,6 +78,8 @@ impl<B: Backend> Arena<B> {
             elem,
             pins: 0,
             uses: smallvec::SmallVec::new(),
+            writer: None,
+            readers: smallvec::SmallVec::new(),
             scratch: 0,
             last_use: AtomicU64::new(self.tick()),
         });

@@ -60,6 +60,11 @@ struct Block {
     /// Registered streams other than the arena's that used the block since
     /// it was allocated (see [`crate::stream`]).
     uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
+    /// The stream whose kernel arguments last wrote the block, and the
+    /// streams that read it since: what later work on another stream must
+    /// wait for (read after write, write after read or write).
+    writer: Option<crate::stream::StreamId>,
+    readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
     /// Position in the planner's live list during a compaction.
     scratch: u32,
     /// Tick of the last use (resolved for a kernel, a transfer or a pin):

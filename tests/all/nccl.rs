@@ -224,3 +224,149 @@ fn nccl_rank_process() {
     assert!(got.iter().all(|&v| v == 3), "rank {rank}");
     println!("rank {rank}: all_reduce across processes ok");
 }
+
+/// One GPU's arena for the arena tests, with its communication stream.
+struct ArenaRank {
+    arena: cuarena::Arena<cuarena::backend::cuda::CudaBackend>,
+    comm_stream: cuarena::StreamId,
+    filler: Vec<cuarena::Storage>,
+}
+
+/// Drops every other filler block and allocates larger ones, so that the
+/// arena has to compact (targeted), then compacts fully too.
+fn churn(r: &mut ArenaRank, round: usize) {
+    let mut k = 0;
+    r.filler.retain(|_| {
+        k += 1;
+        k % 2 == round % 2
+    });
+    for _ in 0..8 {
+        let bytes = (64 << 10) * (1 + (round % 3) as u64);
+        r.filler.push(r.arena.alloc_storage(bytes).expect("filler"));
+    }
+    r.arena.compact().expect("compact");
+}
+
+#[test]
+fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
+    use cuarena::{Arena, ArenaConfig};
+    let Some(n) = gpus() else { return };
+    let mut ranks: Vec<ArenaRank> = (0..n)
+        .map(|i| {
+            // Tight: the fillers fragment it and force compactions.
+            let mut arena = Arena::cuda(ArenaConfig::new(24 << 20), i).expect("arena");
+            let s = arena.backend().context().new_stream().expect("stream");
+            let comm_stream = arena.register_stream(s).expect("register");
+            ArenaRank {
+                arena,
+                comm_stream,
+                filler: Vec::new(),
+            }
+        })
+        .collect();
+    let streams: Vec<_> = ranks
+        .iter()
+        .map(|r| r.arena.stream_of(r.comm_stream).expect("stream").clone())
+        .collect();
+    let comms = Communicator::init_all(streams, Duration::from_secs(60)).expect("init_all");
+    let len = 1 << 18; // 2 MiB of i64
+    let mut moved_before = vec![0u64; n];
+    for round in 0..12 {
+        // Each rank's tensor: i * (rank + 1) + round, allocated after churn so
+        // that it lands anywhere and is moved by the next compactions.
+        let mut tensors = Vec::new();
+        for (rank, r) in ranks.iter_mut().enumerate() {
+            churn(r, round);
+            let t = r.arena.alloc_storage_elems::<i64>(len).expect("tensor");
+            let host: Vec<i64> = (0..len as i64)
+                .map(|i| i * (rank as i64 + 1) + round as i64)
+                .collect();
+            r.arena.write_range(&t, &host).expect("write");
+            tensors.push(t);
+        }
+        // All-reduce the tensors' second halves as slices, in place.
+        Communicator::group(|| {
+            for ((c, r), t) in comms.iter().zip(ranks.iter_mut()).zip(&tensors) {
+                let half = t.slice(len / 2..len)?;
+                let mut args = r.arena.kernel_args(r.comm_stream)?;
+                let mut v = args.output::<i64>(&half)?;
+                c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })
+        .expect("all_reduce");
+        // While the collectives may still run: more churn and compactions,
+        // which must wait for them before moving the tensors.
+        for (r, t) in ranks.iter_mut().zip(&tensors) {
+            churn(r, round + 1);
+            let big = r.arena.alloc_storage(4 << 20).expect("forces a compaction");
+            drop(big);
+            let _ = t;
+        }
+        let ranks_sum: i64 = (1..=n as i64).sum();
+        for (rank, (r, t)) in ranks.iter_mut().zip(&tensors).enumerate() {
+            let got = r.arena.read_range::<i64>(t).expect("read");
+            for (i, &v) in got.iter().enumerate() {
+                let want = if (i as u64) < len / 2 {
+                    i as i64 * (rank as i64 + 1) + round as i64
+                } else {
+                    i as i64 * ranks_sum + n as i64 * round as i64
+                };
+                assert_eq!(v, want, "rank {rank} round {round} element {i}");
+            }
+        }
+        drop(tensors);
+    }
+    for (rank, r) in ranks.iter().enumerate() {
+        let s = r.arena.stats();
+        println!(
+            "rank {rank}: {} targeted + {} full compactions, {} moved",
+            s.targeted_compactions,
+            s.full_compactions,
+            cuarena::fmt_bytes(s.bytes_moved)
+        );
+        assert!(
+            s.bytes_moved > moved_before[rank],
+            "rank {rank} never moved a block"
+        );
+        moved_before[rank] = s.bytes_moved;
+    }
+    // all_gather into an arena tensor and reduce_scatter back, on slices.
+    let share = 4096u64;
+    let mut gathered = Vec::new();
+    let mut sends = Vec::new();
+    for (rank, r) in ranks.iter_mut().enumerate() {
+        let s = r.arena.alloc_storage_elems::<u32>(share).expect("send");
+        r.arena.fill(&s, rank as u32 + 7).expect("fill");
+        let g = r
+            .arena
+            .alloc_storage_zeroed::<u32>(share * n as u64 + 5)
+            .expect("gathered");
+        sends.push(s);
+        gathered.push(g);
+    }
+    Communicator::group(|| {
+        for (((c, r), s), g) in comms
+            .iter()
+            .zip(ranks.iter_mut())
+            .zip(&sends)
+            .zip(&gathered)
+        {
+            let mut args = r.arena.kernel_args(r.comm_stream)?;
+            let sv = args.input::<u32>(s)?;
+            let mut gv = args.output::<u32>(&g.slice(5..5 + share * n as u64)?)?;
+            c.all_gather(&sv, &mut gv)?;
+        }
+        Ok(())
+    })
+    .expect("all_gather");
+    for (r, g) in ranks.iter_mut().zip(&gathered) {
+        churn(r, 99);
+        let got = r.arena.read_range::<u32>(g).expect("read");
+        assert!(got[..5].iter().all(|&v| v == 0));
+        for k in 0..n {
+            let part = &got[5 + k * share as usize..5 + (k + 1) * share as usize];
+            assert!(part.iter().all(|&v| v == k as u32 + 7), "part {k}");
+        }
+    }
+}

@@ -13,6 +13,7 @@ use super::super::{Block, Place};
 use crate::arena::Arena;
 use crate::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend, ViewSet};
 use crate::error::{Error, Result};
+use crate::handle::BlockKey;
 use crate::slots::Slots;
 use crate::storage::AsRange;
 use crate::stream::StreamId;
@@ -56,6 +57,8 @@ pub struct KernelArgs<'a> {
     arena_id: u32,
     clock: &'a AtomicU64,
     stream: StreamId,
+    /// Streams this stream was made to wait for already, by these arguments.
+    waited: smallvec::SmallVec<[StreamId; 4]>,
 }
 
 impl<'a> KernelArgs<'a> {
@@ -69,34 +72,59 @@ impl<'a> KernelArgs<'a> {
         self.stream
     }
 
-    /// Checks `r` as `T`s and records its block as used on the stream;
-    /// returns the region offset and the element count.
-    fn take<T: Pod>(&mut self, r: &impl AsRange) -> Result<(u64, usize)> {
+    /// Checks `r` as `T`s; returns its block, region offset and element
+    /// count (`None` block for an empty storage). Changes nothing.
+    fn resolve<T: Pod>(&self, r: &impl AsRange) -> Result<(Option<BlockKey>, u64, usize)> {
         let Some(c) = check_block_range::<T>(self.blocks, self.arena_id, &r.block_range(), true)?
         else {
-            return Ok((0, 0)); // an empty storage: a view of nothing
+            return Ok((None, 0, 0)); // an empty storage: a view of nothing
         };
         let Checked {
             handle,
             offset,
             len,
         } = c;
-        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        let b = self.blocks.get_mut(handle.key).ok_or(Error::StaleHandle)?;
+        let b = self.blocks.get(handle.key).ok_or(Error::StaleHandle)?;
         let Place::Device(a) = &b.place else {
             return Err(Error::NotResident);
         };
-        let at = a.offset() + offset;
-        b.last_use.store(tick, Ordering::Relaxed);
-        if self.stream != StreamId::ARENA && !b.uses.contains(&self.stream) {
-            b.uses.push(self.stream);
-        }
         let elem = (std::mem::size_of::<T>() as u64).max(1);
         let n = usize::try_from(len / elem).map_err(|_| Error::ExceedsAddressSpace {
             requested_bytes: len,
             max_bytes: usize::MAX as u64,
         })?;
-        Ok((at, n))
+        Ok((Some(handle.key), a.offset() + offset, n))
+    }
+
+    /// Records a view of block `key` on the stream, and orders the stream
+    /// after other streams' kernel arguments on it: a read waits for the
+    /// last writer, a write for the last writer and the readers since (a
+    /// collective on the communication stream, an upload on a copy stream).
+    fn record(&mut self, key: Option<BlockKey>, write: bool) -> Result<()> {
+        let Some(key) = key else { return Ok(()) };
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let b = self.blocks.get_mut(key).ok_or(Error::StaleHandle)?;
+        b.last_use.store(tick, Ordering::Relaxed);
+        let s = self.stream;
+        if s != StreamId::ARENA && !b.uses.contains(&s) {
+            b.uses.push(s);
+        }
+        let mut after: smallvec::SmallVec<[StreamId; 4]> = smallvec::SmallVec::new();
+        after.extend(b.writer.filter(|&w| w != s));
+        if write {
+            after.extend(b.readers.iter().copied().filter(|&r| r != s));
+            b.writer = Some(s);
+            b.readers.clear();
+        } else if !b.readers.contains(&s) {
+            b.readers.push(s);
+        }
+        for w in after {
+            if !self.waited.contains(&w) {
+                self.set.wait_for(w)?;
+                self.waited.push(w);
+            }
+        }
+        Ok(())
     }
 
     /// A read-only view of the bytes `r` names (a block, a storage, a slice
@@ -107,16 +135,20 @@ impl<'a> KernelArgs<'a> {
     /// [`Arena::make_resident`] before taking the arguments). An empty
     /// storage gives a view of no elements.
     pub fn input<T: Pod>(&mut self, r: &impl AsRange) -> Result<ArenaView<'a, T>> {
-        let (at, n) = self.take::<T>(r)?;
-        self.set.input::<T>(at, n)
+        let (key, at, n) = self.resolve::<T>(r)?;
+        let view = self.set.input::<T>(at, n)?;
+        self.record(key, false)?;
+        Ok(view)
     }
 
     /// A mutable view of the bytes `r` names as `T`s (the checks of
     /// [`input`](KernelArgs::input)); [`Error::AliasedViews`] when it
     /// overlaps any view taken before from these arguments.
     pub fn output<T: Pod>(&mut self, r: &impl AsRange) -> Result<ArenaViewMut<'a, T>> {
-        let (at, n) = self.take::<T>(r)?;
-        self.set.output::<T>(at, n)
+        let (key, at, n) = self.resolve::<T>(r)?;
+        let view = self.set.output::<T>(at, n)?;
+        self.record(key, true)?;
+        Ok(view)
     }
 }
 
@@ -146,6 +178,7 @@ impl Arena<CudaBackend> {
             arena_id: *id,
             clock,
             stream,
+            waited: smallvec::SmallVec::new(),
         })
     }
 }

@@ -131,4 +131,24 @@ impl CudaBackend {
             .wait(&r.arena_done)
             .map_err(driver_err("cuStreamWaitEvent"))
     }
+
+    /// Stream `later` waits for everything enqueued on `earlier` so far.
+    pub(crate) fn stream_waits_for(&self, later: StreamId, earlier: StreamId) -> Result<()> {
+        if later == earlier {
+            return Ok(());
+        }
+        if later == StreamId::ARENA {
+            return self.arena_waits_for(earlier);
+        }
+        if earlier == StreamId::ARENA {
+            return self.waits_for_arena(later);
+        }
+        let (e, l) = (self.registered(earlier)?, self.registered(later)?);
+        e.done
+            .record(&e.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        l.stream
+            .wait(&e.done)
+            .map_err(driver_err("cuStreamWaitEvent"))
+    }
 }

@@ -206,6 +206,7 @@ pub type IoViews<'a, I, O, const M: usize, const N: usize> =
 pub struct ViewSet<'a> {
     backend: &'a CudaBackend,
     stream: &'a Arc<CudaStream>,
+    stream_id: StreamId,
     /// Byte ranges of the views made so far.
     inputs: Vec<(u64, u64)>,
     outputs: Vec<(u64, u64)>,
@@ -216,6 +217,12 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl<'a> ViewSet<'a> {
+    /// Makes the set's stream wait for the work enqueued so far on
+    /// `earlier` (an event and a stream wait; nothing when they are one).
+    pub fn wait_for(&self, earlier: StreamId) -> Result<()> {
+        self.backend.stream_waits_for(self.stream_id, earlier)
+    }
+
     /// The stream the views are for.
     pub fn stream(&self) -> &'a Arc<CudaStream> {
         self.stream
@@ -303,12 +310,12 @@ impl CudaBackend {
     /// A set of views for work on registered stream `stream` (see
     /// [`ViewSet`]). Orders nothing by itself: make `stream` wait for the
     /// arena stream first (the arena's `kernel_args` does).
-    pub fn view_set(&mut self, stream: StreamId) -> Result<ViewSet<'_>> {
+    pub fn view_set(&mut self, stream_id: StreamId) -> Result<ViewSet<'_>> {
         let this: &Self = self;
-        let stream = &this.registered(stream)?.stream;
         Ok(ViewSet {
             backend: this,
-            stream,
+            stream: &this.registered(stream_id)?.stream,
+            stream_id,
             inputs: Vec::new(),
             outputs: Vec::new(),
         })
