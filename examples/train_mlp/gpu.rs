@@ -14,7 +14,7 @@ use cuarena::backend::cuda::cudarc::nvrtc::{
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
 use cuarena::plan::Plan;
-use cuarena::{Arena, ArenaConfig, Handle, TableEntry};
+use cuarena::{Arena, ArenaConfig, Handle, Storage, TableEntry};
 
 use super::{Exec, Op, Res};
 
@@ -463,5 +463,8 @@ impl Exec for Gpu {
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()> {
         let ops = [(Some(w), len), (Some(g), len), (Some(v), len)];
         self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
+    }
+    fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
+        Ok(self.arena.write_range(x, data)?)
     }
 }

@@ -80,9 +80,7 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
     let gw = go.net.download(&mut g)?;
     let gstats = g.arena.stats();
     drop(g);
-    let mut h = Cpu {
-        arena: Arena::host(config)?,
-    };
+    let mut h = Cpu::new(config)?;
     let ho = train(&mut h, &p.teacher, &p.student, &p.eval_x, &c, false)?;
     let hw = ho.net.download(&mut h)?;
     let (rel, upd) = update_error(&p.student, &gw, &hw);

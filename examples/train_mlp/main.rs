@@ -60,7 +60,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuarena::backend::{Backend, HostBackend, MetaBackend};
-use cuarena::{fmt_bytes, Arena, ArenaConfig, Handle, Stats};
+use cuarena::{fmt_bytes, Arena, ArenaConfig, Handle, Stats, Storage, StreamId};
 
 use exec::*;
 #[cfg(feature = "cuda")]
@@ -186,12 +186,12 @@ fn verify<E: Exec>(
     eval_inputs: &[f32],
     target: f32,
 ) -> Res<()> {
-    let x_back = e.arena().read::<f32>(out.eval_x)?;
+    let x_back = e.arena().read::<f32>(h(&out.eval_x))?;
     let same = x_back
         .iter()
         .zip(eval_inputs)
         .all(|(a, b)| a.to_bits() == b.to_bits());
-    let y_dev = e.arena().read::<i32>(out.eval_y)?;
+    let y_dev = e.arena().read::<i32>(h(&out.eval_y))?;
     let y_host = teacher.labels(eval_inputs, EVAL_ROWS);
     let agree = y_dev.iter().zip(&y_host).filter(|(a, b)| a == b).count();
     let trained = out.net.download(e)?;
@@ -279,9 +279,7 @@ fn run_cpu(s: Settings) -> Res<()> {
     describe(&s, &p.teacher, &p.eval_x);
     let (peak, config) = capacity_for(&p, &s)?;
     println!("dry run: {}", arena_line(peak, &config));
-    let mut cpu = Cpu {
-        arena: Arena::host(config.clone())?,
-    };
+    let mut cpu = Cpu::new(config.clone())?;
     let out = train(&mut cpu, &p.teacher, &p.student, &p.eval_x, &s, true)?;
     let predicted = predict(&p, &s, &config)?;
     summary_of_run(&cpu.arena, peak, &predicted, &out, &s)?;
