@@ -45,6 +45,9 @@ pub(crate) trait Exec {
     /// out[0] += mean(stats[..n]); out[1] += mean(stats[n..2n]).
     fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()>;
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()>;
+    /// x[..len] *= s (train_ddp's gradient scaling; train_mlp does not use it).
+    #[allow(dead_code)]
+    fn scale(&mut self, x: Handle, len: usize, s: f32) -> Res<()>;
     /// Starts copying a prefetched batch's inputs `data` into `x` on the
     /// executor's upload stream (a stream registered with the arena, the
     /// use recorded), overlapping the step in progress. Counts `x` as used
@@ -129,6 +132,9 @@ impl Exec for Dry {
     }
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, _: usize, _: f32, _: f32) -> Res<()> {
         self.resident(&[Some(w), Some(g), Some(v)])
+    }
+    fn scale(&mut self, x: Handle, _: usize, _: f32) -> Res<()> {
+        self.resident(&[Some(x)])
     }
     fn upload(&mut self, x: &Storage, _: &[f32]) -> Res<()> {
         // What the copy does to the spill policy: x is used.
@@ -260,6 +266,12 @@ impl Exec for Cpu {
             }
             e.arena.write(v, &vv)?;
             Ok(e.arena.write(w, &wv)?)
+        })
+    }
+    fn scale(&mut self, x: Handle, _len: usize, s: f32) -> Res<()> {
+        self.op(&[Some(x)], |e| {
+            let v: Vec<f32> = e.f(x)?.iter().map(|a| a * s).collect();
+            Ok(e.arena.write(x, &v)?)
         })
     }
     fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {

@@ -1,20 +1,16 @@
 //! The CUDA executor: `kernels/mlp.cu` compiled with NVRTC, launched on
-//! the arena stream; and the CUDA backend with its spills and restores
-//! timed by CUDA events.
+//! the arena stream, with spills and restores timed by CUDA events.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use cuarena::backend::cuda::cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaModule, DriverError, LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaModule, DriverError, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::cudarc::nvrtc::{
     compile_ptx_with_opts, CompileError, CompileOptions, Ptx,
 };
 use cuarena::backend::cuda::CudaBackend;
-use cuarena::backend::Backend;
-use cuarena::plan::Plan;
-use cuarena::{Arena, ArenaConfig, Handle, Storage, TableEntry};
+use cuarena::{Arena, ArenaConfig, Handle, Storage};
 
 use super::{Exec, Op, Res};
 
@@ -27,15 +23,17 @@ pub enum Dir {
     In,
 }
 
-/// Time spent in spills and restores (CUDA events around each copy on
-/// the arena stream), and every copy in order.
+/// Time spent in spills and restores (CUDA events on the arena stream
+/// around each `make_resident` call that spilled or restored), and the
+/// bytes of each such call per direction, in order.
 #[derive(Debug, Clone, Default)]
 pub struct SpillTiming {
     /// Milliseconds in device-to-host spill copies.
     pub out_ms: f64,
     /// Milliseconds in host-to-device restore copies.
     pub in_ms: f64,
-    /// Direction and bytes of every copy.
+    /// Direction and bytes of the copies of each timed call (one entry per
+    /// direction and call: a call's copies of one direction together).
     pub copies: Vec<(Dir, u64)>,
 }
 
@@ -46,16 +44,19 @@ impl SpillTiming {
     }
 }
 
-/// Event pairs recorded and not yet read.
+/// Spill timing: a pair of CUDA events on the arena stream around every
+/// `make_resident` call that spilled or restored (the arena's copies are
+/// enqueued inside it), read when asked.
 #[derive(Debug, Default)]
 struct Events {
-    start: Vec<CudaEvent>,
-    end: Vec<CudaEvent>,
-    pending: usize,
+    /// Pairs ready for reuse, and pairs recorded and not yet read, with
+    /// the bytes each direction moved in between.
+    free: Vec<(CudaEvent, CudaEvent)>,
+    pending: Vec<(CudaEvent, CudaEvent, u64, u64)>,
     timing: SpillTiming,
 }
 
-/// Copies timed at most before the host waits for them.
+/// Calls timed at most before the host reads their events.
 const MAX_PENDING: usize = 4096;
 
 fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
@@ -65,137 +66,32 @@ fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
     }
 }
 
-/// The CUDA backend with a CUDA event recorded before and after each
-/// spill and restore copy when `enabled` (the arena decides; this only
-/// measures).
-#[derive(Debug)]
-pub struct Timed {
-    inner: CudaBackend,
-    enabled: bool,
-    events: RefCell<Events>,
-}
-
-impl Timed {
-    pub fn new(inner: CudaBackend, enabled: bool) -> Self {
-        Self {
-            inner,
-            enabled,
-            events: RefCell::new(Events::default()),
+impl Events {
+    fn pair(&mut self, ctx: &Arc<CudaContext>) -> cuarena::Result<(CudaEvent, CudaEvent)> {
+        if let Some(p) = self.free.pop() {
+            return Ok(p);
         }
-    }
-
-    pub fn inner(&self) -> &CudaBackend {
-        &self.inner
-    }
-
-    /// Spill timing so far (waits for the copies still in flight).
-    pub fn timing(&self) -> cuarena::Result<SpillTiming> {
-        self.harvest()?;
-        Ok(self.events.borrow().timing.clone())
-    }
-
-    /// Makes sure there are `pairs` pairs of timing events.
-    fn create_events(&mut self, pairs: usize) -> cuarena::Result<()> {
-        let ev = self.events.get_mut();
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let ctx = self.inner.context();
-        while ev.start.len() < pairs {
-            ev.start
-                .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
-            ev.end
-                .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
-        }
-        Ok(())
+        Ok((
+            ctx.new_event(flags).map_err(drv("cuEventCreate"))?,
+            ctx.new_event(flags).map_err(drv("cuEventCreate"))?,
+        ))
     }
 
-    /// Reads the pending event pairs (waiting for the last one).
-    fn harvest(&self) -> cuarena::Result<()> {
-        let mut guard = self.events.borrow_mut();
-        let ev = &mut *guard;
-        if ev.pending == 0 {
-            return Ok(());
+    /// Reads every pending pair (waits for the last one). A call that both
+    /// spilled and restored has its time split in proportion to the bytes.
+    fn harvest(&mut self) -> cuarena::Result<()> {
+        if let Some(last) = self.pending.last() {
+            last.1.synchronize().map_err(drv("cuEventSynchronize"))?;
         }
-        ev.end[ev.pending - 1]
-            .synchronize()
-            .map_err(drv("cuEventSynchronize"))?;
-        let first = ev.timing.copies.len() - ev.pending;
-        for i in 0..ev.pending {
-            let ms = f64::from(
-                ev.start[i]
-                    .elapsed_ms(&ev.end[i])
-                    .map_err(drv("cuEventElapsedTime"))?,
-            );
-            match ev.timing.copies[first + i].0 {
-                Dir::Out => ev.timing.out_ms += ms,
-                Dir::In => ev.timing.in_ms += ms,
-            }
+        for (start, end, out, inn) in std::mem::take(&mut self.pending) {
+            let ms = f64::from(start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?);
+            let total = (out + inn).max(1) as f64;
+            self.timing.out_ms += ms * out as f64 / total;
+            self.timing.in_ms += ms * inn as f64 / total;
+            self.free.push((start, end));
         }
-        ev.pending = 0;
         Ok(())
-    }
-
-    fn timed(
-        &mut self,
-        dir: Dir,
-        len: u64,
-        copy: impl FnOnce(&mut CudaBackend) -> cuarena::Result<()>,
-    ) -> cuarena::Result<()> {
-        if !self.enabled {
-            return copy(&mut self.inner);
-        }
-        if self.events.borrow().pending >= MAX_PENDING {
-            self.harvest()?;
-        }
-        let i = self.events.get_mut().pending;
-        self.create_events(i + 1)?;
-        let ev = self.events.get_mut();
-        let stream = self.inner.stream().clone();
-        ev.start[i].record(&stream).map_err(drv("cuEventRecord"))?;
-        copy(&mut self.inner)?;
-        let ev = self.events.get_mut();
-        ev.end[i].record(&stream).map_err(drv("cuEventRecord"))?;
-        ev.pending += 1;
-        ev.timing.copies.push((dir, len));
-        Ok(())
-    }
-}
-
-impl Backend for Timed {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn write(&mut self, offset: u64, bytes: &[u8]) -> cuarena::Result<()> {
-        self.inner.write(offset, bytes)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> cuarena::Result<()> {
-        self.inner.read(offset, out)?;
-        // The stream is idle now: reading the events costs nothing.
-        self.harvest()
-    }
-    fn copy(&mut self, src: u64, dst: u64, len: u64) -> cuarena::Result<()> {
-        self.inner.copy(src, dst, len)
-    }
-    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> cuarena::Result<()> {
-        self.inner.fill(offset, len, pattern)
-    }
-    fn execute(&mut self, plan: &Plan) -> cuarena::Result<()> {
-        self.inner.execute(plan)
-    }
-    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> cuarena::Result<()> {
-        self.inner.sync_table(entries, first)
-    }
-    fn reserve_host_tier(&mut self, bytes: u64) -> cuarena::Result<()> {
-        if self.enabled {
-            // Up front, not in the training loop.
-            self.create_events(MAX_PENDING)?;
-        }
-        self.inner.reserve_host_tier(bytes)
-    }
-    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> cuarena::Result<()> {
-        self.timed(Dir::Out, len, |b| b.spill(offset, host_offset, len))
-    }
-    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> cuarena::Result<()> {
-        self.timed(Dir::In, len, |b| b.restore(host_offset, offset, len))
     }
 }
 
@@ -234,6 +130,8 @@ struct Kernels {
     argmax: CudaFunction,
     mean2_acc: CudaFunction,
     sgd: CudaFunction,
+    #[allow(dead_code)] // train_ddp's
+    scale: CudaFunction,
 }
 
 /// An operand of a launch: a block and how many 4-byte elements the
@@ -241,8 +139,10 @@ struct Kernels {
 type Operand = (Option<Handle>, usize);
 
 pub struct Gpu {
-    pub arena: Arena<Timed>,
+    pub arena: Arena<CudaBackend>,
     k: Kernels,
+    /// Spill timing, when on.
+    events: Option<Events>,
 }
 
 /// Picks a kernel of [`Kernels`].
@@ -266,7 +166,17 @@ impl Gpu {
     /// `ptx` the first time (the device's architecture is known once a
     /// backend exists).
     pub fn new(config: ArenaConfig, ptx: &mut Option<Ptx>, time_copies: bool) -> Res<Self> {
-        let backend = CudaBackend::new(0, config.capacity_bytes)?;
+        Self::on_device(0, config, ptx, time_copies)
+    }
+
+    /// [`new`](Gpu::new) on CUDA device `ordinal`.
+    pub fn on_device(
+        ordinal: usize,
+        config: ArenaConfig,
+        ptx: &mut Option<Ptx>,
+        time_copies: bool,
+    ) -> Res<Self> {
+        let backend = CudaBackend::new(ordinal, config.capacity_bytes)?;
         let code = match ptx {
             Some(p) => p.clone(),
             None => {
@@ -289,10 +199,23 @@ impl Gpu {
             argmax: f("mlp_argmax")?,
             mean2_acc: f("mlp_mean2_acc")?,
             sgd: f("mlp_sgd_momentum")?,
+            scale: f("mlp_scale")?,
             _module: module,
         };
-        let arena = Arena::with_backend(config, Timed::new(backend, time_copies))?;
-        Ok(Self { arena, k })
+        let events = (time_copies && config.spill_host_bytes > 0).then(Events::default);
+        let arena = Arena::with_backend(config, backend)?;
+        Ok(Self { arena, k, events })
+    }
+
+    /// Spill timing so far (waits for the copies still in flight).
+    pub fn timing(&mut self) -> cuarena::Result<SpillTiming> {
+        match &mut self.events {
+            Some(ev) => {
+                ev.harvest()?;
+                Ok(ev.timing.clone())
+            }
+            None => Ok(SpillTiming::default()),
+        }
     }
 
     /// Launches the kernel `pick` names with the operands' device
@@ -327,7 +250,7 @@ impl Gpu {
         let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.0).collect();
         self.resident(&handles)?;
         let f = pick(&self.k);
-        let base = self.arena.backend().inner().region_ptr();
+        let base = self.arena.backend().region_ptr();
         for (p, &(h, elems)) in ptrs.iter_mut().zip(operands) {
             if let Some(h) = h {
                 let size = self.arena.size_bytes(h)?;
@@ -337,7 +260,7 @@ impl Gpu {
                 *p = base + self.arena.resolve(h)?;
             }
         }
-        let mut b = self.arena.backend().inner().stream().launch_builder(f);
+        let mut b = self.arena.stream().launch_builder(f);
         for p in &ptrs[..operands.len()] {
             b.arg(p);
         }
@@ -362,9 +285,40 @@ impl Gpu {
 }
 
 impl Exec for Gpu {
-    type B = Timed;
-    fn arena(&mut self) -> &mut Arena<Timed> {
+    type B = CudaBackend;
+    fn arena(&mut self) -> &mut Arena<CudaBackend> {
         &mut self.arena
+    }
+    fn resident(&mut self, ops: &[Option<Handle>]) -> Res<()> {
+        let hs: Vec<Handle> = ops.iter().flatten().copied().collect();
+        let Some(ev) = &mut self.events else {
+            return Ok(self.arena.make_resident(&hs)?);
+        };
+        let before = self.arena.stats();
+        let (start, end) = ev.pair(self.arena.backend().context())?;
+        start
+            .record(self.arena.stream())
+            .map_err(drv("cuEventRecord"))?;
+        self.arena.make_resident(&hs)?;
+        let after = self.arena.stats();
+        let out = after.bytes_evicted - before.bytes_evicted;
+        let inn = after.bytes_restored - before.bytes_restored;
+        if out + inn == 0 {
+            ev.free.push((start, end));
+            return Ok(());
+        }
+        end.record(self.arena.stream())
+            .map_err(drv("cuEventRecord"))?;
+        for (d, b) in [(Dir::Out, out), (Dir::In, inn)] {
+            if b > 0 {
+                ev.timing.copies.push((d, b));
+            }
+        }
+        ev.pending.push((start, end, out, inn));
+        if ev.pending.len() >= MAX_PENDING {
+            ev.harvest()?;
+        }
+        Ok(())
     }
     fn matmul(
         &mut self,
@@ -463,6 +417,10 @@ impl Exec for Gpu {
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()> {
         let ops = [(Some(w), len), (Some(g), len), (Some(v), len)];
         self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
+    }
+    fn scale(&mut self, x: Handle, len: usize, s: f32) -> Res<()> {
+        let ops = [(Some(x), len)];
+        self.launch(|k| &k.scale, cfg_1d(len), &ops, &[dim(len)?], &[s])
     }
     fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
         Ok(self.arena.write_range(x, data)?)

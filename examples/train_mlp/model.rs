@@ -159,6 +159,21 @@ pub(crate) fn backward<E: Exec>(
     fwd: Fwd,
     dlogits: Storage,
 ) -> Res<Vec<(Storage, Storage)>> {
+    backward_with(e, net, x, n, fwd, dlogits, |_, _, _| Ok(()))
+}
+
+/// [`backward`], calling `bucket(e, layer, (dW, db))` as soon as a layer's
+/// gradients are computed (last layer first), before the rest of the pass
+/// is enqueued: where data-parallel training starts their all-reduce.
+pub(crate) fn backward_with<E: Exec>(
+    e: &mut E,
+    net: &Net,
+    x: &Storage,
+    n: usize,
+    fwd: Fwd,
+    dlogits: Storage,
+    mut bucket: impl FnMut(&mut E, usize, &(Storage, Storage)) -> Res<()>,
+) -> Res<Vec<(Storage, Storage)>> {
     let Fwd {
         z: mut zs,
         h: mut hs,
@@ -177,7 +192,9 @@ pub(crate) fn backward<E: Exec>(
         e.matmul(Op::TN, input, h(&dz), h(&gw), (l.fan_in, l.fan_out, n))?;
         let gb = alloc_f32(e, l.fan_out)?;
         e.col_sum(h(&dz), h(&gb), n, l.fan_out)?;
-        grads.push((gw, gb));
+        let g = (gw, gb);
+        bucket(e, i, &g)?;
+        grads.push(g);
         if i == 0 {
             break;
         }
