@@ -6,16 +6,30 @@
 // handle bits (`Handle::to_bits()`) to a kernel launched on the arena
 // stream, and resolve there: the kernel then sees every block where it is
 // at that point of the stream, even if a compaction moved it since the
-// host last looked. `cuarena::backend::cuda::graph::HandleArgs` packs base,
+// host last looked. `cuarena::graph::HandleArgs` packs base,
 // table and slot count into one `CuarenaTable` argument, and `ArenaGraph`
 // captures such kernels into a CUDA graph that stays correct across
 // compactions (the table's address is fixed while the graph lives; see
 // `graph::reserve_handle_table`).
 //
-// A handle's bits are `version << 32 | slot`. Live versions are odd; a
-// free slot has version 0, so a stale handle never matches in the checked
-// variant. A spilled block's slot reads as free (version 0) too: replay
-// through `ArenaGraph::launch`, which brings its handles back first.
+// # The handle ABI (defined by the crate: src/slots.rs, pinned by the
+// # host test `backend::cuda::launch::tests::the_header_decodes_the_abi`)
+//
+// - A handle's bits (`Handle::to_bits()`, a `u64` kernel argument) are
+//   `version << 32 | slot`: CUARENA_HANDLE_SLOT and CUARENA_HANDLE_VERSION
+//   below take them apart.
+// - A slot's version counts its allocations and frees: odd while a block
+//   lives in it, even once it is freed. The first block in a slot has
+//   version 1, so the first handles an arena gives out are `1 << 32 | 0`,
+//   `1 << 32 | 1`, ...; a slot freed and reused gets version 3, and so on.
+// - The device table's entry of a slot that holds no resident block (never
+//   used, freed, or spilled to the host tier) reads version 0 (and offset
+//   0), which no handle carries, so the checked resolve rejects a stale
+//   handle, a freed one and a spilled one. Replay through
+//   `ArenaGraph::launch` (or take `launch_args`), which brings spilled
+//   handles back first.
+// - A slot whose version would wrap past 2^32 - 1 is retired: never reused,
+//   so a stale handle can never name a later block.
 //
 // # What it costs (benches/handles.rs on an H200, CUDA events, same run,
 // # median of 100 interleaved launches; BENCHMARKS.md has the tables)
@@ -48,7 +62,8 @@
 
 struct CuarenaEntry {
     unsigned long long offset;  // offset of the block in the region
-    unsigned int version;       // version of the live handle in this slot; 0 when free
+    unsigned int version;       // version of the live, resident block in this slot (odd);
+                                // CUARENA_FREE_VERSION (0) when free, unused or spilled
     unsigned int len;           // bytes of the block, saturated to 0xFFFFFFFF
 };
 
@@ -60,13 +75,19 @@ struct CuarenaTable {
     unsigned int pad;
 };
 
+// The parts of a handle's bits (see the ABI above).
+#define CUARENA_HANDLE_SLOT(h) ((unsigned int)((unsigned long long)(h) & 0xFFFFFFFFull))
+#define CUARENA_HANDLE_VERSION(h) ((unsigned int)((unsigned long long)(h) >> 32))
+// The version a free, unused or spilled slot reads in the device table.
+#define CUARENA_FREE_VERSION 0u
+
 // Address of the block named by `handle` (no checks). The address is made
 // through `__cvta_global_to_generic`, so the compiler knows it is global
 // memory and emits the same `ld.global` / `st.global` (and `.nc` loads under
 // `__restrict__`) as for a pointer argument.
 __device__ __forceinline__ void* cuarena_resolve(unsigned long long base, const CuarenaEntry* table,
                                                  unsigned long long handle) {
-    return __cvta_global_to_generic((size_t)(base + table[(unsigned int)handle].offset));
+    return __cvta_global_to_generic((size_t)(base + table[CUARENA_HANDLE_SLOT(handle)].offset));
 }
 
 // Address of the block, or nullptr when the handle is stale or the block
@@ -76,10 +97,11 @@ __device__ __forceinline__ void* cuarena_resolve_checked(unsigned long long base
                                                          unsigned int slots,
                                                          unsigned long long handle,
                                                          unsigned long long need_bytes) {
-    const unsigned int slot = (unsigned int)handle;
+    const unsigned int slot = CUARENA_HANDLE_SLOT(handle);
     if (slot >= slots) return nullptr;
     const CuarenaEntry e = table[slot];
-    if (e.version != (unsigned int)(handle >> 32) || need_bytes > e.len) return nullptr;
+    // A free slot's version (0) is never a handle's (odd), so it never matches.
+    if (e.version != CUARENA_HANDLE_VERSION(handle) || need_bytes > e.len) return nullptr;
     return __cvta_global_to_generic((size_t)(base + e.offset));
 }
 

@@ -237,8 +237,15 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move(WaveA
     // Double-buffered by iteration parity: thread 0 writes the next ticket
     // of iteration k+1 while slow threads may still read that of k.
     __shared__ u32 s_ticket[2];
+    // Set when a wait of this CTA timed out (the watchdog fired): from then
+    // on the CTA stores nothing, since storing could overwrite a source that
+    // an earlier tile has not loaded. Written only on the timeout path.
+    __shared__ u32 s_abort;
     const u32 tid = threadIdx.x;
-    if (tid == 0) s_ticket[0] = atomicAdd(&a.ctl[0], 1u);
+    if (tid == 0) {
+        s_ticket[0] = atomicAdd(&a.ctl[0], 1u);
+        s_abort = 0;
+    }
     __syncthreads();
     u32 t = s_ticket[0];
     u32 parity = 1;
@@ -264,20 +271,24 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move(WaveA
         const u32 w = 1u << (d.wait >> 24);
         const u32 wait = d.wait & 0xFFFFFFu;
         // Bytes past `wait` cover at most my own source, which is loaded.
-        store_any(r, dp, d.n, tid, w, wait, true);
+        // (`s_abort` was last written before the barrier above.)
+        if (!s_abort) store_any(r, dp, d.n, tid, w, wait, true);
         if (d.lo <= d.hi) {
             for (u32 x = d.lo + tid; x <= d.hi; x += CUARENA_THREADS) {
                 u32 spins = 0;
                 while (ld_acquire(&a.flags[x]) != a.epoch) {
                     if (++spins > CUARENA_SPIN_LIMIT) {
                         atomicOr(&a.ctl[1], CUARENA_ERR_TIMEOUT);
+                        s_abort = 1;
                         break;
                     }
                     if (spins > 16) __nanosleep(64);
                 }
             }
             __syncthreads();
-            store_any(r, dp, d.n, tid, w, wait, false);
+            // Every wait is over; if one gave up, the earlier tile may not
+            // have loaded the bytes this part would overwrite: store nothing.
+            if (!s_abort) store_any(r, dp, d.n, tid, w, wait, false);
         }
         t = next;
     }

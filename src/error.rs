@@ -321,6 +321,14 @@ pub enum Error {
         reason: String,
     },
 
+    /// A stream that cannot be registered with this arena: it belongs to
+    /// another CUDA context (events order streams of one context only).
+    #[error("stream refused: {reason}")]
+    ForeignStream {
+        /// Why (the two contexts).
+        reason: String,
+    },
+
     /// A stream id that was not registered with this arena.
     #[error("stream #{stream} is not registered with this arena ({registered} streams are, #0 being the arena's own)")]
     UnknownStream {

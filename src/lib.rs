@@ -22,6 +22,8 @@ pub mod tools;
 
 #[cfg(feature = "cuda")]
 pub use arena::cuda::graph;
+#[cfg(feature = "cuda")]
+pub use arena::cuda::KernelArgs;
 pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use error::{Error, Result};

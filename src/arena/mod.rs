@@ -325,7 +325,10 @@ impl<B: Backend> Arena<B> {
     pub fn flush_table(&mut self) -> Result<()> {
         self.check_usable()?;
         if let Some((lo, hi)) = self.dirty.take() {
-            if let Err(e) = self.backend.sync_table(&self.table[lo..hi], lo) {
+            // Other streams resolving handles must see the update.
+            self.epoch += 1;
+            let r = self.backend.sync_table(&self.table[lo..hi], lo);
+            if let Err(e) = self.sticky(r) {
                 self.dirty = Some((lo, hi));
                 return Err(e);
             }

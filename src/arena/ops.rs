@@ -11,58 +11,77 @@ use super::{Arena, Block};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
+use crate::slots::Slots;
 use crate::storage::{AsRange, BlockRange};
 
 /// A range checked against its block: the handle, offset in the block, bytes.
 #[derive(Debug, Clone, Copy)]
-struct Checked {
-    handle: Handle,
-    offset: u64,
-    len: u64,
+pub(super) struct Checked {
+    pub(super) handle: Handle,
+    pub(super) offset: u64,
+    pub(super) len: u64,
 }
 
-impl<B: Backend> Arena<B> {
-    /// Checks `r` against its block (alive, this arena's, in bounds) and,
-    /// for a typed access, the element type. `None` for zero bytes of no
-    /// block (an empty storage).
-    fn check_range<T: Pod>(&self, r: &BlockRange, typed: bool) -> Result<Option<Checked>> {
-        self.check_usable()?;
-        let Some(handle) = r.handle else {
-            let len = r.len_bytes.unwrap_or(0);
-            if r.offset_bytes != 0 || len != 0 {
-                return Err(Error::RangeOutOfBounds {
-                    offset_bytes: r.offset_bytes,
-                    len_bytes: len,
-                    available_bytes: 0,
-                });
-            }
-            return Ok(None);
-        };
-        let b = self.block(handle)?;
-        if typed {
-            Self::check_type::<T>(b)?;
-        }
-        let len = r.len_bytes.unwrap_or(b.size.saturating_sub(r.offset_bytes));
-        let fits = r.offset_bytes.checked_add(len).is_some_and(|e| e <= b.size);
-        if !fits {
+/// Checks `r` against its block in `blocks` (alive, of arena `arena_id`,
+/// in bounds) and, for a typed access, the element type. `None` for zero
+/// bytes of no block (an empty storage). Shared by the arena's operations
+/// and the CUDA kernel arguments, which hold the block table apart from
+/// the backend.
+pub(super) fn check_block_range<T: Pod>(
+    blocks: &Slots<Block>,
+    arena_id: u32,
+    r: &BlockRange,
+    typed: bool,
+) -> Result<Option<Checked>> {
+    let Some(handle) = r.handle else {
+        let len = r.len_bytes.unwrap_or(0);
+        if r.offset_bytes != 0 || len != 0 {
             return Err(Error::RangeOutOfBounds {
                 offset_bytes: r.offset_bytes,
                 len_bytes: len,
-                available_bytes: b.size,
+                available_bytes: 0,
             });
         }
-        let elem = std::mem::size_of::<T>() as u64;
-        if elem > 1 && len % elem != 0 {
-            return Err(Error::NotWholeElements {
-                block_bytes: len,
-                elem_bytes: elem,
-            });
-        }
-        Ok(Some(Checked {
-            handle,
-            offset: r.offset_bytes,
-            len,
-        }))
+        return Ok(None);
+    };
+    if handle.arena != arena_id {
+        return Err(Error::ForeignHandle {
+            handle_arena: handle.arena,
+            arena: arena_id,
+        });
+    }
+    let b = blocks.get(handle.key).ok_or(Error::StaleHandle)?;
+    if typed {
+        Arena::<crate::backend::MetaBackend>::check_type::<T>(b)?;
+    }
+    let len = r.len_bytes.unwrap_or(b.size.saturating_sub(r.offset_bytes));
+    let fits = r.offset_bytes.checked_add(len).is_some_and(|e| e <= b.size);
+    if !fits {
+        return Err(Error::RangeOutOfBounds {
+            offset_bytes: r.offset_bytes,
+            len_bytes: len,
+            available_bytes: b.size,
+        });
+    }
+    let elem = std::mem::size_of::<T>() as u64;
+    if elem > 1 && len % elem != 0 {
+        return Err(Error::NotWholeElements {
+            block_bytes: len,
+            elem_bytes: elem,
+        });
+    }
+    Ok(Some(Checked {
+        handle,
+        offset: r.offset_bytes,
+        len,
+    }))
+}
+
+impl<B: Backend> Arena<B> {
+    /// Checks `r` against its block (see [`check_block_range`]).
+    fn check_range<T: Pod>(&self, r: &BlockRange, typed: bool) -> Result<Option<Checked>> {
+        self.check_usable()?;
+        check_block_range::<T>(&self.blocks, self.id, r, typed)
     }
 
     /// Region offset of a checked range whose block is resident.

@@ -463,13 +463,18 @@ fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
     let mut out = [0u8; 16];
     assert!(matches!(
         b.read(0, &mut out),
-        Err(Error::InvalidPlan { .. })
+        Err(Error::DeviceFault { .. })
     ));
-    // The error is reported once; the backend keeps working.
-    b.read(0, &mut out).expect("read after the report");
-    b.write(0, &[1, 2, 3]).expect("write");
-    b.read(0, &mut out[..3]).expect("read");
-    assert_eq!(&out[..3], &[1, 2, 3]);
+    // Faults are sticky: every later check reports it again.
+    assert!(matches!(
+        b.read(0, &mut out),
+        Err(Error::DeviceFault { .. })
+    ));
+    assert!(matches!(
+        b.write(0, &[1, 2, 3]),
+        Err(Error::DeviceFault { .. })
+    ));
+    assert!(matches!(b.synchronize(), Err(Error::DeviceFault { .. })));
 }
 
 #[test]
@@ -490,9 +495,12 @@ fn a_plan_breaking_rule_3_across_chunks_is_reported() {
     let mut out = [0u8; 4];
     assert!(matches!(
         b.read(0, &mut out),
-        Err(Error::InvalidPlan { .. })
+        Err(Error::DeviceFault { .. })
     ));
-    b.read(0, &mut out).expect("reported once");
+    assert!(
+        matches!(b.read(0, &mut out), Err(Error::DeviceFault { .. })),
+        "sticky"
+    );
 }
 
 #[test]
@@ -595,30 +603,34 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     let module = test_module(a.backend());
     let slow = module.load_function("test_slow_iota_f32").expect("kernel");
     let other = a.stream().context().new_stream().expect("stream");
-    // A raw pointer (no cudarc tracking): only `join` orders it.
+    let s = a.register_stream(other.clone()).expect("register");
+    assert_eq!(a.register_stream(other.clone()).expect("again"), s);
+    assert!(Arc::ptr_eq(a.stream_of(s).expect("registered"), &other));
+    // A raw pointer: only the recorded use orders it.
     a.pin(x).expect("pin");
     let ptr = a.pinned_ptr(x).expect("pinned pointer");
+    a.wait_on_arena(s).expect("join the arena's work");
     let (n, start, spin) = (N as u32, 3.0f32, 20_000_000i64); // ~10 ms
     let mut b = other.launch_builder(&slow);
     b.arg(&ptr).arg(&n).arg(&start).arg(&spin);
     // SAFETY: the kernel writes n floats at `ptr`, the pinned block x,
-    // which stays put until the unpin below, after the join.
+    // which stays put until the unpin below; its use is recorded.
     unsafe { b.launch(launch_cfg(N)) }.expect("launch");
-    a.join(&other).expect("join");
+    a.record_stream(&x, s).expect("record");
     a.unpin(x).expect("unpin");
     let before = a.info(x).expect("info").offset;
     a.compact().expect("compact");
     assert!(a.info(x).expect("info").offset < before, "x moved");
     assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 3.0));
 
-    // A view passed through cudarc's launch builder on the other stream is
-    // tracked by its events: dropping it makes the arena stream wait.
+    // Kernel arguments for the other stream record the use themselves.
     let y = a.alloc_elems::<f32>(N).expect("y");
     let filler = a.alloc(4 * MIB).expect("filler");
     let z = a.alloc_elems::<f32>(N).expect("z");
     a.free(filler).expect("free");
     {
-        let mut out = a.view_mut::<f32>(z).expect("view");
+        let mut args = a.kernel_args(s).expect("args");
+        let mut out = args.output::<f32>(&z).expect("view");
         let mut b = other.launch_builder(&slow);
         let start = 5.0f32;
         b.arg(&mut out).arg(&n).arg(&start).arg(&spin);
@@ -707,9 +719,10 @@ fn views_check_types_lengths_and_aliasing() {
         let (ins, outs) = a.views_io::<f32, f32, 2, 1>([f, f], [g]).expect("views");
         assert_eq!((ins[0].len(), outs[0].len()), (100, 100));
     }
-    let [v, w] = a.views_mut::<f32, 2>([f, g]).expect("two views");
-    assert_ne!(v.device_address(), w.device_address());
-    drop((v, w));
+    {
+        let [v, w] = a.views_mut::<f32, 2>([f, g]).expect("two views");
+        assert_ne!(v.device_address(), w.device_address());
+    }
     assert_eq!(a.pinned_ptr(f), Err(Error::NotPinned));
     a.pin(f).expect("pin");
     assert_eq!(

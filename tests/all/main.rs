@@ -12,6 +12,8 @@ mod gpu_graph;
 mod gpu_skip;
 #[cfg(all(feature = "cuda", feature = "tools"))]
 mod gpu_spill;
+#[cfg(feature = "cuda")]
+mod gpu_streams;
 #[cfg(feature = "tools")]
 mod hostile;
 mod model;

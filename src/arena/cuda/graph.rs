@@ -76,8 +76,10 @@ use cudarc::driver::{CudaGraph, CudaStream};
 use crate::arena::Arena;
 use crate::backend::cuda::{driver_err, CudaBackend};
 pub use crate::backend::cuda::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
+use crate::backend::Backend as _;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
+use crate::stream::StreamId;
 
 /// Slots [`ArenaGraph::capture`] reserves in the device table at least
 /// (65,536 slots, 1 MiB): enough for that many blocks live at once.
@@ -140,14 +142,41 @@ pub fn launch_args<const N: usize>(
     arena: &mut Arena<CudaBackend>,
     handles: [Handle; N],
 ) -> Result<PreparedLaunch<'_, N>> {
+    launch_args_on(arena, StreamId::ARENA, handles)
+}
+
+/// [`launch_args`] for a launch on registered stream `stream`: after the
+/// handles are made resident and the table flushed, `stream` waits for the
+/// arena stream's work so far (the table update included) and every handle
+/// is recorded as used on `stream`, so no compaction moves, spills or frees
+/// its block before the launch has run.
+///
+/// The kernel reads the device table while later compactions of other
+/// blocks may rewrite it on the arena stream; the entries of the handles
+/// recorded here keep their values until the arena stream has waited for
+/// the launch, so what the kernel reads for them is right.
+pub fn launch_args_on<const N: usize>(
+    arena: &mut Arena<CudaBackend>,
+    stream: StreamId,
+    handles: [Handle; N],
+) -> Result<PreparedLaunch<'_, N>> {
+    crate::backend::check_stream(stream, arena.backend().stream_count())?;
     arena.make_resident(&handles)?;
     let table = handle_args(arena)?;
     let mut bits = [DeviceHandle(0); N];
     for (b, &h) in bits.iter_mut().zip(handles.iter()) {
         *b = check_resident(arena, h)?;
     }
+    for h in &handles {
+        arena.record_stream(h, stream)?;
+    }
+    arena.wait_on_arena(stream)?;
     let arena: &Arena<CudaBackend> = arena;
-    Ok(PreparedLaunch::new(arena.stream(), table, bits))
+    let s = arena.stream_of(stream).ok_or(Error::UnknownStream {
+        stream: stream.index(),
+        registered: arena.backend().stream_count(),
+    })?;
+    Ok(PreparedLaunch::new(s, table, bits))
 }
 
 /// What the closure of [`ArenaGraph::capture`] enqueues work with, while the

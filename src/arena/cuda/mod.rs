@@ -3,42 +3,49 @@
 //! They live on the arena side: the backend knows byte ranges of its
 //! region, never handles or blocks.
 
+mod args;
 pub mod graph;
+
+pub use args::KernelArgs;
 
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{CudaStream, CudaView};
+use cudarc::driver::CudaStream;
 
+use super::ops::check_block_range;
 use crate::arena::Arena;
 use crate::backend::cuda::{
-    driver_err, ArenaViewMut, CudaBackend, CudaCapacity, CudaOptions, IoViews,
+    ArenaView, ArenaViewMut, CudaBackend, CudaCapacity, CudaOptions, IoViews,
 };
 use crate::config::ArenaConfig;
 use crate::error::{Error, Result};
-use crate::handle::{ElemType, Handle};
+use crate::handle::Handle;
+use crate::storage::AsRange;
+use crate::stream::StreamId;
 
-/// # The stream contract
+/// # Streams
 ///
 /// Every transfer, compaction, spill and table update of the arena runs on
 /// the *arena stream* ([`Arena::stream`]) in order, without blocking the
-/// host (reads excepted). So:
+/// host (reads excepted). Other streams are registered
+/// ([`register_stream`](Arena::register_stream)) and named by a
+/// [`StreamId`]; the contract of [`crate::stream`] holds with events and
+/// stream waits only:
 ///
-/// - **Kernels on the arena stream need nothing.** A kernel that writes a
-///   view, then a compaction that moves the block, then a read: the stream
-///   orders them.
-/// - **Other streams must be joined before the arena moves or reuses what
-///   they touch.** Call [`join`](Arena::join) with the other stream after
-///   enqueueing its work and before the next call that can compact
-///   (allocations, [`compact`](Arena::compact)) or free. Views passed to
-///   cudarc's launch builder are also tracked by cudarc's events (the arena
-///   stream waits for them when the view is dropped or at the next
-///   compaction), but raw pointers ([`pinned_ptr`](Arena::pinned_ptr),
-///   [`ArenaViewMut::device_address`]) are not.
-/// - **Freed space is reused in stream order.** After `free`, a later
-///   allocation may hand out the same bytes at once; work enqueued on the
-///   arena stream before the free has finished with them by the time later
-///   work runs. Work on other streams must have been joined before `free`.
+/// - **Kernel arguments order themselves.** [`kernel_args`](Arena::kernel_args)
+///   for a stream makes it wait for the arena's moves and writes so far, and
+///   records every block it views as used there: before the arena frees,
+///   moves, spills or writes such a block, the arena stream waits for that
+///   stream's work (on the device).
+/// - **Raw addresses are not tracked.** [`pinned_ptr`](Arena::pinned_ptr)
+///   and [`ArenaViewMut::device_address`] are plain numbers: work that uses
+///   them on another stream must be recorded by hand
+///   ([`record_stream`](Arena::record_stream)) and must start after
+///   [`wait_on_arena`](Arena::wait_on_arena) for that stream.
+/// - **Kernels on the arena stream need nothing**: the stream orders them
+///   with every move ([`view`](Arena::view), [`view_mut`](Arena::view_mut),
+///   [`views_io`](Arena::views_io) are for it).
 /// - Views borrow the arena, so nothing can move while they live; a pinned
 ///   block's pointer is valid until its last `unpin`.
 impl Arena<CudaBackend> {
@@ -68,59 +75,52 @@ impl Arena<CudaBackend> {
         self.backend().stream()
     }
 
-    /// Offset and element count of a resident block viewed as `T`.
-    fn typed_range<T: Pod>(&self, h: Handle) -> Result<(u64, usize)> {
-        let info = self.info(h)?;
-        if !info.resident {
-            return Err(Error::NotResident);
-        }
-        let requested_type = std::any::type_name::<T>();
-        if let Some(e) = info.elem {
-            if e != ElemType::of::<T>() {
-                return Err(Error::TypeMismatch {
-                    block_type: e.name,
-                    requested_type,
-                });
-            }
-        }
-        let elem = std::mem::size_of::<T>() as u64;
-        if elem == 0 || info.size_bytes % elem != 0 {
-            return Err(Error::NotWholeElements {
-                block_bytes: info.size_bytes,
-                elem_bytes: elem,
-            });
-        }
-        // Counted as a use for the spill policy.
-        // Alignment and bounds are the backend's checks, when it makes the view.
-        let offset = self.resolve(h)?;
-        let len = usize::try_from(info.size_bytes / elem).map_err(|_| Error::TooLarge {
-            requested_bytes: info.size_bytes,
-            capacity_bytes: usize::MAX as u64,
-        })?;
-        Ok((offset, len))
+    /// Registers `stream` with the arena and returns its id (a stream
+    /// registered already keeps its id). The stream must belong to the
+    /// arena's CUDA context, the device's primary context (what
+    /// `arena.stream().context().new_stream()` gives, or a stream of
+    /// [`CudaContext::new`](cudarc::driver::CudaContext::new) for the same
+    /// device): another context's stream is [`Error::ForeignStream`].
+    pub fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
+        self.check_usable()?;
+        self.backend_mut().register_stream(stream)
     }
 
-    /// A view of block `h` as `T`s, for kernel arguments and copies.
+    /// The stream registered as `id` ([`StreamId::ARENA`]: the arena
+    /// stream), `None` for an id this arena never gave out.
+    pub fn stream_of(&self, id: StreamId) -> Option<&Arc<CudaStream>> {
+        self.backend().stream_of(id)
+    }
+
+    /// A read-only view of block `h` as `T`s, for work on the arena stream.
     ///
     /// Fails with [`Error::TypeMismatch`] for a block allocated for another
     /// element type, [`Error::MisalignedView`] for one placed below `T`'s
-    /// alignment,
-    /// [`Error::NotWholeElements`], or [`Error::NotResident`] for a spilled
-    /// block (call [`make_resident`](Arena::make_resident) first).
-    pub fn view<T: Pod>(&self, h: Handle) -> Result<CudaView<'_, T>> {
-        let (offset, len) = self.typed_range::<T>(h)?;
-        self.backend().view::<T>(offset, len)
+    /// alignment, [`Error::NotWholeElements`], or [`Error::NotResident`]
+    /// for a spilled block (call [`make_resident`](Arena::make_resident)
+    /// first). For other streams, take [`kernel_args`](Arena::kernel_args).
+    pub fn view<T: Pod>(&self, h: Handle) -> Result<ArenaView<'_, T>> {
+        self.check_usable()?;
+        let c = check_block_range::<T>(&self.blocks, self.id, &h.block_range(), true)?
+            .ok_or(Error::StaleHandle)?;
+        let offset = self.resolve(h)?;
+        let elem = (std::mem::size_of::<T>() as u64).max(1);
+        let n = usize::try_from(c.len / elem).map_err(|_| Error::ExceedsAddressSpace {
+            requested_bytes: c.len,
+            max_bytes: usize::MAX as u64,
+        })?;
+        self.backend().view::<T>(offset, n)
     }
 
-    /// A mutable view of block `h` as `T`s (same checks as [`view`](Arena::view)).
+    /// A mutable view of block `h` as `T`s, for work on the arena stream
+    /// (same checks as [`view`](Arena::view)).
     pub fn view_mut<T: Pod>(&mut self, h: Handle) -> Result<ArenaViewMut<'_, T>> {
-        let [v] = self.views_mut([h])?;
-        Ok(v)
+        self.kernel_args(StreamId::ARENA)?.output::<T>(&h)
     }
 
-    /// Mutable views of `N` distinct blocks at once (a kernel with several
-    /// outputs). A handle given twice is rejected with
-    /// [`Error::AliasedViews`].
+    /// Mutable views of `N` distinct blocks at once, for the arena stream
+    /// (a kernel with several outputs). A handle given twice is rejected
+    /// with [`Error::AliasedViews`].
     pub fn views_mut<T: Pod, const N: usize>(
         &mut self,
         handles: [Handle; N],
@@ -129,51 +129,46 @@ impl Arena<CudaBackend> {
         Ok(outputs)
     }
 
-    /// Views for a kernel that reads `inputs` (as `I`) and writes `outputs`
-    /// (as `O`): the outputs must be distinct from each other and from the
-    /// inputs ([`Error::AliasedViews`] otherwise); inputs may repeat.
+    /// Views for a kernel on the arena stream that reads `inputs` (as `I`)
+    /// and writes `outputs` (as `O`): the outputs must be distinct from
+    /// each other and from the inputs ([`Error::AliasedViews`] otherwise);
+    /// inputs may repeat. For other streams, or element types that differ
+    /// between arguments, take [`kernel_args`](Arena::kernel_args).
     pub fn views_io<I: Pod, O: Pod, const M: usize, const N: usize>(
         &mut self,
         inputs: [Handle; M],
         outputs: [Handle; N],
     ) -> Result<IoViews<'_, I, O, M, N>> {
-        for (k, h) in outputs.iter().enumerate() {
-            if outputs[..k].contains(h) || inputs.contains(h) {
-                return Err(Error::AliasedViews { output: k });
-            }
+        let mut args = self.kernel_args(StreamId::ARENA)?;
+        let mut ins = Vec::with_capacity(M);
+        for h in &inputs {
+            ins.push(args.input::<I>(h)?);
         }
-        let mut in_ranges = [(0u64, 0usize); M];
-        for (r, &h) in in_ranges.iter_mut().zip(inputs.iter()) {
-            *r = self.typed_range::<I>(h)?;
+        let mut outs = Vec::with_capacity(N);
+        for h in &outputs {
+            outs.push(args.output::<O>(h)?);
         }
-        let mut out_ranges = [(0u64, 0usize); N];
-        for (r, &h) in out_ranges.iter_mut().zip(outputs.iter()) {
-            *r = self.typed_range::<O>(h)?;
-        }
-        self.backend_mut().views_io(in_ranges, out_ranges)
+        // Both lengths are right by construction.
+        let ins: [ArenaView<'_, I>; M] = ins
+            .try_into()
+            .map_err(|_| Error::AliasedViews { output: 0 })?;
+        let outs: [ArenaViewMut<'_, O>; N] = outs
+            .try_into()
+            .map_err(|_| Error::AliasedViews { output: 0 })?;
+        Ok((ins, outs))
     }
 
     /// Device address of a pinned block, valid until its last
     /// [`unpin`](Arena::unpin). [`Error::NotPinned`] for an unpinned block.
-    /// Work that uses it on another stream must be [`join`](Arena::join)ed
-    /// before the unpin.
+    /// A plain number: work that uses it on another stream must be
+    /// recorded with [`record_stream`](Arena::record_stream) before the
+    /// unpin, and start after [`wait_on_arena`](Arena::wait_on_arena).
     pub fn pinned_ptr(&self, h: Handle) -> Result<u64> {
         let info = self.info(h)?;
         if info.pins == 0 {
             return Err(Error::NotPinned);
         }
         Ok(self.backend().region_ptr() + self.resolve(h)?)
-    }
-
-    /// Makes the arena stream wait for the work enqueued on `other` so far:
-    /// later compactions, frees and transfers happen after it.
-    pub fn join(&mut self, other: &CudaStream) -> Result<()> {
-        let event = other
-            .record_event(None)
-            .map_err(driver_err("cuEventRecord"))?;
-        self.stream()
-            .wait(&event)
-            .map_err(driver_err("cuStreamWaitEvent"))
     }
 
     /// Copies `data` into block `h`; `data` must be exactly the block's size
@@ -198,7 +193,11 @@ impl Arena<CudaBackend> {
 
     /// Waits for the arena stream and reports any error the move kernels
     /// found since the last check.
+    /// A fault poisons the arena (every later call returns
+    /// [`Error::Poisoned`]).
     pub fn synchronize(&mut self) -> Result<()> {
-        self.backend_mut().synchronize()
+        self.check_usable()?;
+        let r = self.backend_mut().synchronize();
+        self.sticky(r)
     }
 }

@@ -5,19 +5,17 @@
 //!
 //! The backend owns one stream, the *arena stream* ([`CudaBackend::stream`]).
 //! Every transfer and every plan runs on it, in order, without host
-//! synchronisation between waves. Work that the caller enqueues on the arena
-//! stream needs nothing more: a kernel that writes a tensor and a later
-//! compaction that moves it are ordered by the stream. Work on *other*
-//! streams must be made visible to the arena stream before the arena moves
-//! or reuses the bytes it touches (see `Arena::join`, or
-//! [`CudaStream::join`] on the arena stream). `CudaBackend::read` waits for
-//! the arena stream; writes and plans do not block the host.
+//! synchronisation between waves. Other streams are registered
+//! ([`CudaBackend::register_stream`], or the arena's `register_stream`) and
+//! ordered with the arena stream by events and stream waits only
+//! ([`Backend::wait_stream`](crate::backend::Backend::wait_stream),
+//! [`Backend::join_arena`](crate::backend::Backend::join_arena)); the
+//! arena decides when (see [`crate::stream`]). `CudaBackend::read` waits
+//! for the arena stream; writes and plans do not block the host.
 //!
-//! cudarc's own event tracking is honoured as well: transfers and plans wait
-//! for the region's recorded reads and writes and record their own, so
-//! views used through cudarc's launch builder on any stream are ordered with
-//! them (cudarc tracks the region as one buffer, so it also orders such
-//! launches with each other).
+//! Views ([`ArenaView`], [`ArenaViewMut`]) are plain device pointers for one
+//! stream and carry no cudarc events: cudarc would track the region as one
+//! buffer, serialising unrelated work on different streams.
 //!
 //! # The move kernel
 //!
@@ -43,9 +41,11 @@
 //! source) is checked on the device: per tile by the prep kernel, which
 //! never lets a tile wait for a later one (so a bad plan cannot hang the
 //! GPU), and over a whole wave of several chunks by `cuarena_check`. A
-//! violation is reported as [`Error::InvalidPlan`] at the next
+//! violation, or a wait that the watchdog gave up on (the tile then stores
+//! nothing), is reported as [`Error::DeviceFault`] at the next
 //! synchronisation point ([`Backend::read`](crate::backend::Backend::read), [`CudaBackend::synchronize`]),
-//! or at the next call when the GPU has already finished. Rules 2 and 4 are
+//! or at the next call when the GPU has already finished, and at every
+//! check after that: faults are sticky (the arena poisons itself). Rules 2 and 4 are
 //! the planner's obligation (the arena checks the final layout).
 //!
 //! # Performance (H100 80GB, `benches/moves.rs`)
@@ -63,13 +63,14 @@ mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod stage;
+mod streams;
 mod view;
 
 /// The cudarc this crate is built with (use it for your own kernels so the
 /// types match).
 pub use cudarc;
 pub use launch::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
-pub use view::{ArenaViewMut, IoViews};
+pub use view::{ArenaView, ArenaViewMut, IoViews, ViewSet};
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -266,6 +267,8 @@ pub struct CudaBackend {
     arch: String,
     sm_count: u32,
     stream: Arc<CudaStream>,
+    /// Registered streams; index 0 is the arena stream.
+    streams: Vec<streams::Registered>,
     ctx: Arc<CudaContext>,
 }
 
@@ -434,6 +437,7 @@ impl CudaBackend {
             device_name,
             arch,
             sm_count,
+            streams: vec![streams::Registered::new(Arc::clone(&stream), &stream)?],
             stream,
             ctx,
         };

@@ -12,6 +12,7 @@ use crate::backend::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 use crate::plan::Plan;
+use crate::stream::StreamId;
 
 /// The kernel arguments of one wave; mirrors `struct WaveArgs` in
 /// `kernels/moves.h` field for field.
@@ -60,7 +61,7 @@ impl CudaBackend {
     /// Faults are sticky: the device's error word is never cleared, so once
     /// a plan broke the wave rule or the watchdog fired, every later check
     /// reports it again (the arena poisons itself the first time).
-    pub(super) fn check_status(&self, wait: bool) -> Result<()> {
+    pub(crate) fn check_status(&self, wait: bool) -> Result<()> {
         let s = &self.scratch;
         if !s.status_pending.load(Ordering::Acquire) {
             return Ok(());
@@ -116,6 +117,20 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    fn stream_count(&self) -> u32 {
+        self.registered_count()
+    }
+
+    /// An event recorded on `stream`, waited for by the arena stream.
+    fn wait_stream(&self, stream: StreamId) -> Result<()> {
+        self.arena_waits_for(stream)
+    }
+
+    /// An event recorded on the arena stream, waited for by `stream`.
+    fn join_arena(&self, stream: StreamId) -> Result<()> {
+        self.waits_for_arena(stream)
     }
 
     fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
@@ -532,7 +547,8 @@ impl CudaBackend {
             block_dim: (self.options.threads_per_cta, 1, 1),
             shared_mem_bytes: 0,
         };
-        // The region's cudarc events: wait for tracked users, record us.
+        // The region's cudarc events (used by the backend's own transfers
+        // only; views carry none): wait for them, record us.
         let (_base, _record) = self.region.device_ptr_mut(&self.stream);
         let mut prep = self.stream.launch_builder(&self.kernels.prep);
         prep.arg(args);

@@ -1,102 +1,267 @@
-//! Typed views of byte ranges of the region, for kernel arguments and
-//! cudarc copies. The backend checks what makes a view sound on its own
-//! (bounds, alignment, outputs that alias nothing); which block a range
-//! belongs to is the arena's business.
+//! Typed views of byte ranges of the region, for kernel arguments, cudarc's
+//! copies, cuBLAS and NCCL. The backend checks what makes a view sound on
+//! its own (bounds, alignment, outputs that alias nothing, one view set at
+//! a time); which block a range belongs to is the arena's business.
+//!
+//! The views carry no cudarc events: cudarc's per-slice tracking would treat
+//! the whole region as one buffer, serialising unrelated work on different
+//! streams while ordering nothing the arena relies on. The arena orders
+//! streams itself (see [`crate::stream`]): a view is *for* one stream, and
+//! taking it through the arena joins that stream after the arena's moves and
+//! records the block as used there.
 
 use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
+use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchArgs, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop,
+};
 
 use super::CudaBackend;
 use crate::backend::check_range;
 use crate::error::{Error, Result};
+use crate::stream::StreamId;
 
-/// A mutable view of `len` elements of `T` in the region, borrowing the
-/// backend (and so the arena) mutably: no compaction, allocation, free or
-/// transfer can happen while it lives, so the bytes stay where it points.
+/// A read-only view of `len` elements of `T` in the region, for work on
+/// [`stream`](ArenaView::stream). It borrows the arena, so no compaction,
+/// free or spill can happen while it lives: the bytes stay where it points.
 ///
-/// Pass `&mut view` straight to cudarc's launch builder, or take a
-/// [`CudaViewMut`] with [`as_view_mut`](ArenaViewMut::as_view_mut) for
-/// cudarc's copy functions.
-///
-/// The view carries cudarc events of its own: a kernel launched with it on
-/// any stream records them, and dropping the view makes the arena stream
-/// wait for that work (so the block is not moved or reused under it).
-#[derive(Debug)]
-pub struct ArenaViewMut<'a, T> {
-    /// An alias of the block's bytes; never freed (see `Drop`).
-    slice: ManuallyDrop<CudaSlice<T>>,
-    _region: PhantomData<&'a mut ()>,
+/// Pass `&view` to cudarc's launch builder, or use it wherever cudarc,
+/// cuBLAS or NCCL take a [`DevicePtr`]. It records and waits for no cudarc
+/// events; take views through the arena (`Arena::kernel_args`), which
+/// orders their stream with the arena's, and use them on the stream they
+/// are for.
+#[derive(Debug, Clone, Copy)]
+pub struct ArenaView<'a, T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+    _elems: PhantomData<&'a [T]>,
 }
 
-impl<T> ArenaViewMut<'_, T> {
+/// A mutable view of `len` elements of `T` in the region, for work on
+/// [`stream`](ArenaViewMut::stream); no other view of the same view set
+/// overlaps it. Like [`ArenaView`], it borrows the arena and carries no
+/// cudarc events.
+///
+/// Pass `&mut view` to cudarc's launch builder, or use it wherever cudarc,
+/// cuBLAS or NCCL take a [`DevicePtrMut`] (`memcpy_htod` into it, a GEMM's
+/// output, an all-reduce's buffer).
+#[derive(Debug)]
+pub struct ArenaViewMut<'a, T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+    _elems: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T> ArenaView<'a, T> {
     /// Elements in the view.
     pub fn len(&self) -> usize {
-        self.slice.len()
+        self.len
     }
 
     /// True for a view of no elements.
     pub fn is_empty(&self) -> bool {
-        self.slice.is_empty()
+        self.len == 0
     }
 
-    /// The view as a cudarc mutable view (for copies and slicing).
-    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        self.slice.as_view_mut()
+    /// The stream the view is for.
+    pub fn stream(&self) -> &'a Arc<CudaStream> {
+        self.stream
     }
 
-    /// The view as a cudarc view.
-    pub fn as_view(&self) -> CudaView<'_, T> {
-        self.slice.as_view()
-    }
-
-    /// Device address of the first element, as a **plain number**: it is
-    /// right while this view lives (the view borrows the arena, so nothing
-    /// moves), and goes stale at the next compaction after the view is
-    /// dropped. Work that uses it on another stream is not tracked. Keep
-    /// the view, or pin the block, for as long as the address is used.
+    /// Device address of the first element, as a **plain number**: right
+    /// while this view lives (the view borrows the arena, so nothing moves),
+    /// stale at the next compaction after it is dropped, and not known to
+    /// the arena: work that uses it after the view is gone is not ordered
+    /// with anything. Keep the view, or pin the block, while it is used.
     pub fn device_address(&self) -> u64 {
-        let (ptr, _record) = self.slice.device_ptr(self.slice.stream());
-        ptr
+        self.ptr
     }
 }
 
-impl<T> Drop for ArenaViewMut<'_, T> {
-    fn drop(&mut self) {
-        // SAFETY: `slice` is taken exactly once, here. `leak` makes the
-        // arena stream wait for the recorded uses of the view and hands the
-        // address back without freeing it: the bytes belong to the region.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        let _ = slice.leak();
+impl<'a, T> ArenaViewMut<'a, T> {
+    /// Elements in the view.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a view of no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The stream the view is for.
+    pub fn stream(&self) -> &'a Arc<CudaStream> {
+        self.stream
+    }
+
+    /// The same bytes, read-only, for as long as this view is borrowed.
+    pub fn as_view(&self) -> ArenaView<'_, T> {
+        ArenaView {
+            ptr: self.ptr,
+            len: self.len,
+            stream: self.stream,
+            _elems: PhantomData,
+        }
+    }
+
+    /// Device address of the first element, as a **plain number** (see
+    /// [`ArenaView::device_address`]).
+    pub fn device_address(&self) -> u64 {
+        self.ptr
     }
 }
 
-// SAFETY: pushes the aliased slice exactly as cudarc pushes a
-// `&mut CudaSlice<T>` (its device pointer, and its events for cudarc's
-// stream tracking); the reference outlives the launch builder ('b: 'a).
+impl<T> DeviceSlice<T> for ArenaView<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+impl<T> DeviceSlice<T> for ArenaViewMut<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for ArenaView<'_, T> {
+    /// The address; no events are waited for or recorded (the arena orders
+    /// the streams).
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtr<T> for ArenaViewMut<'_, T> {
+    /// The address; no events are waited for or recorded.
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for ArenaViewMut<'_, T> {
+    /// The address; no events are waited for or recorded.
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        _stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+// SAFETY: pushes a pointer to the view's device address (a `u64` that
+// lives as long as the borrow, 'b: 'a), as cudarc pushes a `CudaView`'s;
+// the kernel gets a `const T*` to `len` elements of `T` in the region.
+unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b ArenaView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b ArenaView<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+// SAFETY: as above, for a `T*` the kernel may write through: the view is
+// borrowed mutably for as long as the launch builder lives.
 unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b mut ArenaViewMut<'c, T>> for LaunchArgs<'a> {
     #[inline(always)]
     fn arg(&mut self, arg: &'b mut ArenaViewMut<'c, T>) -> &mut Self {
-        let slice: &'b mut CudaSlice<T> = &mut arg.slice;
-        self.arg(slice)
+        let ptr: &'b u64 = &arg.ptr;
+        self.arg(ptr)
     }
 }
 
-// SAFETY: as above, pushed as a read-only `&CudaSlice<T>`.
+// SAFETY: as for `ArenaView`: a read-only use of an output view.
 unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b ArenaViewMut<'c, T>> for LaunchArgs<'a> {
     #[inline(always)]
     fn arg(&mut self, arg: &'b ArenaViewMut<'c, T>) -> &mut Self {
-        let slice: &'b CudaSlice<T> = &arg.slice;
-        self.arg(slice)
+        self.arg(&arg.ptr)
     }
 }
 
-/// Input views and output views for a kernel, from
-/// [`CudaBackend::views_io`] (and the arena's `views_io`).
+/// Input views and output views for a kernel, from the arena's `views_io`.
 pub type IoViews<'a, I, O, const M: usize, const N: usize> =
-    ([CudaView<'a, I>; M], [ArenaViewMut<'a, O>; N]);
+    ([ArenaView<'a, I>; M], [ArenaViewMut<'a, O>; N]);
+
+/// Makes the views of one kernel (or of any work on one stream): any number
+/// of inputs and outputs, of any element types. An output that overlaps
+/// another output or an input, or an input that overlaps an earlier output,
+/// is [`Error::AliasedViews`]; inputs may overlap each other.
+///
+/// A view set borrows the backend mutably (through
+/// [`CudaBackend::view_set`]) and its views keep that borrow, so while any
+/// of them lives there is no other view set and nothing can write, move or
+/// free the region: the aliasing rule holds whatever the caller does. The
+/// arena's `kernel_args` wraps one and adds the ordering.
+#[derive(Debug)]
+pub struct ViewSet<'a> {
+    backend: &'a CudaBackend,
+    stream: &'a Arc<CudaStream>,
+    /// Byte ranges of the views made so far.
+    inputs: Vec<(u64, u64)>,
+    outputs: Vec<(u64, u64)>,
+}
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl<'a> ViewSet<'a> {
+    /// The stream the views are for.
+    pub fn stream(&self) -> &'a Arc<CudaStream> {
+        self.stream
+    }
+
+    /// A read-only view of `len` elements of `T` at region offset `offset`.
+    /// [`Error::OutOfBounds`] outside the region, [`Error::MisalignedView`]
+    /// at an address not aligned for `T`, [`Error::AliasedViews`] over an
+    /// output of this set (`output` is that output's index).
+    pub fn input<T: Pod>(&mut self, offset: u64, len: usize) -> Result<ArenaView<'a, T>> {
+        let r = self.backend.typed_bytes::<T>(offset, len)?;
+        if let Some(k) = self.outputs.iter().position(|&o| overlaps(o, r)) {
+            return Err(Error::AliasedViews { output: k });
+        }
+        self.inputs.push(r);
+        Ok(ArenaView {
+            ptr: self.backend.region_ptr + offset,
+            len,
+            stream: self.stream,
+            _elems: PhantomData,
+        })
+    }
+
+    /// A mutable view of `len` elements of `T` at region offset `offset`
+    /// (same checks as [`input`](ViewSet::input)); [`Error::AliasedViews`]
+    /// (with this output's index) when it overlaps any view of the set.
+    pub fn output<T: Pod>(&mut self, offset: u64, len: usize) -> Result<ArenaViewMut<'a, T>> {
+        let r = self.backend.typed_bytes::<T>(offset, len)?;
+        let k = self.outputs.len();
+        if self
+            .outputs
+            .iter()
+            .chain(&self.inputs)
+            .any(|&p| overlaps(p, r))
+        {
+            return Err(Error::AliasedViews { output: k });
+        }
+        self.outputs.push(r);
+        Ok(ArenaViewMut {
+            ptr: self.backend.region_ptr + offset,
+            len,
+            stream: self.stream,
+            _elems: PhantomData,
+        })
+    }
+}
 
 impl CudaBackend {
     /// Checks that `len` elements of `T` at region offset `offset` lie in
@@ -120,81 +285,32 @@ impl CudaBackend {
         Ok((offset, offset + bytes))
     }
 
-    /// A read-only view of `len` elements of `T` at region offset `offset`.
-    /// [`Error::OutOfBounds`] outside the region, [`Error::MisalignedView`]
-    /// at an address not aligned for `T`.
-    pub fn view<T: Pod>(&self, offset: u64, len: usize) -> Result<CudaView<'_, T>> {
-        let (start, end) = self.typed_bytes::<T>(offset, len)?;
-        let out_of_bounds = || Error::OutOfBounds {
-            offset,
-            len: end - start,
-            capacity_bytes: self.capacity_bytes,
-        };
-        let (start, end) = (
-            usize::try_from(start).map_err(|_| out_of_bounds())?,
-            usize::try_from(end).map_err(|_| out_of_bounds())?,
-        );
-        let bytes_view = self
-            .region
-            .try_slice(start..end)
-            .ok_or_else(out_of_bounds)?;
-        // SAFETY: `T: Pod`, so any bytes are a valid `T`; the view covers
-        // exactly `len` elements inside the region, at an address aligned
-        // for `T` (typed_bytes).
-        unsafe { bytes_view.transmute::<T>(len) }.ok_or_else(out_of_bounds)
+    /// A read-only view of `len` elements of `T` at region offset `offset`,
+    /// for the arena stream. [`Error::OutOfBounds`] outside the region,
+    /// [`Error::MisalignedView`] at an address not aligned for `T`. Read
+    /// views may overlap each other; no mutable view exists while `&self`
+    /// is borrowed.
+    pub fn view<T: Pod>(&self, offset: u64, len: usize) -> Result<ArenaView<'_, T>> {
+        self.typed_bytes::<T>(offset, len)?;
+        Ok(ArenaView {
+            ptr: self.region_ptr + offset,
+            len,
+            stream: &self.stream,
+            _elems: PhantomData,
+        })
     }
 
-    /// Views for a kernel that reads `inputs` (as `I`) and writes `outputs`
-    /// (as `O`), each given as `(region offset, elements)`. Inputs may
-    /// overlap each other; an output that overlaps another output or an
-    /// input is [`Error::AliasedViews`]. Everything is checked before any
-    /// view is made.
-    pub fn views_io<I: Pod, O: Pod, const M: usize, const N: usize>(
-        &mut self,
-        inputs: [(u64, usize); M],
-        outputs: [(u64, usize); N],
-    ) -> Result<IoViews<'_, I, O, M, N>> {
-        let mut in_bytes = [(0u64, 0u64); M];
-        for (r, &(offset, len)) in in_bytes.iter_mut().zip(inputs.iter()) {
-            *r = self.typed_bytes::<I>(offset, len)?;
-        }
-        let mut out_bytes = [(0u64, 0u64); N];
-        for (r, &(offset, len)) in out_bytes.iter_mut().zip(outputs.iter()) {
-            *r = self.typed_bytes::<O>(offset, len)?;
-        }
-        let overlaps = |a: (u64, u64), b: (u64, u64)| a.0 < b.1 && b.0 < a.1;
-        for (k, &o) in out_bytes.iter().enumerate() {
-            if out_bytes[..k]
-                .iter()
-                .chain(in_bytes.iter())
-                .any(|&p| overlaps(o, p))
-            {
-                return Err(Error::AliasedViews { output: k });
-            }
-        }
+    /// A set of views for work on registered stream `stream` (see
+    /// [`ViewSet`]). Orders nothing by itself: make `stream` wait for the
+    /// arena stream first (the arena's `kernel_args` does).
+    pub fn view_set(&mut self, stream: StreamId) -> Result<ViewSet<'_>> {
         let this: &Self = self;
-        let mut ins = Vec::with_capacity(M);
-        for &(offset, len) in &inputs {
-            ins.push(this.view::<I>(offset, len)?);
-        }
-        let ins: [CudaView<'_, I>; M] = ins
-            .try_into()
-            .map_err(|_| Error::AliasedViews { output: 0 })?;
-        let stream = &this.stream;
-        let base = this.region_ptr;
-        let outs = outputs.map(|(offset, len)| {
-            // SAFETY: `len` elements of `O` lie in the region at
-            // `base + offset`, aligned for `O` (typed_bytes), and `O: Pod`.
-            // No other output or input overlaps them (checked above). The
-            // alias never frees the memory (ArenaViewMut::drop leaks it),
-            // and the `&mut self` borrow the view carries keeps the region
-            // from being written, moved or viewed again while it lives.
-            let slice = unsafe { stream.upgrade_device_ptr::<O>(base + offset, len) };
-            ArenaViewMut {
-                slice: ManuallyDrop::new(slice),
-                _region: PhantomData,
-            }
-        });
-        Ok((ins, outs))
+        let stream = &this.registered(stream)?.stream;
+        Ok(ViewSet {
+            backend: this,
+            stream,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        })
     }
 }

@@ -76,7 +76,7 @@ impl Default for CheckSampling {
     }
 }
 
-/// Options of [`replay_gpu`].
+/// Options of [`replay_gpu`](super::replay::replay_gpu).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuReplayOptions {
     /// CUDA device ordinal.

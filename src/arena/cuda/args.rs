@@ -1,0 +1,151 @@
+//! Kernel arguments for a registered stream: typed views of any number of
+//! ranges (blocks, storages, slices of them), of any element types, made
+//! after the stream was ordered behind the arena's moves and recorded as
+//! uses, so nothing moves or is reused under the work they are passed to.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytemuck::Pod;
+use cudarc::driver::CudaStream;
+
+use super::super::ops::{check_block_range, Checked};
+use super::super::{Block, Place};
+use crate::arena::Arena;
+use crate::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend, ViewSet};
+use crate::error::{Error, Result};
+use crate::slots::Slots;
+use crate::storage::AsRange;
+use crate::stream::StreamId;
+
+/// The views of one piece of work on one registered stream, from
+/// [`Arena::kernel_args`]. Each [`input`](KernelArgs::input) and
+/// [`output`](KernelArgs::output) checks its range (alive, this arena's,
+/// in bounds, element type, alignment), refuses outputs that alias
+/// ([`Error::AliasedViews`]), records the block as used on the stream and
+/// returns a view that borrows the arena: no compaction, allocation, free
+/// or spill can happen until every view is dropped.
+///
+/// ```no_run
+/// # use cuarena::{Arena, ArenaConfig};
+/// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+/// # fn kernel() -> CudaFunction { unimplemented!() }
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// let compute = arena.stream().context().new_stream().expect("stream");
+/// let s = arena.register_stream(compute.clone())?;
+/// let (x, idx) = (arena.alloc_storage_elems::<f32>(1024)?, arena.alloc_storage_elems::<i64>(64)?);
+/// let y = arena.alloc_storage_elems::<f32>(64)?;
+/// let gather: CudaFunction = kernel(); // gather(float* y, const float* x, const long long* idx, int n)
+/// {
+///     let mut args = arena.kernel_args(s)?;
+///     let xv = args.input::<f32>(&x)?;
+///     let iv = args.input::<i64>(&idx)?;
+///     let mut yv = args.output::<f32>(&y)?;
+///     let n = 64i32;
+///     let mut b = compute.launch_builder(&gather);
+///     b.arg(&mut yv).arg(&xv).arg(&iv).arg(&n);
+///     // SAFETY: gather reads n indices, n floats of x at them, writes n of y.
+///     unsafe { b.launch(LaunchConfig::for_num_elems(64)) }.expect("launch");
+/// }
+/// arena.compact()?; // waits (on the device) for the gather before moving x, idx or y
+/// # Ok::<(), cuarena::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct KernelArgs<'a> {
+    set: ViewSet<'a>,
+    blocks: &'a mut Slots<Block>,
+    arena_id: u32,
+    clock: &'a AtomicU64,
+    stream: StreamId,
+}
+
+impl<'a> KernelArgs<'a> {
+    /// The stream the views are for (the one to launch on).
+    pub fn stream(&self) -> &'a std::sync::Arc<CudaStream> {
+        self.set.stream()
+    }
+
+    /// Its id.
+    pub fn stream_id(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Checks `r` as `T`s and records its block as used on the stream;
+    /// returns the region offset and the element count.
+    fn take<T: Pod>(&mut self, r: &impl AsRange) -> Result<(u64, usize)> {
+        let Some(c) = check_block_range::<T>(self.blocks, self.arena_id, &r.block_range(), true)?
+        else {
+            return Ok((0, 0)); // an empty storage: a view of nothing
+        };
+        let Checked {
+            handle,
+            offset,
+            len,
+        } = c;
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let b = self.blocks.get_mut(handle.key).ok_or(Error::StaleHandle)?;
+        let Place::Device(a) = &b.place else {
+            return Err(Error::NotResident);
+        };
+        let at = a.offset() + offset;
+        b.last_use.store(tick, Ordering::Relaxed);
+        if self.stream != StreamId::ARENA && !b.uses.contains(&self.stream) {
+            b.uses.push(self.stream);
+        }
+        let elem = (std::mem::size_of::<T>() as u64).max(1);
+        let n = usize::try_from(len / elem).map_err(|_| Error::ExceedsAddressSpace {
+            requested_bytes: len,
+            max_bytes: usize::MAX as u64,
+        })?;
+        Ok((at, n))
+    }
+
+    /// A read-only view of the bytes `r` names (a block, a storage, a slice
+    /// of one) as `T`s. [`Error::TypeMismatch`] for a block typed
+    /// otherwise, [`Error::NotWholeElements`], [`Error::MisalignedView`],
+    /// [`Error::AliasedViews`] over an earlier output,
+    /// [`Error::NotResident`] for a spilled block (call
+    /// [`Arena::make_resident`] before taking the arguments). An empty
+    /// storage gives a view of no elements.
+    pub fn input<T: Pod>(&mut self, r: &impl AsRange) -> Result<ArenaView<'a, T>> {
+        let (at, n) = self.take::<T>(r)?;
+        self.set.input::<T>(at, n)
+    }
+
+    /// A mutable view of the bytes `r` names as `T`s (the checks of
+    /// [`input`](KernelArgs::input)); [`Error::AliasedViews`] when it
+    /// overlaps any view taken before from these arguments.
+    pub fn output<T: Pod>(&mut self, r: &impl AsRange) -> Result<ArenaViewMut<'a, T>> {
+        let (at, n) = self.take::<T>(r)?;
+        self.set.output::<T>(at, n)
+    }
+}
+
+impl Arena<CudaBackend> {
+    /// Kernel arguments for work on registered stream `stream` (see
+    /// [`KernelArgs`]): first makes `stream` wait for the arena stream's
+    /// work it has not waited for (moves, writes, fills, table updates), so
+    /// the views point where the blocks are when the work runs; each view
+    /// then records its block as used on `stream`, so the arena stream
+    /// waits for that work before it moves, spills, writes or frees the
+    /// block. A fault the device reported poisons the arena here too.
+    pub fn kernel_args(&mut self, stream: StreamId) -> Result<KernelArgs<'_>> {
+        self.check_usable()?;
+        let r = self.backend.check_status(false);
+        self.sticky(r)?;
+        self.wait_on_arena(stream)?;
+        let Arena {
+            backend,
+            blocks,
+            id,
+            clock,
+            ..
+        } = self;
+        Ok(KernelArgs {
+            set: backend.view_set(stream)?,
+            blocks,
+            arena_id: *id,
+            clock,
+            stream,
+        })
+    }
+}
