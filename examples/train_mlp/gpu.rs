@@ -4,15 +4,16 @@
 use std::sync::Arc;
 
 use cuarena::backend::cuda::cudarc::driver::{
-    sys, CudaContext, CudaEvent, CudaFunction, CudaModule, DriverError, LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use cuarena::backend::cuda::cudarc::nvrtc::{
     compile_ptx_with_opts, CompileError, CompileOptions, Ptx,
 };
-use cuarena::backend::cuda::CudaBackend;
-use cuarena::{Arena, ArenaConfig, Handle, Storage};
+use cuarena::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend};
+use cuarena::{Arena, ArenaConfig, Handle, Storage, StreamId};
 
-use super::{Exec, Op, Res};
+use super::{h, Exec, Op, Res};
 
 /// Which way a host-tier copy went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,15 +135,58 @@ struct Kernels {
     scale: CudaFunction,
 }
 
-/// An operand of a launch: a block and how many 4-byte elements the
-/// kernel may touch in it (checked against the block's size).
-type Operand = (Option<Handle>, usize);
+/// A pointer argument of a launch: a block read (`In`) or written
+/// (`Out`), as f32 or i32 (labels), with how many elements the kernel may
+/// touch in it (checked against the view), or a null pointer.
+#[derive(Debug, Clone, Copy)]
+enum Operand {
+    In(Handle, usize),
+    Out(Handle, usize),
+    InI32(Handle, usize),
+    OutI32(Handle, usize),
+    Null,
+}
+
+use Operand::{In, InI32, Null, Out, OutI32};
+
+impl Operand {
+    fn handle(self) -> Option<Handle> {
+        match self {
+            In(h, _) | Out(h, _) | InI32(h, _) | OutI32(h, _) => Some(h),
+            Null => None,
+        }
+    }
+}
+
+/// A view taken for one launch.
+enum Arg<'a> {
+    F(ArenaView<'a, f32>),
+    FMut(ArenaViewMut<'a, f32>),
+    I(ArenaView<'a, i32>),
+    IMut(ArenaViewMut<'a, i32>),
+    Null,
+}
+
+/// The data loader's side of the executor: a stream registered with the
+/// arena that batches are uploaded on, page-locked staging buffers (a ring:
+/// a buffer is refilled only after the copy that used it, enqueued
+/// `PREFETCH` batches earlier, has finished), and an event per upload that
+/// the compute waits for before the batch's first use.
+struct Loader {
+    id: StreamId,
+    stream: Arc<CudaStream>,
+    ring: Vec<(Option<PinnedHostSlice<f32>>, Option<CudaEvent>)>,
+    next: usize,
+    uploaded: Vec<(Handle, CudaEvent)>,
+}
 
 pub struct Gpu {
     pub arena: Arena<CudaBackend>,
     k: Kernels,
     /// Spill timing, when on.
     events: Option<Events>,
+    /// The data loader's stream and buffers (made at the first upload).
+    loader: Option<Loader>,
 }
 
 /// Picks a kernel of [`Kernels`].
@@ -204,7 +248,12 @@ impl Gpu {
         };
         let events = (time_copies && config.spill_host_bytes > 0).then(Events::default);
         let arena = Arena::with_backend(config, backend)?;
-        Ok(Self { arena, k, events })
+        Ok(Self {
+            arena,
+            k,
+            events,
+            loader: None,
+        })
     }
 
     /// Spill timing so far (waits for the copies still in flight).
@@ -243,26 +292,54 @@ impl Gpu {
         ints: &[i32],
         floats: &[f32],
     ) -> Res<()> {
-        let mut ptrs = [0u64; 4];
-        if operands.len() > ptrs.len() {
-            return Err("too many operands".into());
-        }
-        let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.0).collect();
+        let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.handle()).collect();
         self.resident(&handles)?;
         let f = pick(&self.k);
-        let base = self.arena.backend().region_ptr();
-        for (p, &(h, elems)) in ptrs.iter_mut().zip(operands) {
-            if let Some(h) = h {
-                let size = self.arena.size_bytes(h)?;
-                if size < 4 * elems as u64 {
-                    return Err(format!("block of {size} B too small for {elems} elements").into());
-                }
-                *p = base + self.arena.resolve(h)?;
+        // Views for the arena stream: taken after the last call that could
+        // move anything, borrowing the arena until the launch is enqueued.
+        let mut args = self.arena.kernel_args(StreamId::ARENA)?;
+        let mut views = Vec::with_capacity(operands.len());
+        let fits = |len: usize, elems: usize| -> Res<()> {
+            if len < elems {
+                return Err(format!("view of {len} elements too small for {elems}").into());
             }
+            Ok(())
+        };
+        for &o in operands {
+            views.push(match o {
+                In(h, n) => {
+                    let v = args.input::<f32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::F(v)
+                }
+                Out(h, n) => {
+                    let v = args.output::<f32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::FMut(v)
+                }
+                InI32(h, n) => {
+                    let v = args.input::<i32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::I(v)
+                }
+                OutI32(h, n) => {
+                    let v = args.output::<i32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::IMut(v)
+                }
+                Null => Arg::Null,
+            });
         }
-        let mut b = self.arena.stream().launch_builder(f);
-        for p in &ptrs[..operands.len()] {
-            b.arg(p);
+        let null = 0u64;
+        let mut b = args.stream().launch_builder(f);
+        for v in &views {
+            match v {
+                Arg::F(v) => b.arg(v),
+                Arg::FMut(v) => b.arg(v),
+                Arg::I(v) => b.arg(v),
+                Arg::IMut(v) => b.arg(v),
+                Arg::Null => b.arg(&null),
+            };
         }
         for i in ints {
             b.arg(i);
@@ -270,15 +347,14 @@ impl Gpu {
         for x in floats {
             b.arg(x);
         }
-        // SAFETY: every call below passes the pointers, ints and floats
-        // of the kernel's C signature in order and type (pointers as
-        // u64, `int` as i32, `float` as f32). Each pointer is the
-        // current address of a live block of this arena, resident with
-        // all the others (or null where the kernel accepts null), at
-        // least as large as the
-        // elements the kernel touches for the given dimensions (checked
-        // above), and the launch is ordered on the arena stream (see
-        // the comment on this function).
+        // SAFETY: every call below passes the pointers, ints and floats of
+        // the kernel's C signature in order and type (views as pointers to
+        // f32 or i32, a null pointer where the kernel accepts one, `int` as
+        // i32, `float` as f32). The views cover live, resident blocks at
+        // least as large as what the kernel touches for the given
+        // dimensions (checked above), outputs alias nothing (checked by
+        // `kernel_args`), and the launch is on the stream they were taken
+        // for, the arena stream, ordered before any later move or reuse.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -338,11 +414,11 @@ impl Exec for Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(a), m * k), (Some(b), k * n), (Some(c), m * n)];
+        let ops = [In(a, m * k), In(b, k * n), Out(c, m * n)];
         self.launch(f, cfg, &ops, &[dim(m)?, dim(n)?, dim(k)?], &[])
     }
     fn bias_add(&mut self, z: Handle, b: Handle, rows: usize, cols: usize) -> Res<()> {
-        let ops = [(Some(z), rows * cols), (Some(b), cols)];
+        let ops = [Out(z, rows * cols), In(b, cols)];
         self.launch(
             |k| &k.bias_add,
             cfg_1d(rows * cols),
@@ -352,11 +428,11 @@ impl Exec for Gpu {
         )
     }
     fn relu(&mut self, z: Handle, h: Handle, len: usize) -> Res<()> {
-        let ops = [(Some(z), len), (Some(h), len)];
+        let ops = [In(z, len), Out(h, len)];
         self.launch(|k| &k.relu_fwd, cfg_1d(len), &ops, &[dim(len)?], &[])
     }
     fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, len: usize) -> Res<()> {
-        let ops = [(Some(dh), len), (Some(z), len), (Some(dz), len)];
+        let ops = [In(dh, len), In(z, len), Out(dz, len)];
         self.launch(|k| &k.relu_bwd, cfg_1d(len), &ops, &[dim(len)?], &[])
     }
     fn col_sum(&mut self, x: Handle, out: Handle, rows: usize, cols: usize) -> Res<()> {
@@ -365,7 +441,7 @@ impl Exec for Gpu {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(x), rows * cols), (Some(out), cols)];
+        let ops = [In(x, rows * cols), Out(out, cols)];
         self.launch(|k| &k.col_sum, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
     }
     fn softmax_xent(
@@ -383,10 +459,10 @@ impl Exec for Gpu {
             shared_mem_bytes: 0,
         };
         let ops = [
-            (Some(logits), rows * cols),
-            (Some(labels), rows),
-            (dlogits, rows * cols),
-            (Some(stats), 2 * rows),
+            In(logits, rows * cols),
+            InI32(labels, rows),
+            dlogits.map_or(Null, |d| Out(d, rows * cols)),
+            Out(stats, 2 * rows),
         ];
         self.launch(
             |k| &k.softmax_xent,
@@ -402,7 +478,7 @@ impl Exec for Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(logits), rows * cols), (Some(labels), rows)];
+        let ops = [In(logits, rows * cols), OutI32(labels, rows)];
         self.launch(|k| &k.argmax, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
     }
     fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()> {
@@ -411,18 +487,67 @@ impl Exec for Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(stats), 2 * n), (Some(out), 2)];
+        let ops = [In(stats, 2 * n), Out(out, 2)];
         self.launch(|k| &k.mean2_acc, cfg, &ops, &[dim(n)?], &[])
     }
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()> {
-        let ops = [(Some(w), len), (Some(g), len), (Some(v), len)];
+        let ops = [Out(w, len), In(g, len), Out(v, len)];
         self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
     }
     fn scale(&mut self, x: Handle, len: usize, s: f32) -> Res<()> {
-        let ops = [(Some(x), len)];
+        let ops = [Out(x, len)];
         self.launch(|k| &k.scale, cfg_1d(len), &ops, &[dim(len)?], &[s])
     }
     fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
-        Ok(self.arena.write_range(x, data)?)
+        // What the dry run does: x is used (it was just allocated, so this
+        // moves nothing).
+        self.arena.make_resident(&[h(x)])?;
+        if self.loader.is_none() {
+            let stream = self.arena.backend().context().new_stream()?;
+            let id = self.arena.register_stream(stream.clone())?;
+            self.loader = Some(Loader {
+                id,
+                stream,
+                ring: (0..=super::PREFETCH).map(|_| (None, None)).collect(),
+                next: 0,
+                uploaded: Vec::new(),
+            });
+        }
+        let l = self.loader.as_mut().ok_or("no loader")?;
+        let ctx = self.arena.backend().context().clone();
+        let (buf, done) = &mut l.ring[l.next];
+        l.next = (l.next + 1) % (super::PREFETCH + 1);
+        if let Some(ev) = done.take() {
+            // The copy of PREFETCH batches ago: long finished.
+            ev.synchronize()?;
+        }
+        if buf.as_ref().is_none_or(|b| b.len() < data.len()) {
+            // SAFETY: the buffer is written below before any copy reads it.
+            *buf = Some(unsafe { ctx.alloc_pinned::<f32>(data.len().max(1)) }?);
+        }
+        let host = buf.as_mut().ok_or("no buffer")?.as_mut_slice()?;
+        host[..data.len()].copy_from_slice(data);
+        {
+            // The upload stream first waits for the arena's moves so far;
+            // the view records x as used on it, so the arena waits for the
+            // copy before it moves, spills or frees x.
+            let mut args = self.arena.kernel_args(l.id)?;
+            let mut view = args.output::<f32>(x)?;
+            l.stream.memcpy_htod(&host[..data.len()], &mut view)?;
+        }
+        *done = Some(l.stream.record_event(None)?);
+        l.uploaded.push((h(x), l.stream.record_event(None)?));
+        Ok(())
+    }
+    fn await_upload(&mut self, x: &Storage) -> Res<()> {
+        let Some(l) = self.loader.as_mut() else {
+            return Ok(());
+        };
+        if let Some(i) = l.uploaded.iter().position(|u| u.0 == h(x)) {
+            let (_, ev) = l.uploaded.swap_remove(i);
+            // A stream wait: the host does not wait.
+            self.arena.stream().wait(&ev)?;
+        }
+        Ok(())
     }
 }
