@@ -62,31 +62,31 @@ use std::time::Instant;
 use cuarena::backend::{Backend, HostBackend, MetaBackend};
 use cuarena::{fmt_bytes, Arena, ArenaConfig, Handle, Stats, Storage, StreamId};
 
-use exec::*;
+pub(crate) use exec::*;
 #[cfg(feature = "cuda")]
 pub(crate) use gpu_run::*;
 pub(crate) use model::*;
-use reference::*;
-use report::*;
+pub(crate) use reference::*;
+pub(crate) use report::*;
 pub(crate) use settings::*;
 
-type Res<T> = Result<T, Box<dyn Error>>;
+pub(crate) type Res<T> = Result<T, Box<dyn Error>>;
 
-const IN: usize = 64;
-const HIDDEN: usize = 256;
-const CLASSES: usize = 10;
-const TEACHER_HIDDEN: usize = 16;
-const EVAL_ROWS: usize = 2048;
+pub(crate) const IN: usize = 64;
+pub(crate) const HIDDEN: usize = 256;
+pub(crate) const CLASSES: usize = 10;
+pub(crate) const TEACHER_HIDDEN: usize = 16;
+pub(crate) const EVAL_ROWS: usize = 2048;
 /// The GPU run fails unless its final eval loss is below this (`--cpu`
 /// has the same target, `--target` sets another).
-const GPU_TARGET_LOSS: f32 = 0.5;
+pub(crate) const GPU_TARGET_LOSS: f32 = 0.5;
 /// Batches the data loader keeps ready (each allocated in the middle of an
 /// earlier step).
-const PREFETCH: usize = 3;
+pub(crate) const PREFETCH: usize = 3;
 /// Arena capacity over the dry run's peak of live bytes.
-const HEADROOM: f64 = 1.05;
+pub(crate) const HEADROOM: f64 = 1.05;
 /// Host tier over the dry run's peak of live bytes, when oversubscribed.
-const HOST_TIER: f64 = 2.0;
+pub(crate) const HOST_TIER: f64 = 2.0;
 
 fn main() -> ExitCode {
     let mode = match settings::parse(std::env::args_os().skip(1)) {
@@ -234,7 +234,7 @@ fn predict(p: &Problem, s: &Settings, config: &ArenaConfig) -> Res<Stats> {
 }
 
 /// "peak live …; arena capacity … (… x peak)[, host tier …]".
-fn arena_line(peak: u64, config: &ArenaConfig) -> String {
+pub(crate) fn arena_line(peak: u64, config: &ArenaConfig) -> String {
     let mut line = format!(
         "peak live {}; arena capacity {} ({:.3} x peak)",
         fmt_bytes(peak),
