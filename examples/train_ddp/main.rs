@@ -178,7 +178,7 @@ fn pool_rows(s: &Settings, world: usize) -> usize {
 /// (rows, first row in the pool). The same on every rank and in the
 /// single-GPU reference.
 fn global_batch(s: &Settings, world: usize, t: usize) -> (usize, usize) {
-    let mut r = Rng::new(s.seed ^ 0x610b_a1 ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut r = Rng::new(s.seed ^ 0x0061_0ba1 ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let g = r.batch(world * s.min_batch, world * s.max_batch);
     let start = r.below(pool_rows(s, world) - g + 1);
     (g, start)
@@ -225,6 +225,40 @@ impl<E: Exec> Reducer<E> for Alone {
     }
 }
 
+/// A rank's share of a global batch: inputs (uploaded), labels (computed
+/// when the batch is taken), its rows, and the global batch's rows.
+struct RankBatch {
+    x: Storage,
+    y: Storage,
+    n: usize,
+    g: usize,
+}
+
+/// Rank `rank`'s share of step `t`'s global batch, its inputs uploaded.
+fn rank_batch<E: Exec>(
+    e: &mut E,
+    s: &Settings,
+    world: usize,
+    rank: usize,
+    parts: usize,
+    t: usize,
+    pool: &[f32],
+) -> Res<RankBatch> {
+    let (g, start) = global_batch(s, world, t);
+    let shares = split(s, g, parts, t);
+    let n = shares[rank];
+    let first = start + shares[..rank].iter().sum::<usize>();
+    let x = alloc_f32(e, n * IN)?;
+    let y = e.arena().alloc_storage_elems::<i32>(n as u64)?;
+    let rows = if pool.is_empty() {
+        &[][..]
+    } else {
+        &pool[first * IN..(first + n) * IN]
+    };
+    e.upload(&x, rows)?;
+    Ok(RankBatch { x, y, n, g })
+}
+
 /// Eval points of a rank's run.
 struct RankRun {
     curve: Vec<(usize, f32, f32)>,
@@ -265,25 +299,21 @@ fn train_rank<E: Exec, R: Reducer<E>>(
     let (l0, a0) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
     let mut curve = vec![(0, l0, a0)];
     let started = Instant::now();
+    // One batch prefetched: uploaded (on the executor's upload stream) in
+    // the middle of the step before its own, so it lands among that step's
+    // activations and outlives them (the holes the arena compacts).
+    let mut next = Some(rank_batch(e, s, world, rank, parts, 1, &pool)?);
     for t in 1..=s.steps {
-        let (g, start) = global_batch(s, world, t);
-        let shares = split(s, g, parts, t);
-        let n = shares[rank];
-        let first = start + shares[..rank].iter().sum::<usize>();
-        let x = alloc_f32(e, n * IN)?;
-        let y = e.arena().alloc_storage_elems::<i32>(n as u64)?;
-        let rows = if stores {
-            &pool[first * IN..(first + n) * IN]
-        } else {
-            &[][..]
-        };
-        e.upload(&x, rows)?;
+        let RankBatch { x, y, n, g } = next.take().ok_or("no batch")?;
         e.await_upload(&x)?;
         label(e, &teacher, &x, &y, n)?;
         let mut fwd = forward(e, &net, &x, n, true)?;
         let logits = fwd.z.pop().ok_or("no logits")?;
         let dlogits = loss(e, &logits, &y, n, &train_metrics, true)?.ok_or("no gradient")?;
         drop(logits);
+        if t < s.steps {
+            next = Some(rank_batch(e, s, world, rank, parts, t + 1, &pool)?);
+        }
         // The kernel gives the gradient of this rank's mean loss: times n,
         // the sum over its rows.
         e.scale(h(&dlogits), n * CLASSES, n as f32)?;
