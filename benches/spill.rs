@@ -262,9 +262,9 @@ mod gpu {
             rates.sort_by(f64::total_cmp);
             // ...then one run with every spill and restore copy timed.
             s.time_copies = true;
-            let r = gpu_train(&s, &p, &mut ptx, false)?;
+            let mut r = gpu_train(&s, &p, &mut ptx, false)?;
             let st = r.gpu.arena.stats();
-            let timing = r.gpu.arena.backend().timing()?;
+            let timing = r.gpu.timing()?;
             let last = r.out.curve.last().ok_or("no evaluation")?;
             let (final_train, final_eval) = (last.train.map_or(f32::NAN, |t| t.0), last.eval_loss);
             if losses.iter().any(|l| {

@@ -221,3 +221,9 @@ extern "C" __global__ void mlp_sgd_momentum(float* __restrict__ w, const float* 
         w[i] -= lr * vi;
     }
 }
+
+// x[i] *= s (data-parallel training: per-rank gradient sums, then the
+// all-reduced sum divided by the global batch size).
+extern "C" __global__ void mlp_scale(float* __restrict__ x, int n, float s) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] *= s;
+}

@@ -45,6 +45,18 @@ pub(crate) trait Exec {
     /// out[0] += mean(stats[..n]); out[1] += mean(stats[n..2n]).
     fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()>;
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()>;
+    /// x[..len] *= s (train_ddp's gradient scaling; train_mlp does not use it).
+    #[allow(dead_code)]
+    fn scale(&mut self, x: Handle, len: usize, s: f32) -> Res<()>;
+    /// Starts copying a prefetched batch's inputs `data` into `x` on the
+    /// executor's upload stream (a stream registered with the arena, the
+    /// use recorded), overlapping the step in progress. Counts `x` as used
+    /// once (as a write would).
+    fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()>;
+    /// Makes the compute wait for the upload of `x` before its first use.
+    fn await_upload(&mut self, _x: &Storage) -> Res<()> {
+        Ok(())
+    }
 }
 
 /// Allocation sequence only: a metadata arena, every operation a no-op.
@@ -121,15 +133,31 @@ impl Exec for Dry {
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, _: usize, _: f32, _: f32) -> Res<()> {
         self.resident(&[Some(w), Some(g), Some(v)])
     }
+    fn scale(&mut self, x: Handle, _: usize, _: f32) -> Res<()> {
+        self.resident(&[Some(x)])
+    }
+    fn upload(&mut self, x: &Storage, _: &[f32]) -> Res<()> {
+        // What the copy does to the spill policy: x is used.
+        Ok(self.arena.make_resident(&[h(x)])?)
+    }
 }
 
 /// The host reference: every operation reads its operands from a host
 /// arena, computes with `host::*`, and writes the result back.
 pub(crate) struct Cpu {
     pub(crate) arena: Arena<HostBackend>,
+    /// The data loader's stream (an id only: host work is synchronous, but
+    /// the uses are recorded as on the GPU).
+    upload: StreamId,
 }
 
 impl Cpu {
+    pub(crate) fn new(config: ArenaConfig) -> Res<Self> {
+        let mut arena = Arena::host(config)?;
+        let upload = arena.register_stream()?;
+        Ok(Self { arena, upload })
+    }
+
     pub(crate) fn f(&mut self, h: Handle) -> Res<Vec<f32>> {
         Ok(self.arena.read::<f32>(h)?)
     }
@@ -239,5 +267,15 @@ impl Exec for Cpu {
             e.arena.write(v, &vv)?;
             Ok(e.arena.write(w, &wv)?)
         })
+    }
+    fn scale(&mut self, x: Handle, _len: usize, s: f32) -> Res<()> {
+        self.op(&[Some(x)], |e| {
+            let v: Vec<f32> = e.f(x)?.iter().map(|a| a * s).collect();
+            Ok(e.arena.write(x, &v)?)
+        })
+    }
+    fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
+        self.arena.write_range(x, data)?;
+        Ok(self.arena.record_stream(x, self.upload)?)
     }
 }

@@ -1,22 +1,19 @@
 //! The CUDA executor: `kernels/mlp.cu` compiled with NVRTC, launched on
-//! the arena stream; and the CUDA backend with its spills and restores
-//! timed by CUDA events.
+//! the arena stream, with spills and restores timed by CUDA events.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use cuarena::backend::cuda::cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaModule, DriverError, LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use cuarena::backend::cuda::cudarc::nvrtc::{
     compile_ptx_with_opts, CompileError, CompileOptions, Ptx,
 };
-use cuarena::backend::cuda::CudaBackend;
-use cuarena::backend::Backend;
-use cuarena::plan::Plan;
-use cuarena::{Arena, ArenaConfig, Handle, TableEntry};
+use cuarena::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend};
+use cuarena::{Arena, ArenaConfig, Handle, Storage, StreamId};
 
-use super::{Exec, Op, Res};
+use super::{h, Exec, Op, Res};
 
 /// Which way a host-tier copy went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,15 +24,17 @@ pub enum Dir {
     In,
 }
 
-/// Time spent in spills and restores (CUDA events around each copy on
-/// the arena stream), and every copy in order.
+/// Time spent in spills and restores (CUDA events on the arena stream
+/// around each `make_resident` call that spilled or restored), and the
+/// bytes of each such call per direction, in order.
 #[derive(Debug, Clone, Default)]
 pub struct SpillTiming {
     /// Milliseconds in device-to-host spill copies.
     pub out_ms: f64,
     /// Milliseconds in host-to-device restore copies.
     pub in_ms: f64,
-    /// Direction and bytes of every copy.
+    /// Direction and bytes of the copies of each timed call (one entry per
+    /// direction and call: a call's copies of one direction together).
     pub copies: Vec<(Dir, u64)>,
 }
 
@@ -46,16 +45,19 @@ impl SpillTiming {
     }
 }
 
-/// Event pairs recorded and not yet read.
+/// Spill timing: a pair of CUDA events on the arena stream around every
+/// `make_resident` call that spilled or restored (the arena's copies are
+/// enqueued inside it), read when asked.
 #[derive(Debug, Default)]
 struct Events {
-    start: Vec<CudaEvent>,
-    end: Vec<CudaEvent>,
-    pending: usize,
+    /// Pairs ready for reuse, and pairs recorded and not yet read, with
+    /// the bytes each direction moved in between.
+    free: Vec<(CudaEvent, CudaEvent)>,
+    pending: Vec<(CudaEvent, CudaEvent, u64, u64)>,
     timing: SpillTiming,
 }
 
-/// Copies timed at most before the host waits for them.
+/// Calls timed at most before the host reads their events.
 const MAX_PENDING: usize = 4096;
 
 fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
@@ -65,137 +67,32 @@ fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
     }
 }
 
-/// The CUDA backend with a CUDA event recorded before and after each
-/// spill and restore copy when `enabled` (the arena decides; this only
-/// measures).
-#[derive(Debug)]
-pub struct Timed {
-    inner: CudaBackend,
-    enabled: bool,
-    events: RefCell<Events>,
-}
-
-impl Timed {
-    pub fn new(inner: CudaBackend, enabled: bool) -> Self {
-        Self {
-            inner,
-            enabled,
-            events: RefCell::new(Events::default()),
+impl Events {
+    fn pair(&mut self, ctx: &Arc<CudaContext>) -> cuarena::Result<(CudaEvent, CudaEvent)> {
+        if let Some(p) = self.free.pop() {
+            return Ok(p);
         }
-    }
-
-    pub fn inner(&self) -> &CudaBackend {
-        &self.inner
-    }
-
-    /// Spill timing so far (waits for the copies still in flight).
-    pub fn timing(&self) -> cuarena::Result<SpillTiming> {
-        self.harvest()?;
-        Ok(self.events.borrow().timing.clone())
-    }
-
-    /// Makes sure there are `pairs` pairs of timing events.
-    fn create_events(&mut self, pairs: usize) -> cuarena::Result<()> {
-        let ev = self.events.get_mut();
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let ctx = self.inner.context();
-        while ev.start.len() < pairs {
-            ev.start
-                .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
-            ev.end
-                .push(ctx.new_event(flags).map_err(drv("cuEventCreate"))?);
-        }
-        Ok(())
+        Ok((
+            ctx.new_event(flags).map_err(drv("cuEventCreate"))?,
+            ctx.new_event(flags).map_err(drv("cuEventCreate"))?,
+        ))
     }
 
-    /// Reads the pending event pairs (waiting for the last one).
-    fn harvest(&self) -> cuarena::Result<()> {
-        let mut guard = self.events.borrow_mut();
-        let ev = &mut *guard;
-        if ev.pending == 0 {
-            return Ok(());
+    /// Reads every pending pair (waits for the last one). A call that both
+    /// spilled and restored has its time split in proportion to the bytes.
+    fn harvest(&mut self) -> cuarena::Result<()> {
+        if let Some(last) = self.pending.last() {
+            last.1.synchronize().map_err(drv("cuEventSynchronize"))?;
         }
-        ev.end[ev.pending - 1]
-            .synchronize()
-            .map_err(drv("cuEventSynchronize"))?;
-        let first = ev.timing.copies.len() - ev.pending;
-        for i in 0..ev.pending {
-            let ms = f64::from(
-                ev.start[i]
-                    .elapsed_ms(&ev.end[i])
-                    .map_err(drv("cuEventElapsedTime"))?,
-            );
-            match ev.timing.copies[first + i].0 {
-                Dir::Out => ev.timing.out_ms += ms,
-                Dir::In => ev.timing.in_ms += ms,
-            }
+        for (start, end, out, inn) in std::mem::take(&mut self.pending) {
+            let ms = f64::from(start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?);
+            let total = (out + inn).max(1) as f64;
+            self.timing.out_ms += ms * out as f64 / total;
+            self.timing.in_ms += ms * inn as f64 / total;
+            self.free.push((start, end));
         }
-        ev.pending = 0;
         Ok(())
-    }
-
-    fn timed(
-        &mut self,
-        dir: Dir,
-        len: u64,
-        copy: impl FnOnce(&mut CudaBackend) -> cuarena::Result<()>,
-    ) -> cuarena::Result<()> {
-        if !self.enabled {
-            return copy(&mut self.inner);
-        }
-        if self.events.borrow().pending >= MAX_PENDING {
-            self.harvest()?;
-        }
-        let i = self.events.get_mut().pending;
-        self.create_events(i + 1)?;
-        let ev = self.events.get_mut();
-        let stream = self.inner.stream().clone();
-        ev.start[i].record(&stream).map_err(drv("cuEventRecord"))?;
-        copy(&mut self.inner)?;
-        let ev = self.events.get_mut();
-        ev.end[i].record(&stream).map_err(drv("cuEventRecord"))?;
-        ev.pending += 1;
-        ev.timing.copies.push((dir, len));
-        Ok(())
-    }
-}
-
-impl Backend for Timed {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn write(&mut self, offset: u64, bytes: &[u8]) -> cuarena::Result<()> {
-        self.inner.write(offset, bytes)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> cuarena::Result<()> {
-        self.inner.read(offset, out)?;
-        // The stream is idle now: reading the events costs nothing.
-        self.harvest()
-    }
-    fn copy(&mut self, src: u64, dst: u64, len: u64) -> cuarena::Result<()> {
-        self.inner.copy(src, dst, len)
-    }
-    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> cuarena::Result<()> {
-        self.inner.fill(offset, len, pattern)
-    }
-    fn execute(&mut self, plan: &Plan) -> cuarena::Result<()> {
-        self.inner.execute(plan)
-    }
-    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> cuarena::Result<()> {
-        self.inner.sync_table(entries, first)
-    }
-    fn reserve_host_tier(&mut self, bytes: u64) -> cuarena::Result<()> {
-        if self.enabled {
-            // Up front, not in the training loop.
-            self.create_events(MAX_PENDING)?;
-        }
-        self.inner.reserve_host_tier(bytes)
-    }
-    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> cuarena::Result<()> {
-        self.timed(Dir::Out, len, |b| b.spill(offset, host_offset, len))
-    }
-    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> cuarena::Result<()> {
-        self.timed(Dir::In, len, |b| b.restore(host_offset, offset, len))
     }
 }
 
@@ -234,15 +131,62 @@ struct Kernels {
     argmax: CudaFunction,
     mean2_acc: CudaFunction,
     sgd: CudaFunction,
+    #[allow(dead_code)] // train_ddp's
+    scale: CudaFunction,
 }
 
-/// An operand of a launch: a block and how many 4-byte elements the
-/// kernel may touch in it (checked against the block's size).
-type Operand = (Option<Handle>, usize);
+/// A pointer argument of a launch: a block read (`In`) or written
+/// (`Out`), as f32 or i32 (labels), with how many elements the kernel may
+/// touch in it (checked against the view), or a null pointer.
+#[derive(Debug, Clone, Copy)]
+enum Operand {
+    In(Handle, usize),
+    Out(Handle, usize),
+    InI32(Handle, usize),
+    OutI32(Handle, usize),
+    Null,
+}
+
+use Operand::{In, InI32, Null, Out, OutI32};
+
+impl Operand {
+    fn handle(self) -> Option<Handle> {
+        match self {
+            In(h, _) | Out(h, _) | InI32(h, _) | OutI32(h, _) => Some(h),
+            Null => None,
+        }
+    }
+}
+
+/// A view taken for one launch.
+enum Arg<'a> {
+    F(ArenaView<'a, f32>),
+    FMut(ArenaViewMut<'a, f32>),
+    I(ArenaView<'a, i32>),
+    IMut(ArenaViewMut<'a, i32>),
+    Null,
+}
+
+/// The data loader's side of the executor: a stream registered with the
+/// arena that batches are uploaded on, page-locked staging buffers (a ring:
+/// a buffer is refilled only after the copy that used it, enqueued
+/// `PREFETCH` batches earlier, has finished), and an event per upload that
+/// the compute waits for before the batch's first use.
+struct Loader {
+    id: StreamId,
+    stream: Arc<CudaStream>,
+    ring: Vec<(Option<PinnedHostSlice<f32>>, Option<CudaEvent>)>,
+    next: usize,
+    uploaded: Vec<(Handle, CudaEvent)>,
+}
 
 pub struct Gpu {
-    pub arena: Arena<Timed>,
+    pub arena: Arena<CudaBackend>,
     k: Kernels,
+    /// Spill timing, when on.
+    events: Option<Events>,
+    /// The data loader's stream and buffers (made at the first upload).
+    loader: Option<Loader>,
 }
 
 /// Picks a kernel of [`Kernels`].
@@ -266,7 +210,17 @@ impl Gpu {
     /// `ptx` the first time (the device's architecture is known once a
     /// backend exists).
     pub fn new(config: ArenaConfig, ptx: &mut Option<Ptx>, time_copies: bool) -> Res<Self> {
-        let backend = CudaBackend::new(0, config.capacity_bytes)?;
+        Self::on_device(0, config, ptx, time_copies)
+    }
+
+    /// [`new`](Gpu::new) on CUDA device `ordinal`.
+    pub fn on_device(
+        ordinal: usize,
+        config: ArenaConfig,
+        ptx: &mut Option<Ptx>,
+        time_copies: bool,
+    ) -> Res<Self> {
+        let backend = CudaBackend::new(ordinal, config.capacity_bytes)?;
         let code = match ptx {
             Some(p) => p.clone(),
             None => {
@@ -289,10 +243,28 @@ impl Gpu {
             argmax: f("mlp_argmax")?,
             mean2_acc: f("mlp_mean2_acc")?,
             sgd: f("mlp_sgd_momentum")?,
+            scale: f("mlp_scale")?,
             _module: module,
         };
-        let arena = Arena::with_backend(config, Timed::new(backend, time_copies))?;
-        Ok(Self { arena, k })
+        let events = (time_copies && config.spill_host_bytes > 0).then(Events::default);
+        let arena = Arena::with_backend(config, backend)?;
+        Ok(Self {
+            arena,
+            k,
+            events,
+            loader: None,
+        })
+    }
+
+    /// Spill timing so far (waits for the copies still in flight).
+    pub fn timing(&mut self) -> cuarena::Result<SpillTiming> {
+        match &mut self.events {
+            Some(ev) => {
+                ev.harvest()?;
+                Ok(ev.timing.clone())
+            }
+            None => Ok(SpillTiming::default()),
+        }
     }
 
     /// Launches the kernel `pick` names with the operands' device
@@ -320,26 +292,54 @@ impl Gpu {
         ints: &[i32],
         floats: &[f32],
     ) -> Res<()> {
-        let mut ptrs = [0u64; 4];
-        if operands.len() > ptrs.len() {
-            return Err("too many operands".into());
-        }
-        let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.0).collect();
+        let handles: Vec<Option<Handle>> = operands.iter().map(|o| o.handle()).collect();
         self.resident(&handles)?;
         let f = pick(&self.k);
-        let base = self.arena.backend().inner().region_ptr();
-        for (p, &(h, elems)) in ptrs.iter_mut().zip(operands) {
-            if let Some(h) = h {
-                let size = self.arena.size_bytes(h)?;
-                if size < 4 * elems as u64 {
-                    return Err(format!("block of {size} B too small for {elems} elements").into());
-                }
-                *p = base + self.arena.resolve(h)?;
+        // Views for the arena stream: taken after the last call that could
+        // move anything, borrowing the arena until the launch is enqueued.
+        let mut args = self.arena.kernel_args(StreamId::ARENA)?;
+        let mut views = Vec::with_capacity(operands.len());
+        let fits = |len: usize, elems: usize| -> Res<()> {
+            if len < elems {
+                return Err(format!("view of {len} elements too small for {elems}").into());
             }
+            Ok(())
+        };
+        for &o in operands {
+            views.push(match o {
+                In(h, n) => {
+                    let v = args.input::<f32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::F(v)
+                }
+                Out(h, n) => {
+                    let v = args.output::<f32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::FMut(v)
+                }
+                InI32(h, n) => {
+                    let v = args.input::<i32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::I(v)
+                }
+                OutI32(h, n) => {
+                    let v = args.output::<i32>(&h)?;
+                    fits(v.len(), n)?;
+                    Arg::IMut(v)
+                }
+                Null => Arg::Null,
+            });
         }
-        let mut b = self.arena.backend().inner().stream().launch_builder(f);
-        for p in &ptrs[..operands.len()] {
-            b.arg(p);
+        let null = 0u64;
+        let mut b = args.stream().launch_builder(f);
+        for v in &views {
+            match v {
+                Arg::F(v) => b.arg(v),
+                Arg::FMut(v) => b.arg(v),
+                Arg::I(v) => b.arg(v),
+                Arg::IMut(v) => b.arg(v),
+                Arg::Null => b.arg(&null),
+            };
         }
         for i in ints {
             b.arg(i);
@@ -347,24 +347,54 @@ impl Gpu {
         for x in floats {
             b.arg(x);
         }
-        // SAFETY: every call below passes the pointers, ints and floats
-        // of the kernel's C signature in order and type (pointers as
-        // u64, `int` as i32, `float` as f32). Each pointer is the
-        // current address of a live block of this arena, resident with
-        // all the others (or null where the kernel accepts null), at
-        // least as large as the
-        // elements the kernel touches for the given dimensions (checked
-        // above), and the launch is ordered on the arena stream (see
-        // the comment on this function).
+        // SAFETY: every call below passes the pointers, ints and floats of
+        // the kernel's C signature in order and type (views as pointers to
+        // f32 or i32, a null pointer where the kernel accepts one, `int` as
+        // i32, `float` as f32). The views cover live, resident blocks at
+        // least as large as what the kernel touches for the given
+        // dimensions (checked above), outputs alias nothing (checked by
+        // `kernel_args`), and the launch is on the stream they were taken
+        // for, the arena stream, ordered before any later move or reuse.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
 }
 
 impl Exec for Gpu {
-    type B = Timed;
-    fn arena(&mut self) -> &mut Arena<Timed> {
+    type B = CudaBackend;
+    fn arena(&mut self) -> &mut Arena<CudaBackend> {
         &mut self.arena
+    }
+    fn resident(&mut self, ops: &[Option<Handle>]) -> Res<()> {
+        let hs: Vec<Handle> = ops.iter().flatten().copied().collect();
+        let Some(ev) = &mut self.events else {
+            return Ok(self.arena.make_resident(&hs)?);
+        };
+        let before = self.arena.stats();
+        let (start, end) = ev.pair(self.arena.backend().context())?;
+        start
+            .record(self.arena.stream())
+            .map_err(drv("cuEventRecord"))?;
+        self.arena.make_resident(&hs)?;
+        let after = self.arena.stats();
+        let out = after.bytes_evicted - before.bytes_evicted;
+        let inn = after.bytes_restored - before.bytes_restored;
+        if out + inn == 0 {
+            ev.free.push((start, end));
+            return Ok(());
+        }
+        end.record(self.arena.stream())
+            .map_err(drv("cuEventRecord"))?;
+        for (d, b) in [(Dir::Out, out), (Dir::In, inn)] {
+            if b > 0 {
+                ev.timing.copies.push((d, b));
+            }
+        }
+        ev.pending.push((start, end, out, inn));
+        if ev.pending.len() >= MAX_PENDING {
+            ev.harvest()?;
+        }
+        Ok(())
     }
     fn matmul(
         &mut self,
@@ -384,11 +414,11 @@ impl Exec for Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(a), m * k), (Some(b), k * n), (Some(c), m * n)];
+        let ops = [In(a, m * k), In(b, k * n), Out(c, m * n)];
         self.launch(f, cfg, &ops, &[dim(m)?, dim(n)?, dim(k)?], &[])
     }
     fn bias_add(&mut self, z: Handle, b: Handle, rows: usize, cols: usize) -> Res<()> {
-        let ops = [(Some(z), rows * cols), (Some(b), cols)];
+        let ops = [Out(z, rows * cols), In(b, cols)];
         self.launch(
             |k| &k.bias_add,
             cfg_1d(rows * cols),
@@ -398,11 +428,11 @@ impl Exec for Gpu {
         )
     }
     fn relu(&mut self, z: Handle, h: Handle, len: usize) -> Res<()> {
-        let ops = [(Some(z), len), (Some(h), len)];
+        let ops = [In(z, len), Out(h, len)];
         self.launch(|k| &k.relu_fwd, cfg_1d(len), &ops, &[dim(len)?], &[])
     }
     fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, len: usize) -> Res<()> {
-        let ops = [(Some(dh), len), (Some(z), len), (Some(dz), len)];
+        let ops = [In(dh, len), In(z, len), Out(dz, len)];
         self.launch(|k| &k.relu_bwd, cfg_1d(len), &ops, &[dim(len)?], &[])
     }
     fn col_sum(&mut self, x: Handle, out: Handle, rows: usize, cols: usize) -> Res<()> {
@@ -411,7 +441,7 @@ impl Exec for Gpu {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(x), rows * cols), (Some(out), cols)];
+        let ops = [In(x, rows * cols), Out(out, cols)];
         self.launch(|k| &k.col_sum, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
     }
     fn softmax_xent(
@@ -429,10 +459,10 @@ impl Exec for Gpu {
             shared_mem_bytes: 0,
         };
         let ops = [
-            (Some(logits), rows * cols),
-            (Some(labels), rows),
-            (dlogits, rows * cols),
-            (Some(stats), 2 * rows),
+            In(logits, rows * cols),
+            InI32(labels, rows),
+            dlogits.map_or(Null, |d| Out(d, rows * cols)),
+            Out(stats, 2 * rows),
         ];
         self.launch(
             |k| &k.softmax_xent,
@@ -448,7 +478,7 @@ impl Exec for Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(logits), rows * cols), (Some(labels), rows)];
+        let ops = [In(logits, rows * cols), OutI32(labels, rows)];
         self.launch(|k| &k.argmax, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
     }
     fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()> {
@@ -457,11 +487,67 @@ impl Exec for Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ops = [(Some(stats), 2 * n), (Some(out), 2)];
+        let ops = [In(stats, 2 * n), Out(out, 2)];
         self.launch(|k| &k.mean2_acc, cfg, &ops, &[dim(n)?], &[])
     }
     fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()> {
-        let ops = [(Some(w), len), (Some(g), len), (Some(v), len)];
+        let ops = [Out(w, len), In(g, len), Out(v, len)];
         self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
+    }
+    fn scale(&mut self, x: Handle, len: usize, s: f32) -> Res<()> {
+        let ops = [Out(x, len)];
+        self.launch(|k| &k.scale, cfg_1d(len), &ops, &[dim(len)?], &[s])
+    }
+    fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
+        // What the dry run does: x is used (it was just allocated, so this
+        // moves nothing).
+        self.arena.make_resident(&[h(x)])?;
+        if self.loader.is_none() {
+            let stream = self.arena.backend().context().new_stream()?;
+            let id = self.arena.register_stream(stream.clone())?;
+            self.loader = Some(Loader {
+                id,
+                stream,
+                ring: (0..=super::PREFETCH).map(|_| (None, None)).collect(),
+                next: 0,
+                uploaded: Vec::new(),
+            });
+        }
+        let l = self.loader.as_mut().ok_or("no loader")?;
+        let ctx = self.arena.backend().context().clone();
+        let (buf, done) = &mut l.ring[l.next];
+        l.next = (l.next + 1) % (super::PREFETCH + 1);
+        if let Some(ev) = done.take() {
+            // The copy of PREFETCH batches ago: long finished.
+            ev.synchronize()?;
+        }
+        if buf.as_ref().is_none_or(|b| b.len() < data.len()) {
+            // SAFETY: the buffer is written below before any copy reads it.
+            *buf = Some(unsafe { ctx.alloc_pinned::<f32>(data.len().max(1)) }?);
+        }
+        let host = buf.as_mut().ok_or("no buffer")?.as_mut_slice()?;
+        host[..data.len()].copy_from_slice(data);
+        {
+            // The upload stream first waits for the arena's moves so far;
+            // the view records x as used on it, so the arena waits for the
+            // copy before it moves, spills or frees x.
+            let mut args = self.arena.kernel_args(l.id)?;
+            let mut view = args.output::<f32>(x)?;
+            l.stream.memcpy_htod(&host[..data.len()], &mut view)?;
+        }
+        *done = Some(l.stream.record_event(None)?);
+        l.uploaded.push((h(x), l.stream.record_event(None)?));
+        Ok(())
+    }
+    fn await_upload(&mut self, x: &Storage) -> Res<()> {
+        let Some(l) = self.loader.as_mut() else {
+            return Ok(());
+        };
+        if let Some(i) = l.uploaded.iter().position(|u| u.0 == h(x)) {
+            let (_, ev) = l.uploaded.swap_remove(i);
+            // A stream wait: the host does not wait.
+            self.arena.stream().wait(&ev)?;
+        }
+        Ok(())
     }
 }

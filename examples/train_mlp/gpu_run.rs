@@ -72,17 +72,15 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
     let mut g = Gpu::new(config.clone(), &mut ptx, true)?;
     println!(
         "device: {} ({}), NVRTC + context {:.2} s",
-        g.arena.backend().inner().device_name(),
-        g.arena.backend().inner().arch(),
+        g.arena.backend().device_name(),
+        g.arena.backend().arch(),
         t0.elapsed().as_secs_f64()
     );
     let go = train(&mut g, &p.teacher, &p.student, &p.eval_x, &c, false)?;
     let gw = go.net.download(&mut g)?;
     let gstats = g.arena.stats();
     drop(g);
-    let mut h = Cpu {
-        arena: Arena::host(config)?,
-    };
+    let mut h = Cpu::new(config)?;
     let ho = train(&mut h, &p.teacher, &p.student, &p.eval_x, &c, false)?;
     let hw = ho.net.download(&mut h)?;
     let (rel, upd) = update_error(&p.student, &gw, &hw);
@@ -136,7 +134,7 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
     let mut r = gpu_train(&s, &p, &mut ptx, true)?;
     summary_of_run(&r.gpu.arena, r.peak, &r.predicted, &r.out, &s)?;
     if s.oversubscribe.is_some() {
-        let t = r.gpu.arena.backend().timing()?;
+        let t = r.gpu.timing()?;
         println!(
             "spill copies timed with CUDA events: out {}; in {}; together {:.1} GB/s",
             copies_line(&t, gpu::Dir::Out),

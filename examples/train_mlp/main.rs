@@ -60,33 +60,33 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuarena::backend::{Backend, HostBackend, MetaBackend};
-use cuarena::{fmt_bytes, Arena, ArenaConfig, Handle, Stats};
+use cuarena::{fmt_bytes, Arena, ArenaConfig, Handle, Stats, Storage, StreamId};
 
-use exec::*;
+pub(crate) use exec::*;
 #[cfg(feature = "cuda")]
 pub(crate) use gpu_run::*;
 pub(crate) use model::*;
-use reference::*;
-use report::*;
+pub(crate) use reference::*;
+pub(crate) use report::*;
 pub(crate) use settings::*;
 
-type Res<T> = Result<T, Box<dyn Error>>;
+pub(crate) type Res<T> = Result<T, Box<dyn Error>>;
 
-const IN: usize = 64;
-const HIDDEN: usize = 256;
-const CLASSES: usize = 10;
-const TEACHER_HIDDEN: usize = 16;
-const EVAL_ROWS: usize = 2048;
+pub(crate) const IN: usize = 64;
+pub(crate) const HIDDEN: usize = 256;
+pub(crate) const CLASSES: usize = 10;
+pub(crate) const TEACHER_HIDDEN: usize = 16;
+pub(crate) const EVAL_ROWS: usize = 2048;
 /// The GPU run fails unless its final eval loss is below this (`--cpu`
 /// has the same target, `--target` sets another).
-const GPU_TARGET_LOSS: f32 = 0.5;
+pub(crate) const GPU_TARGET_LOSS: f32 = 0.5;
 /// Batches the data loader keeps ready (each allocated in the middle of an
 /// earlier step).
-const PREFETCH: usize = 3;
+pub(crate) const PREFETCH: usize = 3;
 /// Arena capacity over the dry run's peak of live bytes.
-const HEADROOM: f64 = 1.05;
+pub(crate) const HEADROOM: f64 = 1.05;
 /// Host tier over the dry run's peak of live bytes, when oversubscribed.
-const HOST_TIER: f64 = 2.0;
+pub(crate) const HOST_TIER: f64 = 2.0;
 
 fn main() -> ExitCode {
     let mode = match settings::parse(std::env::args_os().skip(1)) {
@@ -186,12 +186,12 @@ fn verify<E: Exec>(
     eval_inputs: &[f32],
     target: f32,
 ) -> Res<()> {
-    let x_back = e.arena().read::<f32>(out.eval_x)?;
+    let x_back = e.arena().read::<f32>(h(&out.eval_x))?;
     let same = x_back
         .iter()
         .zip(eval_inputs)
         .all(|(a, b)| a.to_bits() == b.to_bits());
-    let y_dev = e.arena().read::<i32>(out.eval_y)?;
+    let y_dev = e.arena().read::<i32>(h(&out.eval_y))?;
     let y_host = teacher.labels(eval_inputs, EVAL_ROWS);
     let agree = y_dev.iter().zip(&y_host).filter(|(a, b)| a == b).count();
     let trained = out.net.download(e)?;
@@ -234,7 +234,7 @@ fn predict(p: &Problem, s: &Settings, config: &ArenaConfig) -> Res<Stats> {
 }
 
 /// "peak live …; arena capacity … (… x peak)[, host tier …]".
-fn arena_line(peak: u64, config: &ArenaConfig) -> String {
+pub(crate) fn arena_line(peak: u64, config: &ArenaConfig) -> String {
     let mut line = format!(
         "peak live {}; arena capacity {} ({:.3} x peak)",
         fmt_bytes(peak),
@@ -279,9 +279,7 @@ fn run_cpu(s: Settings) -> Res<()> {
     describe(&s, &p.teacher, &p.eval_x);
     let (peak, config) = capacity_for(&p, &s)?;
     println!("dry run: {}", arena_line(peak, &config));
-    let mut cpu = Cpu {
-        arena: Arena::host(config.clone())?,
-    };
+    let mut cpu = Cpu::new(config.clone())?;
     let out = train(&mut cpu, &p.teacher, &p.student, &p.eval_x, &s, true)?;
     let predicted = predict(&p, &s, &config)?;
     summary_of_run(&cpu.arena, peak, &predicted, &out, &s)?;

@@ -5,20 +5,23 @@ use super::*;
 
 // ---- the model on the arena -------------------------------------------------------
 
-pub(crate) fn alloc_f32<E: Exec>(e: &mut E, n: usize) -> Res<Handle> {
-    Ok(e.arena().alloc_elems::<f32>(n)?)
+pub(crate) fn alloc_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
+    Ok(e.arena().alloc_storage_elems::<f32>(n as u64)?)
 }
 
-pub(crate) fn free<E: Exec>(e: &mut E, h: Handle) -> Res<()> {
-    Ok(e.arena().free(h)?)
+/// The block of a tensor, for the executors (which take handles: every
+/// tensor here has at least one element, so it has a block). The handle is
+/// resolved to an address only when a kernel is enqueued.
+pub(crate) fn h(s: &Storage) -> Handle {
+    s.handle().expect("every tensor of the loop has a block")
 }
 
 /// A layer's parameters (and momentum, for the student) in the arena.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Layer {
-    pub(crate) w: Handle,
-    pub(crate) b: Handle,
-    pub(crate) momentum: Option<(Handle, Handle)>,
+    pub(crate) w: Storage,
+    pub(crate) b: Storage,
+    pub(crate) momentum: Option<(Storage, Storage)>,
     pub(crate) fan_in: usize,
     pub(crate) fan_out: usize,
 }
@@ -33,14 +36,12 @@ impl Net {
         let mut layers = Vec::new();
         for l in &host.layers {
             let w = alloc_f32(e, l.w.len())?;
-            e.arena().write(w, &l.w)?;
+            e.arena().write_range(&w, &l.w)?;
             let b = alloc_f32(e, l.b.len())?;
-            e.arena().write(b, &l.b)?;
+            e.arena().write_range(&b, &l.b)?;
             let momentum = if momentum {
-                let vw = alloc_f32(e, l.w.len())?;
-                e.arena().write(vw, &vec![0.0f32; l.w.len()])?;
-                let vb = alloc_f32(e, l.b.len())?;
-                e.arena().write(vb, &vec![0.0f32; l.b.len()])?;
+                let vw = e.arena().alloc_storage_zeroed::<f32>(l.w.len() as u64)?;
+                let vb = e.arena().alloc_storage_zeroed::<f32>(l.b.len() as u64)?;
                 Some((vw, vb))
             } else {
                 None
@@ -59,9 +60,10 @@ impl Net {
     pub(crate) fn download<E: Exec>(&self, e: &mut E) -> Res<HostNet> {
         let mut layers = Vec::new();
         for l in &self.layers {
+            // `read` brings a spilled block back first (`read_range` would not).
             layers.push(HostLayer {
-                w: e.arena().read::<f32>(l.w)?,
-                b: e.arena().read::<f32>(l.b)?,
+                w: e.arena().read::<f32>(h(&l.w))?,
+                b: e.arena().read::<f32>(h(&l.b))?,
                 fan_in: l.fan_in,
                 fan_out: l.fan_out,
             });
@@ -71,40 +73,50 @@ impl Net {
 }
 
 /// Activations of a forward pass: `z[i]` before and `h[i]` after the ReLU
-/// of hidden layer i; the last `z` is the logits.
+/// of hidden layer i; the last `z` is the logits. Owned: the backward pass
+/// consumes them, layer by layer, so each is dropped (and its block goes
+/// back to the arena) right after its last use.
 pub(crate) struct Fwd {
-    pub(crate) z: Vec<Handle>,
-    pub(crate) h: Vec<Handle>,
+    pub(crate) z: Vec<Storage>,
+    pub(crate) h: Vec<Storage>,
 }
 
 /// Forward pass of `n` rows of `x`. With `keep` every activation is kept
-/// for the backward pass; without, each is freed as soon as it is used and
-/// only the logits are returned.
-pub(crate) fn forward<E: Exec>(e: &mut E, net: &Net, x: Handle, n: usize, keep: bool) -> Res<Fwd> {
+/// for the backward pass; without, each is dropped as soon as it is used
+/// and only the logits are returned.
+pub(crate) fn forward<E: Exec>(
+    e: &mut E,
+    net: &Net,
+    x: &Storage,
+    n: usize,
+    keep: bool,
+) -> Res<Fwd> {
     let (mut z_all, mut h_all) = (Vec::new(), Vec::new());
-    let mut input = x;
+    // The previous layer's output when it is not kept.
+    let mut owned: Option<Storage> = None;
+    let mut input = h(x);
     let last = net.layers.len() - 1;
     for (i, l) in net.layers.iter().enumerate() {
         let z = alloc_f32(e, n * l.fan_out)?;
-        e.matmul(Op::NN, input, l.w, z, (n, l.fan_out, l.fan_in))?;
-        e.bias_add(z, l.b, n, l.fan_out)?;
-        if !keep && i > 0 {
-            free(e, input)?;
-        }
+        e.matmul(Op::NN, input, h(&l.w), h(&z), (n, l.fan_out, l.fan_in))?;
+        e.bias_add(h(&z), h(&l.b), n, l.fan_out)?;
+        // Its last use was the product above.
+        drop(owned.take());
         if i == last {
             z_all.push(z);
             break;
         }
-        let h = alloc_f32(e, n * l.fan_out)?;
-        e.relu(z, h, n * l.fan_out)?;
+        let a = alloc_f32(e, n * l.fan_out)?;
+        e.relu(h(&z), h(&a), n * l.fan_out)?;
+        input = h(&a);
         if keep {
             z_all.push(z);
-            h_all.push(h);
+            h_all.push(a);
         } else {
-            free(e, z)?;
+            owned = Some(a);
         }
-        input = h;
     }
+    debug_assert!(owned.is_none());
     Ok(Fwd { z: z_all, h: h_all })
 }
 
@@ -112,103 +124,144 @@ pub(crate) fn forward<E: Exec>(e: &mut E, net: &Net, x: Handle, n: usize, keep: 
 /// the gradient of the mean loss when `grad`.
 pub(crate) fn loss<E: Exec>(
     e: &mut E,
-    logits: Handle,
-    labels: Handle,
+    logits: &Storage,
+    labels: &Storage,
     n: usize,
-    metrics: Handle,
+    metrics: &Storage,
     grad: bool,
-) -> Res<Option<Handle>> {
+) -> Res<Option<Storage>> {
     let stats = alloc_f32(e, 2 * n)?;
     let dlogits = if grad {
         Some(alloc_f32(e, n * CLASSES)?)
     } else {
         None
     };
-    e.softmax_xent(logits, labels, dlogits, stats, n, CLASSES)?;
-    e.mean2_acc(stats, metrics, n)?;
-    free(e, stats)?;
+    e.softmax_xent(
+        h(logits),
+        h(labels),
+        dlogits.as_ref().map(h),
+        h(&stats),
+        n,
+        CLASSES,
+    )?;
+    e.mean2_acc(h(&stats), h(metrics), n)?;
     Ok(dlogits)
 }
 
-/// Backward pass; frees the activations as soon as they are used and
-/// returns the gradients `(dW, db)` per layer.
+/// Backward pass: consumes the activations (each dropped after its last
+/// use) and the gradient of the logits, and returns the gradients
+/// `(dW, db)` per layer.
 pub(crate) fn backward<E: Exec>(
     e: &mut E,
     net: &Net,
-    x: Handle,
+    x: &Storage,
     n: usize,
-    fwd: &Fwd,
-    dlogits: Handle,
-) -> Res<Vec<(Handle, Handle)>> {
+    fwd: Fwd,
+    dlogits: Storage,
+) -> Res<Vec<(Storage, Storage)>> {
+    backward_with(e, net, x, n, fwd, dlogits, |_, _, _| Ok(()))
+}
+
+/// [`backward`], calling `bucket(e, layer, (dW, db))` as soon as a layer's
+/// gradients are computed (last layer first), before the rest of the pass
+/// is enqueued: where data-parallel training starts their all-reduce.
+pub(crate) fn backward_with<E: Exec>(
+    e: &mut E,
+    net: &Net,
+    x: &Storage,
+    n: usize,
+    fwd: Fwd,
+    dlogits: Storage,
+    mut bucket: impl FnMut(&mut E, usize, &(Storage, Storage)) -> Res<()>,
+) -> Res<Vec<(Storage, Storage)>> {
+    let Fwd {
+        z: mut zs,
+        h: mut hs,
+    } = fwd;
     let mut grads = Vec::with_capacity(net.layers.len());
     let mut dz = dlogits;
     for (i, l) in net.layers.iter().enumerate().rev() {
-        let input = if i == 0 { x } else { fwd.h[i - 1] };
+        // The input of layer i: the batch, or the previous layer's output.
+        let h_prev = if i == 0 {
+            None
+        } else {
+            Some(hs.pop().ok_or("missing activation")?)
+        };
+        let input = h_prev.as_ref().map_or(h(x), h);
         let gw = alloc_f32(e, l.fan_in * l.fan_out)?;
-        e.matmul(Op::TN, input, dz, gw, (l.fan_in, l.fan_out, n))?;
+        e.matmul(Op::TN, input, h(&dz), h(&gw), (l.fan_in, l.fan_out, n))?;
         let gb = alloc_f32(e, l.fan_out)?;
-        e.col_sum(dz, gb, n, l.fan_out)?;
-        grads.push((gw, gb));
+        e.col_sum(h(&dz), h(&gb), n, l.fan_out)?;
+        let g = (gw, gb);
+        bucket(e, i, &g)?;
+        grads.push(g);
         if i == 0 {
-            free(e, dz)?;
             break;
         }
         let dh = alloc_f32(e, n * l.fan_in)?;
-        e.matmul(Op::NT, dz, l.w, dh, (n, l.fan_in, l.fan_out))?;
-        free(e, dz)?;
-        free(e, fwd.h[i - 1])?;
+        e.matmul(Op::NT, h(&dz), h(&l.w), h(&dh), (n, l.fan_in, l.fan_out))?;
+        // Last uses of dz and of this layer's input: their blocks are free
+        // for the next allocation.
+        drop(dz);
+        drop(h_prev);
+        let z_prev = zs.pop().ok_or("missing activation")?;
         let dz_prev = alloc_f32(e, n * l.fan_in)?;
-        e.relu_bwd(dh, fwd.z[i - 1], dz_prev, n * l.fan_in)?;
-        free(e, dh)?;
-        free(e, fwd.z[i - 1])?;
+        e.relu_bwd(h(&dh), h(&z_prev), h(&dz_prev), n * l.fan_in)?;
         dz = dz_prev;
     }
     grads.reverse();
     Ok(grads)
 }
 
-/// SGD with momentum on every layer, then frees the gradients in a random
-/// order (more holes).
+/// SGD with momentum on every layer; the gradients are then dropped in a
+/// random order (more holes).
 pub(crate) fn update<E: Exec>(
     e: &mut E,
     net: &Net,
-    grads: &[(Handle, Handle)],
+    grads: Vec<(Storage, Storage)>,
     lr: f32,
     mu: f32,
     sched: &mut Rng,
 ) -> Res<()> {
-    for (l, &(gw, gb)) in net.layers.iter().zip(grads) {
-        let (vw, vb) = l.momentum.ok_or("the student has momentum buffers")?;
-        e.sgd(l.w, gw, vw, l.fan_in * l.fan_out, lr, mu)?;
-        e.sgd(l.b, gb, vb, l.fan_out, lr, mu)?;
+    for (l, (gw, gb)) in net.layers.iter().zip(&grads) {
+        let (vw, vb) = l
+            .momentum
+            .as_ref()
+            .ok_or("the student has momentum buffers")?;
+        e.sgd(h(&l.w), h(gw), h(vw), l.fan_in * l.fan_out, lr, mu)?;
+        e.sgd(h(&l.b), h(gb), h(vb), l.fan_out, lr, mu)?;
     }
-    let mut all: Vec<Handle> = grads.iter().flat_map(|&(w, b)| [w, b]).collect();
+    let mut all: Vec<Storage> = grads.into_iter().flat_map(|(w, b)| [w, b]).collect();
+    // Dropped in this order at the end of the call.
     sched.shuffle(&mut all);
-    for h in all {
-        free(e, h)?;
-    }
     Ok(())
 }
 
 /// Labels of `n` rows of `x`: the teacher's argmax, computed on the device.
-pub(crate) fn label<E: Exec>(e: &mut E, teacher: &Net, x: Handle, y: Handle, n: usize) -> Res<()> {
+pub(crate) fn label<E: Exec>(
+    e: &mut E,
+    teacher: &Net,
+    x: &Storage,
+    y: &Storage,
+    n: usize,
+) -> Res<()> {
     let fwd = forward(e, teacher, x, n, false)?;
-    let logits = fwd.z[0];
-    e.argmax(logits, y, n, CLASSES)?;
-    free(e, logits)
+    e.argmax(h(&fwd.z[0]), h(y), n, CLASSES)
 }
 
+/// A training batch: inputs and labels, owned; dropped after its step.
 pub(crate) struct Batch {
-    pub(crate) x: Handle,
-    pub(crate) y: Handle,
+    pub(crate) x: Storage,
+    pub(crate) y: Storage,
     pub(crate) n: usize,
 }
 
-/// The data loader: a batch of random size, Gaussian inputs uploaded from
-/// the host, labels from the teacher on the device.
+/// The data loader: a batch of random size whose Gaussian inputs are
+/// copied from the host on the executor's upload stream (overlapping the
+/// step in progress). Its labels are computed (by the teacher, on the
+/// device) when the batch is taken: see [`take_batch`].
 pub(crate) fn make_batch<E: Exec>(
     e: &mut E,
-    teacher: &Net,
     s: &Settings,
     sched: &mut Rng,
     data: &mut Rng,
@@ -217,28 +270,31 @@ pub(crate) fn make_batch<E: Exec>(
 ) -> Res<Batch> {
     let n = sched.batch(s.min_batch, s.max_batch);
     let x = alloc_f32(e, n * IN)?;
-    let y = e.arena().alloc_elems::<i32>(n)?;
+    let y = e.arena().alloc_storage_elems::<i32>(n as u64)?;
+    buf.clear();
     if e.arena().backend().stores_bytes() {
         if pool.len() >= n * IN {
             let start = data.below(pool.len() - n * IN + 1);
-            e.arena().write(x, &pool[start..start + n * IN])?;
+            buf.extend_from_slice(&pool[start..start + n * IN]);
         } else {
-            buf.clear();
             buf.extend((0..n * IN).map(|_| data.normal()));
-            e.arena().write(x, buf)?;
         }
-    } else {
-        // What the write does to the spill policy: x is used.
-        e.arena().make_resident(&[x])?;
     }
-    label(e, teacher, x, y, n)?;
+    e.upload(&x, buf)?;
     Ok(Batch { x, y, n })
 }
 
+/// A prefetched batch made ready for its step: the compute waits for its
+/// upload, and the teacher labels it.
+pub(crate) fn take_batch<E: Exec>(e: &mut E, teacher: &Net, b: &Batch) -> Res<()> {
+    e.await_upload(&b.x)?;
+    label(e, teacher, &b.x, &b.y, b.n)
+}
+
 /// Reads an accumulator `[loss, accuracy]` divided by `count`, and zeroes it.
-pub(crate) fn take_metrics<E: Exec>(e: &mut E, m: Handle, count: usize) -> Res<(f32, f32)> {
-    let v = e.arena().read::<f32>(m)?;
-    e.arena().write(m, &[0.0f32, 0.0])?;
+pub(crate) fn take_metrics<E: Exec>(e: &mut E, m: &Storage, count: usize) -> Res<(f32, f32)> {
+    let v = e.arena().read::<f32>(h(m))?;
+    e.arena().write_range(m, &[0.0f32, 0.0])?;
     let c = count.max(1) as f32;
     Ok((v[0] / c, v[1] / c))
 }
@@ -276,32 +332,39 @@ impl Point {
 }
 
 /// Loss and accuracy of `net` on the eval batch (activations allocated and
-/// freed as it goes).
+/// dropped as it goes).
 pub(crate) fn evaluate<E: Exec>(
     e: &mut E,
     net: &Net,
-    x: Handle,
-    y: Handle,
-    metrics: Handle,
+    x: &Storage,
+    y: &Storage,
+    metrics: &Storage,
 ) -> Res<(f32, f32)> {
     let f = forward(e, net, x, EVAL_ROWS, false)?;
-    loss(e, f.z[0], y, EVAL_ROWS, metrics, false)?;
-    free(e, f.z[0])?;
+    loss(e, &f.z[0], y, EVAL_ROWS, metrics, false)?;
+    drop(f);
     take_metrics(e, metrics, 1)
 }
 
 pub(crate) struct Outcome {
     pub(crate) curve: Vec<Point>,
     pub(crate) net: Net,
-    pub(crate) eval_x: Handle,
-    pub(crate) eval_y: Handle,
+    pub(crate) eval_x: Storage,
+    pub(crate) eval_y: Storage,
     /// Wall time of the training loop (evaluations included).
     pub(crate) seconds: f64,
 }
 
 /// The whole run: set-up, `s.steps` training steps, an evaluation every
-/// `s.every`. The allocation sequence depends only on `s` (the dry run
-/// reproduces it exactly).
+/// `s.every`. The allocation sequence (and with it the order in which
+/// owned tensors are dropped) depends only on `s`: the dry run reproduces
+/// it exactly.
+///
+/// Nothing is freed by hand: every tensor is a [`Storage`] whose last owner
+/// drops it (activations during the backward pass, gradients after the
+/// update, each batch at the end of its step, the prefetch queue and the
+/// teacher at the end of the run); the arena frees the blocks at its next
+/// allocation or compaction, after the streams that used them.
 pub(crate) fn train<E: Exec>(
     e: &mut E,
     teacher: &HostNet,
@@ -320,16 +383,14 @@ pub(crate) fn train<E: Exec>(
     };
     let teacher_dev = Net::upload(e, teacher, false)?;
     let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
-    e.arena().write(eval_x, eval_inputs)?;
-    let eval_y = e.arena().alloc_elems::<i32>(EVAL_ROWS)?;
-    label(e, &teacher_dev, eval_x, eval_y, EVAL_ROWS)?;
+    e.arena().write_range(&eval_x, eval_inputs)?;
+    let eval_y = e.arena().alloc_storage_elems::<i32>(EVAL_ROWS as u64)?;
+    label(e, &teacher_dev, &eval_x, &eval_y, EVAL_ROWS)?;
     let net = Net::upload(e, student, true)?;
-    let train_metrics = alloc_f32(e, 2)?;
-    e.arena().write(train_metrics, &[0.0f32, 0.0])?;
-    let eval_metrics = alloc_f32(e, 2)?;
-    e.arena().write(eval_metrics, &[0.0f32, 0.0])?;
+    let train_metrics = e.arena().alloc_storage_zeroed::<f32>(2)?;
+    let eval_metrics = e.arena().alloc_storage_zeroed::<f32>(2)?;
 
-    let (eval_loss, eval_acc) = evaluate(e, &net, eval_x, eval_y, eval_metrics)?;
+    let (eval_loss, eval_acc) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
     let p0 = Point {
         step: 0,
         batch: 0,
@@ -345,44 +406,28 @@ pub(crate) fn train<E: Exec>(
     let mut since = 0;
     let mut queue = VecDeque::new();
     for _ in 0..PREFETCH {
-        queue.push_back(make_batch(
-            e,
-            &teacher_dev,
-            s,
-            &mut sched,
-            &mut data,
-            &mut buf,
-            &pool,
-        )?);
+        queue.push_back(make_batch(e, s, &mut sched, &mut data, &mut buf, &pool)?);
     }
     for step in 1..=s.steps {
         let batch = queue.pop_front().ok_or("empty prefetch queue")?;
+        take_batch(e, &teacher_dev, &batch)?;
         let n = batch.n;
-        let fwd = forward(e, &net, batch.x, n, true)?;
-        let logits = fwd.z[fwd.z.len() - 1];
-        let dlogits = loss(e, logits, batch.y, n, train_metrics, true)?.ok_or("no gradient")?;
-        free(e, logits)?;
-        // The data loader prepares a batch now: it lands among this step's
-        // activations and outlives them.
-        queue.push_back(make_batch(
-            e,
-            &teacher_dev,
-            s,
-            &mut sched,
-            &mut data,
-            &mut buf,
-            &pool,
-        )?);
-        let grads = backward(e, &net, batch.x, n, &fwd, dlogits)?;
-        free(e, batch.y)?;
-        free(e, batch.x)?;
-        update(e, &net, &grads, s.lr_at(step - 1), s.momentum, &mut sched)?;
+        let mut fwd = forward(e, &net, &batch.x, n, true)?;
+        let logits = fwd.z.pop().ok_or("no logits")?;
+        let dlogits = loss(e, &logits, &batch.y, n, &train_metrics, true)?.ok_or("no gradient")?;
+        drop(logits);
+        // The data loader starts the upload of a batch now, on its own
+        // stream: it lands among this step's activations and outlives them.
+        queue.push_back(make_batch(e, s, &mut sched, &mut data, &mut buf, &pool)?);
+        let grads = backward(e, &net, &batch.x, n, fwd, dlogits)?;
+        update(e, &net, grads, s.lr_at(step - 1), s.momentum, &mut sched)?;
+        drop(batch);
         since += 1;
 
         if step % s.every == 0 || step == s.steps {
-            let train = take_metrics(e, train_metrics, since)?;
+            let train = take_metrics(e, &train_metrics, since)?;
             since = 0;
-            let (eval_loss, eval_acc) = evaluate(e, &net, eval_x, eval_y, eval_metrics)?;
+            let (eval_loss, eval_acc) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
             let p = Point {
                 step,
                 batch: n,
@@ -396,10 +441,7 @@ pub(crate) fn train<E: Exec>(
             curve.push(p);
         }
     }
-    for b in queue {
-        free(e, b.y)?;
-        free(e, b.x)?;
-    }
+    drop(queue);
     Ok(Outcome {
         curve,
         net,

@@ -120,6 +120,10 @@ pub(crate) fn summary_of_run<B: Backend>(
         st.compaction_time.as_secs_f64() * 1e3,
         st.planning_time.as_secs_f64() * 1e3
     );
+    // The point of the example: the arena compacts while training goes on.
+    if st.targeted_compactions + st.full_compactions == 0 && s.steps >= 200 {
+        return Err("the arena never compacted: the run shows nothing".into());
+    }
     let decisions = |st: &Stats| {
         [
             st.targeted_compactions,
