@@ -95,7 +95,7 @@ fn run() -> Res<()> {
     while size <= max_bytes {
         let elems = (size / 4) as usize;
         let plain = sample(&comms, reps, |_| {
-            Communicator::group(|| {
+            Communicator::group(&comms, || {
                 for (c, r) in comms.iter().zip(ranks.iter_mut()) {
                     let mut v = r.plain.slice_mut(..elems);
                     c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
@@ -104,7 +104,7 @@ fn run() -> Res<()> {
             })
         })?;
         let arena = sample(&comms, reps, |_| {
-            Communicator::group(|| {
+            Communicator::group(&comms, || {
                 for (c, r) in comms.iter().zip(ranks.iter_mut()) {
                     let part = r.tensor.slice(0..elems as u64)?;
                     let mut args = r.arena.kernel_args(r.comm_id)?;
@@ -115,7 +115,7 @@ fn run() -> Res<()> {
             })
         })?;
         let compacting = sample(&comms, reps, |i| {
-            Communicator::group(|| {
+            Communicator::group(&comms, || {
                 for (c, r) in comms.iter().zip(ranks.iter_mut()) {
                     let part = r.tensor.slice(0..elems as u64)?;
                     let mut args = r.arena.kernel_args(r.comm_id)?;

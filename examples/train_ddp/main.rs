@@ -66,9 +66,10 @@ use mlp::{
 /// every eval point. The two runs see the same rows and the same
 /// arithmetic per row; only the order of float sums differs (per-rank
 /// partial sums of the gradient, NCCL's reduction order), a relative
-/// difference of ~1e-7 per step that SGD carries along: over the default
-/// 1000 steps it stays well below 1e-3.
-const LOSS_RTOL: f32 = 1e-3;
+/// difference of ~1e-7 per step that SGD carries along and amplifies: over
+/// 1000 steps on two H200s the largest relative difference measured was
+/// 9.4e-4; the default 3000 steps allow 5e-3.
+const LOSS_RTOL: f32 = 5e-3;
 
 struct Ddp {
     s: Settings,
@@ -107,8 +108,8 @@ usage: cargo run --release --features nccl --example train_ddp -- [options]
 fn parse() -> Res<Ddp> {
     use lexopt::prelude::*;
     let mut s = Settings {
-        steps: 1000,
-        every: 100,
+        steps: 3000,
+        every: 300,
         ..Settings::gpu()
     };
     let (mut world, mut rank, mut id_file, mut device, mut dry) = (None, None, None, None, false);

@@ -55,7 +55,7 @@ fn collectives_on_plain_buffers_are_exact_on_every_visible_gpu() {
             c.stream().clone_htod(&host).expect("upload")
         })
         .collect();
-    Communicator::group(|| {
+    Communicator::group(&comms, || {
         for (c, b) in comms.iter().zip(bufs.iter_mut()) {
             c.all_reduce_in_place(b, ReduceOp::Sum)?;
         }
@@ -88,7 +88,7 @@ fn collectives_on_plain_buffers_are_exact_on_every_visible_gpu() {
         .iter()
         .map(|c| c.stream().alloc_zeros::<u32>(share * n).expect("alloc"))
         .collect();
-    Communicator::group(|| {
+    Communicator::group(&comms, || {
         for ((c, s), g) in comms.iter().zip(&sends).zip(gathered.iter_mut()) {
             c.all_gather(s, g)?;
         }
@@ -99,7 +99,7 @@ fn collectives_on_plain_buffers_are_exact_on_every_visible_gpu() {
         .iter()
         .map(|c| c.stream().alloc_zeros::<u32>(share).expect("alloc"))
         .collect();
-    Communicator::group(|| {
+    Communicator::group(&comms, || {
         for ((c, g), s) in comms.iter().zip(&gathered).zip(scattered.iter_mut()) {
             c.reduce_scatter(g, s, ReduceOp::Sum)?;
         }
@@ -285,7 +285,7 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
             tensors.push(t);
         }
         // All-reduce the tensors' second halves as slices, in place.
-        Communicator::group(|| {
+        Communicator::group(&comms, || {
             for ((c, r), t) in comms.iter().zip(ranks.iter_mut()).zip(&tensors) {
                 let half = t.slice(len / 2..len)?;
                 let mut args = r.arena.kernel_args(r.comm_stream)?;
@@ -345,7 +345,7 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
         sends.push(s);
         gathered.push(g);
     }
-    Communicator::group(|| {
+    Communicator::group(&comms, || {
         for (((c, r), s), g) in comms
             .iter()
             .zip(ranks.iter_mut())

@@ -36,6 +36,13 @@ use cudarc::nccl::{result, sys};
 use super::driver_err;
 use crate::error::{Error, Result};
 
+thread_local! {
+    /// True between `ncclGroupStart` and `ncclGroupEnd` on this thread:
+    /// calls are deferred to the group's end, so they are not settled one
+    /// by one.
+    static IN_GROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// How long a call may wait for its peers before the communicator is
 /// aborted, unless set with [`Communicator::with_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -357,9 +364,15 @@ impl Communicator {
         }
     }
 
-    /// Checks a call's immediate result, then settles the communicator.
+    /// Checks a call's immediate result, then settles the communicator
+    /// (inside a group, [`group`](Communicator::group) settles at its end).
     fn done(&self, call: &'static str, r: sys::ncclResult_t) -> Result<()> {
         match r {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+                if IN_GROUP.with(|g| g.get()) =>
+            {
+                Ok(())
+            }
             sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => self.settle(call),
             e => {
                 self.abort();
@@ -588,15 +601,30 @@ impl Communicator {
         self.done("ncclRecv", r)
     }
 
-    /// Runs `calls` as one NCCL group (`ncclGroupStart` / `ncclGroupEnd`):
-    /// point-to-point pairs, or one call per communicator of
-    /// [`init_all`](Communicator::init_all) from one thread.
-    pub fn group<F: FnOnce() -> Result<()>>(calls: F) -> Result<()> {
+    /// Runs `calls` as one NCCL group (`ncclGroupStart` / `ncclGroupEnd`)
+    /// over `comms`: point-to-point pairs, or one call per communicator of
+    /// [`init_all`](Communicator::init_all) from one thread. After the group
+    /// ends, every communicator in `comms` is settled: a non-blocking
+    /// group enqueues its work on the streams only then, so stream waits
+    /// recorded after this returns order after the collectives.
+    pub fn group<'c, F>(comms: impl IntoIterator<Item = &'c Communicator>, calls: F) -> Result<()>
+    where
+        F: FnOnce() -> Result<()>,
+    {
         result::group_start().map_err(nccl_err("ncclGroupStart"))?;
+        IN_GROUP.with(|g| g.set(true));
         let r = calls();
+        IN_GROUP.with(|g| g.set(false));
         let ended = result::group_end().map_err(nccl_err("ncclGroupEnd"));
+        let mut settled = Ok(());
+        for c in comms {
+            if let Err(e) = c.settle("ncclGroupEnd") {
+                settled = settled.and(Err(e));
+            }
+        }
         r?;
-        ended.map(|_| ())
+        ended?;
+        settled
     }
 
     fn peer(&self, rank: usize) -> Result<i32> {
