@@ -16,5 +16,6 @@ mod gpu_spill;
 mod hostile;
 mod model;
 mod spill;
+mod threads;
 #[cfg(feature = "tools")]
 mod trace;
