@@ -1030,7 +1030,7 @@ fn gen_op(r: &mut u64, cap: u64) -> Op {
     let k = next() % 140;
     let idx = next() as usize;
     match k {
-        100..=139 => return gen_storage_op(k - 100, idx, &mut next),
+        100..=139 => gen_storage_op(k - 100, idx, &mut next),
         0..=34 => {
             // Log-uniform sizes from 1 B to cap/8.
             let max_log = 64 - (cap / 8).leading_zeros() as u64;
