@@ -80,7 +80,8 @@ pub enum Error {
     #[error("block is spilled to host memory; call Arena::make_resident first")]
     NotResident,
 
-    /// Spilling cannot make room: the host tier is full.
+    /// Spilling cannot make room: the host tier is full. Nothing was
+    /// spilled for the request that failed.
     #[error(
         "cannot spill {needed_bytes} B to make room for {requested_bytes} B: \
          host tier of {host_tier_bytes} B has {host_free_bytes} B free (largest hole {host_largest_free_bytes} B)"
@@ -88,7 +89,8 @@ pub enum Error {
     HostTierFull {
         /// Bytes of the request that needed room.
         requested_bytes: u64,
-        /// Bytes of the block that could not be spilled.
+        /// Bytes the evictions the request needed would take in the tier
+        /// (the blocks to spill, together, up to the one that found no room).
         needed_bytes: u64,
         /// Size of the host tier.
         host_tier_bytes: u64,

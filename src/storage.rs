@@ -18,8 +18,8 @@
 //! and kernel-argument call takes; they are resolved to addresses when
 //! used, so compaction may move the block in between.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::handle::{ElemType, Handle};
@@ -28,32 +28,42 @@ use crate::handle::{ElemType, Handle};
 #[derive(Debug, Default)]
 pub(crate) struct Reclaim {
     queue: Mutex<Vec<Handle>>,
-    /// Handles in `queue`: lets the arena skip the lock when there are none.
-    pending: AtomicUsize,
+    /// True while `queue` may hold handles: lets the arena skip the lock
+    /// when there are none. Written only under the lock; a plain store, so
+    /// a drop costs one lock and no other read-modify-write.
+    nonempty: AtomicBool,
 }
 
 impl Reclaim {
-    fn push(&self, h: Handle) {
+    fn lock(&self) -> MutexGuard<'_, Vec<Handle>> {
         // A panic elsewhere while the lock was held cannot leave the Vec
         // inconsistent, so a poisoned lock is used as it is.
-        let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, h: Handle) {
+        let mut q = self.lock();
         q.push(h);
-        self.pending.fetch_add(1, Ordering::Release);
+        self.nonempty.store(true, Ordering::Release);
     }
 
     /// Moves every queued handle into `out`.
     pub(crate) fn take(&self, out: &mut Vec<Handle>) {
-        if self.pending.load(Ordering::Acquire) == 0 {
+        if !self.nonempty.load(Ordering::Acquire) {
             return;
         }
-        let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        self.pending.fetch_sub(q.len(), Ordering::AcqRel);
+        let mut q = self.lock();
+        self.nonempty.store(false, Ordering::Relaxed);
         out.append(&mut q);
     }
 
     /// Handles waiting to be freed.
     pub(crate) fn pending(&self) -> usize {
-        self.pending.load(Ordering::Acquire)
+        if self.nonempty.load(Ordering::Acquire) {
+            self.lock().len()
+        } else {
+            0
+        }
     }
 }
 

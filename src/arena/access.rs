@@ -136,19 +136,28 @@ impl<B: Backend> Arena<B> {
         }
     }
 
-    /// Writes `data` into the block; `data` must be exactly the block's size.
-    pub fn write<T: Pod>(&mut self, h: Handle, data: &[T]) -> Result<()> {
-        self.block(h)?;
-        self.make_resident(&[h])?;
+    /// A whole-block transfer's arguments: the handle, `T` against the
+    /// block's type, `len` bytes against its size.
+    fn check_transfer<T: Pod>(&self, h: Handle, len: usize) -> Result<()> {
         let b = self.block(h)?;
         Self::check_type::<T>(b)?;
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        if bytes.len() as u64 != b.size {
+        if len as u64 != b.size {
             return Err(Error::LengthMismatch {
                 block_bytes: b.size,
-                slice_bytes: bytes.len() as u64,
+                slice_bytes: len as u64,
             });
         }
+        Ok(())
+    }
+
+    /// Writes `data` into the block; `data` must be exactly the block's size.
+    /// Arguments are checked before a spilled block is brought back: a
+    /// wrong type or length changes nothing.
+    pub fn write<T: Pod>(&mut self, h: Handle, data: &[T]) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        self.check_transfer::<T>(h, bytes.len())?;
+        self.make_resident(&[h])?;
+        let b = self.block(h)?;
         let offset = self.device_offset(b)?;
         self.wait_uses(h.key)?;
         self.epoch += 1;
@@ -157,18 +166,12 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Reads the block into `out`, which must be exactly the block's size.
+    /// Arguments are checked before a spilled block is brought back.
     pub fn read_into<T: Pod>(&mut self, h: Handle, out: &mut [T]) -> Result<()> {
-        self.block(h)?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        self.check_transfer::<T>(h, bytes.len())?;
         self.make_resident(&[h])?;
         let b = self.block(h)?;
-        Self::check_type::<T>(b)?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        if bytes.len() as u64 != b.size {
-            return Err(Error::LengthMismatch {
-                block_bytes: b.size,
-                slice_bytes: bytes.len() as u64,
-            });
-        }
         let offset = self.device_offset(b)?;
         self.wait_uses(h.key)?;
         let r = self.backend.read(offset, bytes);

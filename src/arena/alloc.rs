@@ -209,7 +209,11 @@ impl<B: Backend> Arena<B> {
     /// Pins a block: it never moves until every pin is released. Pins nest.
     /// A spilled block is brought back first.
     pub fn pin(&mut self, h: Handle) -> Result<u32> {
-        self.block(h)?;
+        let pins = self.block(h)?.pins;
+        if pins == u32::MAX {
+            // Before any residency change.
+            return Err(Error::PinOverflow { pins });
+        }
         self.make_resident(&[h])?;
         let b = self.block_mut(h)?;
         b.pins = b

@@ -7,6 +7,14 @@
 //! Spilled handles stay valid: transfers and pins bring them back on their
 //! own; views and pointers need [`Arena::make_resident`] first (they borrow
 //! the arena immutably, so they cannot move anything).
+//!
+//! Errors keep the arena's contract: arguments (handle, length, type,
+//! range, pattern) are checked before any residency change, and the
+//! evictions a request needs are planned, with their host-tier space
+//! reserved, before the first one runs. A request that fails with
+//! [`Error::WorkingSetTooLarge`] or [`Error::HostTierFull`] has spilled,
+//! moved and written nothing (see [`Arena::make_resident`] for several
+//! handles at once).
 
 use std::sync::atomic::Ordering;
 
@@ -19,9 +27,16 @@ use crate::plan::planner;
 
 impl<B: Backend> Arena<B> {
     /// Brings every handle in `handles` onto the device together, spilling
-    /// others (never these) if needed, and counts them as used. Fails without
-    /// changing anything if a handle is bad, or if the blocks together
-    /// exceed what the region can hold beside the pinned blocks.
+    /// others (never these) if needed, and counts them as used.
+    ///
+    /// Errors: a bad handle fails before anything changes. The blocks are
+    /// brought back one at a time, in order, each atomically: the one that
+    /// fails ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]) is
+    /// still spilled and nothing was evicted for it, but the blocks before
+    /// it in `handles` that were spilled are resident now, and the blocks
+    /// evicted to make room for them stay spilled (their handles stay
+    /// valid and their bytes intact). With one handle, a failure changes
+    /// nothing.
     pub fn make_resident(&mut self, handles: &[Handle]) -> Result<()> {
         let mut keep = smallvec::SmallVec::<[BlockKey; 8]>::new();
         for &h in handles {
@@ -62,68 +77,100 @@ impl<B: Backend> Arena<B> {
         Ok(())
     }
 
-    /// The least recently used block in the region that may be spilled.
-    pub(super) fn lru_victim(&self, keep: &[BlockKey]) -> Option<BlockKey> {
-        self.blocks
-            .iter()
-            .filter(|(k, b)| {
-                matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
-            })
-            .min_by_key(|(_, b)| b.last_use.load(Ordering::Relaxed))
-            .map(|(k, _)| k)
-    }
-
     /// Spills LRU blocks until a full compaction can make a hole for the
     /// request, then compacts and places it.
+    ///
+    /// The evictions are decided and their host-tier space reserved before
+    /// anything moves: when the request cannot be met
+    /// ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]), nothing has
+    /// been spilled, moved or written.
     pub(super) fn alloc_by_spilling(
         &mut self,
         reserved: u64,
         align: u64,
         keep: &[BlockKey],
     ) -> Result<Allocation> {
+        let victims = self.plan_evictions(reserved, align, keep)?;
+        let mut victims = victims.into_iter();
+        while let Some((key, tier_node)) = victims.next() {
+            if let Err(e) = self.spill_to(key, tier_node) {
+                // `spill_to` released its own reservation; release the rest.
+                for (_, t) in victims {
+                    self.release_tier(t);
+                }
+                return Err(e);
+            }
+        }
         let capacity = self.config.capacity_bytes;
-        loop {
-            // The last eviction may have opened a hole that fits as it is.
+        // The last eviction may have opened a hole that fits as it is.
+        if let Some(node) = self.index.alloc(reserved, align) {
+            return Ok(node);
+        }
+        // A targeted compaction moves only the blocks around one window.
+        let t0 = std::time::Instant::now();
+        self.collect_live();
+        let req = planner::Request {
+            size: reserved,
+            align,
+        };
+        let plan = planner::plan_targeted(&self.live, capacity, req);
+        self.counters.planning += t0.elapsed();
+        if let Some(plan) = plan {
+            self.execute(plan, t0)?;
             if let Some(node) = self.index.alloc(reserved, align) {
                 return Ok(node);
             }
-            if self.index.free_bytes() >= reserved {
-                // A targeted compaction moves only the blocks around one window.
-                let t0 = std::time::Instant::now();
-                self.collect_live();
-                let plan = planner::plan_targeted(
-                    &self.live,
-                    capacity,
-                    planner::Request {
-                        size: reserved,
-                        align,
-                    },
-                );
-                self.counters.planning += t0.elapsed();
-                if let Some(plan) = plan {
-                    self.execute(plan, t0)?;
-                    if let Some(node) = self.index.alloc(reserved, align) {
-                        return Ok(node);
-                    }
-                }
-                self.collect_live();
-                if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
-                    let t0 = std::time::Instant::now();
-                    let plan = planner::plan_full(&self.live, capacity);
-                    self.counters.planning += t0.elapsed();
-                    self.execute(plan, t0)?;
-                    if let Some(node) = self.index.alloc(reserved, align) {
-                        return Ok(node);
-                    }
-                }
+        }
+        let t0 = std::time::Instant::now();
+        self.collect_live();
+        let plan = planner::plan_full(&self.live, capacity);
+        self.counters.planning += t0.elapsed();
+        self.execute(plan, t0)?;
+        self.index.alloc(reserved, align).ok_or_else(|| {
+            // Unreachable: the evictions were planned so that a full
+            // compaction makes this hole.
+            let reason = "spilling planned a hole that compaction did not make";
+            self.poison(reason.to_string());
+            Error::Poisoned {
+                reason: reason.to_string(),
             }
-            let Some(victim) = self.lru_victim(keep) else {
+        })
+    }
+
+    /// The least recently used unpinned blocks not in `keep` whose eviction
+    /// lets a full compaction make a hole of `reserved` bytes at `align`,
+    /// in LRU order, each with its host-tier space reserved. Changes nothing
+    /// but the reservations; on an error, not even those.
+    fn plan_evictions(
+        &mut self,
+        reserved: u64,
+        align: u64,
+        keep: &[BlockKey],
+    ) -> Result<Vec<(BlockKey, Allocation)>> {
+        let capacity = self.config.capacity_bytes;
+        self.collect_live();
+        let mut live = std::mem::take(&mut self.live);
+        let mut candidates: Vec<(u64, BlockKey, u64)> = self
+            .blocks
+            .iter()
+            .filter(|(k, b)| {
+                matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
+            })
+            .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved))
+            .collect();
+        candidates.sort_unstable_by_key(|c| c.0);
+        let mut victims: Vec<(BlockKey, Allocation)> = Vec::new();
+        let mut next = candidates.into_iter();
+        let mut tier_needed = 0u64;
+        let outcome = loop {
+            let reachable = planner::largest_hole_after_full(&live, capacity, align);
+            if reachable >= reserved {
+                break Ok(());
+            }
+            let Some((_, victim, victim_reserved)) = next.next() else {
                 // Everything left is pinned or needed by this request.
-                self.counters.failed_allocs += 1;
-                self.collect_live();
                 // Saturating: near 2^64 B the sum can exceed u64.
-                let needed = self
-                    .live
+                let needed = live
                     .iter()
                     .filter(|l| l.pinned)
                     .map(|l| l.len)
@@ -134,54 +181,85 @@ impl<B: Backend> Arena<B> {
                             .map(|b| b.reserved),
                     )
                     .fold(reserved, u64::saturating_add);
-                return Err(Error::WorkingSetTooLarge {
+                break Err(Error::WorkingSetTooLarge {
                     needed_bytes: needed,
-                    reachable_bytes: planner::largest_hole_after_full(&self.live, capacity, align),
+                    reachable_bytes: reachable,
                 });
             };
-            self.spill(victim, reserved)?;
+            tier_needed = tier_needed.saturating_add(victim_reserved);
+            let Some(tier) = self.tier.as_mut() else {
+                break Err(Error::NoHostTier {
+                    requested_bytes: reserved,
+                });
+            };
+            let Some(node) = tier.alloc(victim_reserved, 1) else {
+                break Err(Error::HostTierFull {
+                    requested_bytes: reserved,
+                    needed_bytes: tier_needed,
+                    host_tier_bytes: tier.capacity(),
+                    host_free_bytes: 0, // filled in below, reservations released
+                    host_largest_free_bytes: 0,
+                });
+            };
+            victims.push((victim, node));
+            let bits = victim.to_bits();
+            live.retain(|l| l.key != bits);
+        };
+        self.live = live;
+        match outcome {
+            Ok(()) => Ok(victims),
+            Err(mut e) => {
+                self.counters.failed_allocs += 1;
+                if let Some(tier) = self.tier.as_mut() {
+                    for (_, t) in victims {
+                        let _ = tier.free(t);
+                    }
+                    if let Error::HostTierFull {
+                        host_free_bytes,
+                        host_largest_free_bytes,
+                        ..
+                    } = &mut e
+                    {
+                        let r = tier.report();
+                        *host_free_bytes = r.free_bytes;
+                        *host_largest_free_bytes = r.largest_free_bytes;
+                    }
+                }
+                Err(e)
+            }
         }
     }
 
-    /// Copies one block to the host tier and frees its space in the region.
-    pub(super) fn spill(&mut self, key: BlockKey, requested: u64) -> Result<()> {
+    /// Gives a reservation back to the host tier.
+    fn release_tier(&mut self, node: Allocation) {
+        if let Some(t) = self.tier.as_mut() {
+            // Cannot fail: the allocation was made by this tier.
+            let _ = t.free(node);
+        }
+    }
+
+    /// Copies one block to the host tier, into `tier_node` (reserved for it),
+    /// and frees its space in the region. On an error the reservation is
+    /// released.
+    fn spill_to(&mut self, key: BlockKey, tier_node: Allocation) -> Result<()> {
         let Some(b) = self.blocks.get(key) else {
+            self.release_tier(tier_node);
             return Ok(());
         };
-        let (Place::Device(node), reserved, size) = (&b.place, b.reserved, b.size) else {
+        let (Place::Device(node), size) = (&b.place, b.size) else {
+            self.release_tier(tier_node);
             return Ok(());
         };
         let dev = node.offset();
-        let Some(tier) = self.tier.as_mut() else {
-            return Err(Error::NoHostTier {
-                requested_bytes: reserved,
-            });
-        };
-        let Some(tier_node) = tier.alloc(reserved, 1) else {
-            self.counters.failed_allocs += 1;
-            let r = tier.report();
-            return Err(Error::HostTierFull {
-                requested_bytes: requested,
-                needed_bytes: reserved,
-                host_tier_bytes: tier.capacity(),
-                host_free_bytes: r.free_bytes,
-                host_largest_free_bytes: r.largest_free_bytes,
-            });
-        };
         // The copy to the host reads the block on the arena stream, and its
         // space is reused after it: wait for the streams that used it.
         if let Err(e) = self.wait_uses(key) {
-            if let Some(t) = self.tier.as_mut() {
-                let _ = t.free(tier_node);
-            }
+            self.release_tier(tier_node);
             return Err(e);
         }
         self.epoch += 1;
         if let Err(e) = self.backend.spill(dev, tier_node.offset(), size) {
-            if let Some(t) = self.tier.as_mut() {
-                // Cannot fail: the allocation was just made by this tier.
-                let _ = t.free(tier_node);
-            }
+            self.release_tier(tier_node);
             self.poison(format!("spilling a block failed: {e}"));
             return Err(e);
         }

@@ -20,5 +20,6 @@ mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod spill;
+mod threads;
 #[cfg(feature = "tools")]
 mod trace;

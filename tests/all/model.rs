@@ -1,6 +1,8 @@
 //! Model-based tests: random programs of alloc / aligned alloc / free /
 //! write / pin / unpin / compact / alloc-that-forces-compaction / bad input,
-//! run against a naive model and checked after every step: no two live
+//! and of owned storage (typed, untyped, zeroed and empty storages; clones,
+//! slices, drops and reclaim; sub-range writes and reads, copies, fills;
+//! stream uses and bad stream ids), run against a naive model and checked after every step: no two live
 //! blocks overlap, all in bounds and aligned, every live block holds exactly
 //! the bytes last written, the stats equal the model's, errors leave the
 //! arena unchanged, and an allocation fails only when it truly cannot fit.
@@ -8,7 +10,7 @@
 //! The same driver runs on every backend; `tests/all/gpu.rs` runs it on CUDA.
 
 use cuarena::backend::Backend;
-use cuarena::{Arena, ArenaConfig, Error, Handle};
+use cuarena::{Arena, ArenaConfig, AsRange, Error, Handle, Storage, StorageSlice, StreamId};
 use proptest::prelude::*;
 
 /// One step of a program. Indices pick a live block modulo the live count.
@@ -46,6 +48,156 @@ pub(crate) enum Op {
     WrongLengthRead {
         idx: usize,
     },
+    /// Owned storage. `kind % 4`: untyped bytes, `u32`, `f32`, zeroed
+    /// `u32`; `len` elements (zero included).
+    AllocStorage {
+        kind: u8,
+        len: u64,
+    },
+    /// Another owner: a clone of the storage.
+    CloneStorage {
+        idx: usize,
+    },
+    /// Another owner: a slice of elements `a..b` (reduced modulo the
+    /// length + 2, so some are out of range: `RangeOutOfBounds`, unchanged).
+    SliceStorage {
+        idx: usize,
+        a: u64,
+        b: u64,
+    },
+    /// Drops one owner; the last one sends the block to the reclaim queue.
+    DropOwner {
+        idx: usize,
+        which: usize,
+    },
+    Reclaim,
+    /// `write_range` on elements `a..b`; some calls have a wrong length or
+    /// type (the error, unchanged).
+    WriteRange {
+        idx: usize,
+        a: u64,
+        b: u64,
+        seed: u8,
+    },
+    ReadRange {
+        idx: usize,
+        a: u64,
+        b: u64,
+    },
+    /// Copies between two storages or within one (overlapping:
+    /// `OverlappingRanges`, unchanged); `extra` makes the lengths differ.
+    CopyRange {
+        src: usize,
+        dst: usize,
+        len: u64,
+        at: u64,
+        to: u64,
+        extra: bool,
+    },
+    /// Fills elements `a..b`; `width % 7`: a 1/2/4/8/16-byte pattern, a
+    /// 3-byte one (invalid), or `fill_bytes`.
+    FillRange {
+        idx: usize,
+        a: u64,
+        b: u64,
+        width: u8,
+        seed: u8,
+    },
+    /// `record_stream` on a registered stream, the arena's, or (the last
+    /// choice) an id the arena does not know: `UnknownStream`, unchanged.
+    RecordStream {
+        idx: usize,
+        stream: u8,
+    },
+    WaitOnArena {
+        stream: u8,
+    },
+}
+
+/// What a storage holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bytes,
+    U32,
+    F32,
+}
+
+impl Kind {
+    fn elem(self) -> u64 {
+        match self {
+            Kind::Bytes => 1,
+            Kind::U32 | Kind::F32 => 4,
+        }
+    }
+}
+
+/// An owner of a storage: a clone or a slice.
+enum Owner {
+    Whole(Storage),
+    Slice(StorageSlice),
+}
+
+impl Owner {
+    fn storage(&self) -> &Storage {
+        match self {
+            Owner::Whole(s) => s,
+            Owner::Slice(s) => s.storage(),
+        }
+    }
+}
+
+struct ModelStorage {
+    /// Never empty: the storage is dropped with its last owner.
+    owners: Vec<Owner>,
+    kind: Kind,
+    handle: Option<Handle>,
+    size: u64,
+    reserved: u64,
+    align: u64,
+    data: Vec<u8>,
+}
+
+impl ModelStorage {
+    fn storage(&self) -> &Storage {
+        self.owners[0].storage()
+    }
+
+    /// Elements `a..b` of the storage, reduced modulo its length + 1.
+    fn range(&self, a: u64, b: u64) -> StorageSlice {
+        let n = self.storage().len() + 1;
+        let (a, b) = (a % n, b % n);
+        self.storage()
+            .slice(a.min(b)..a.max(b))
+            .expect("in-range slice")
+    }
+}
+
+fn read_bytes<B: Backend>(a: &Arena<B>, r: &impl AsRange, kind: Kind) -> cuarena::Result<Vec<u8>> {
+    Ok(match kind {
+        Kind::Bytes => a.read_range::<u8>(r)?,
+        Kind::U32 => bytemuck::cast_slice(&a.read_range::<u32>(r)?).to_vec(),
+        Kind::F32 => bytemuck::cast_slice(&a.read_range::<f32>(r)?).to_vec(),
+    })
+}
+
+/// `data` as `T`s (a trailing part of an element is dropped).
+fn collect<T: bytemuck::Pod>(data: &[u8]) -> Vec<T> {
+    data.chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
+}
+
+fn write_bytes<B: Backend>(
+    a: &mut Arena<B>,
+    r: &impl AsRange,
+    kind: Kind,
+    data: &[u8],
+) -> cuarena::Result<()> {
+    match kind {
+        Kind::Bytes => a.write_range(r, data),
+        Kind::U32 => a.write_range(r, &collect::<u32>(data)),
+        Kind::F32 => a.write_range(r, &collect::<f32>(data)),
+    }
 }
 
 struct ModelBlock {
@@ -61,6 +213,15 @@ pub(crate) struct Model<'a, B: Backend> {
     foreign: Arena,
     blocks: Vec<ModelBlock>,
     freed: Vec<Handle>,
+    storages: Vec<ModelStorage>,
+    /// Blocks of dropped storages the arena has not freed yet: `(handle,
+    /// size, reserved)`. Freed at the next allocation that passes its
+    /// argument checks, compaction or reclaim.
+    pending: Vec<(Handle, u64, u64)>,
+    /// Streams the arena knows: its own, then the registered ones.
+    streams: Vec<StreamId>,
+    /// A stream id the arena does not know (registered on `foreign`).
+    bogus_stream: StreamId,
     granule: u64,
     /// Read back every block after every step (host), or only after moves (GPU).
     verify_every_step: bool,
@@ -89,23 +250,83 @@ fn pattern(seed: u64, len: u64) -> Vec<u8> {
 impl<'a, B: Backend> Model<'a, B> {
     pub(crate) fn new(arena: &'a mut Arena<B>, verify_every_step: bool) -> Self {
         let granule = arena.config().alignment_bytes;
+        let mut foreign = Arena::host(ArenaConfig::new(4096)).expect("foreign arena");
+        let mut bogus_stream = StreamId::ARENA;
+        for _ in 0..8 {
+            bogus_stream = foreign.register_stream().expect("foreign stream");
+        }
         Self {
             arena,
-            foreign: Arena::host(ArenaConfig::new(4096)).expect("foreign arena"),
+            foreign,
             blocks: Vec::new(),
             freed: Vec::new(),
+            storages: Vec::new(),
+            pending: Vec::new(),
+            streams: vec![StreamId::ARENA],
+            bogus_stream,
             granule,
             verify_every_step,
             last_moves: 0,
         }
     }
 
+    /// Streams registered on the arena (7 at most), for `record_stream`
+    /// and `wait_on_arena`.
+    pub(crate) fn with_streams(mut self, streams: &[StreamId]) -> Self {
+        assert!(streams.len() < 8, "the bogus stream id is 8");
+        self.streams.extend_from_slice(streams);
+        self
+    }
+
+    /// Live blocks `(offset, size, pins)`, leaving out those of dropped
+    /// storages waiting to be freed (an allocation may free them).
     fn snapshot(&self) -> Vec<(u64, u64, u32)> {
         self.arena
             .blocks()
             .iter()
+            .filter(|b| !self.pending.iter().any(|p| p.0 == b.handle))
             .map(|b| (b.offset, b.size_bytes, b.pins))
             .collect()
+    }
+
+    /// The arena freed the blocks of dropped storages.
+    fn drained(&mut self) {
+        self.freed.extend(self.pending.drain(..).map(|p| p.0));
+    }
+
+    /// Bytes the pending blocks hold.
+    fn pending_reserved(&self) -> u64 {
+        self.pending.iter().map(|p| p.2).sum()
+    }
+
+    /// Every block at the arena's alignment (the no-fragmentation guarantees
+    /// assume it).
+    fn all_plain(&self) -> bool {
+        self.blocks.iter().all(|b| b.align <= self.granule)
+            && self.storages.iter().all(|s| s.align <= self.granule)
+    }
+
+    /// The error `e` left everything as it was.
+    fn unchanged(
+        &self,
+        step: usize,
+        what: &str,
+        before: &[(u64, u64, u32)],
+        st: &cuarena::Stats,
+        pending: usize,
+    ) {
+        assert_eq!(
+            self.snapshot(),
+            before,
+            "step {step}: {what} changed the arena"
+        );
+        let now = self.arena.stats();
+        assert_eq!(
+            (now.allocs, now.frees, now.moves, now.evictions),
+            (st.allocs, st.frees, st.moves, st.evictions),
+            "step {step}: {what} changed the stats"
+        );
+        assert_eq!(self.arena.pending_reclaim(), pending, "step {step}: {what}");
     }
 
     /// Runs `op`, then checks every invariant.
@@ -183,7 +404,9 @@ impl<'a, B: Backend> Model<'a, B> {
                     .filter(|b| b.2 > 0)
                     .map(|b| (b.0, b.1))
                     .collect();
+                let plain = self.all_plain();
                 self.arena.compact().expect("compact");
+                self.drained();
                 let after = self.arena.stats();
                 // Pinned blocks never move.
                 let now: Vec<(u64, u64)> = self
@@ -193,7 +416,7 @@ impl<'a, B: Backend> Model<'a, B> {
                     .map(|b| (b.0, b.1))
                     .collect();
                 assert_eq!(now, pinned, "step {step}: a pinned block moved");
-                if pinned.is_empty() && self.blocks.iter().all(|b| b.align <= self.granule) {
+                if pinned.is_empty() && plain {
                     assert!(
                         after.free_regions <= 1,
                         "step {step}: full compaction left {} holes",
@@ -265,9 +488,375 @@ impl<'a, B: Backend> Model<'a, B> {
                 ));
                 expect_unchanged(self, "wrong-length transfer");
             }
-            _ => {}
+            ref op => self.storage_step(op, step, &before, &stats_before),
         }
         self.check(step);
+    }
+
+    /// The storage, stream, copy and fill ops.
+    fn storage_step(
+        &mut self,
+        op: &Op,
+        step: usize,
+        before: &[(u64, u64, u32)],
+        st: &cuarena::Stats,
+    ) {
+        let n = self.storages.len();
+        let pending = self.arena.pending_reclaim();
+        let stores = self.arena.backend().stores_bytes();
+        match *op {
+            Op::AllocStorage { kind, len } => {
+                let (kind, zeroed) = match kind % 4 {
+                    0 => (Kind::Bytes, false),
+                    1 => (Kind::U32, false),
+                    2 => (Kind::F32, false),
+                    _ => (Kind::U32, true),
+                };
+                let r = match (kind, zeroed) {
+                    (Kind::Bytes, _) => self.arena.alloc_storage(len),
+                    (Kind::U32, false) => self.arena.alloc_storage_elems::<u32>(len),
+                    (Kind::U32, true) => self.arena.alloc_storage_zeroed::<u32>(len),
+                    (Kind::F32, _) => self.arena.alloc_storage_elems::<f32>(len),
+                };
+                let size = len * kind.elem();
+                let align = kind.elem().max(self.granule);
+                let pending_free = self.pending_reserved();
+                if size > 0 {
+                    // Past its argument checks: the queue was drained.
+                    self.drained();
+                }
+                let storage = match r {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.check_oom(e, size, align, step, before, st, pending_free);
+                        return;
+                    }
+                };
+                assert_eq!(
+                    (storage.len(), storage.len_bytes(), storage.is_empty()),
+                    (len, size, size == 0),
+                    "step {step}"
+                );
+                assert_eq!(storage.handle().is_some(), size > 0, "step {step}");
+                assert_eq!(storage.owners(), 1);
+                let data = if zeroed {
+                    vec![0; size as usize]
+                } else {
+                    let data = pattern(step as u64 * 7 + 3, size);
+                    write_bytes(self.arena, &storage, kind, &data).expect("write new storage");
+                    data
+                };
+                self.storages.push(ModelStorage {
+                    handle: storage.handle(),
+                    owners: vec![Owner::Whole(storage)],
+                    kind,
+                    size,
+                    reserved: size.div_ceil(self.granule) * self.granule,
+                    align,
+                    data,
+                });
+            }
+            Op::CloneStorage { idx } if n > 0 => {
+                let s = &mut self.storages[idx % n];
+                let c = s.storage().clone();
+                assert!(c.same_storage(s.storage()));
+                s.owners.push(Owner::Whole(c));
+                assert_eq!(s.storage().owners(), s.owners.len(), "step {step}");
+            }
+            Op::SliceStorage { idx, a, b } if n > 0 => {
+                let s = &mut self.storages[idx % n];
+                let len = s.storage().len();
+                let (a, b) = (a % (len + 2), b % (len + 2));
+                let (a, b) = (a.min(b), a.max(b));
+                match s.storage().slice(a..b) {
+                    Ok(sl) => {
+                        assert!(b <= len, "step {step}: slice {a}..{b} of {len}");
+                        let e = s.kind.elem();
+                        assert_eq!(
+                            (sl.offset_bytes(), sl.len_bytes(), sl.len()),
+                            (a * e, (b - a) * e, b - a)
+                        );
+                        s.owners.push(Owner::Slice(sl));
+                    }
+                    Err(Error::RangeOutOfBounds { .. }) => assert!(b > len, "step {step}"),
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+            }
+            Op::DropOwner { idx, which } if n > 0 => {
+                let i = idx % n;
+                let s = &mut self.storages[i];
+                s.owners.swap_remove(which % s.owners.len());
+                if s.owners.is_empty() {
+                    let s = self.storages.swap_remove(i);
+                    if let Some(h) = s.handle {
+                        self.pending.push((h, s.size, s.reserved));
+                    }
+                } else {
+                    assert_eq!(s.storage().owners(), s.owners.len(), "step {step}");
+                }
+                assert_eq!(
+                    self.arena.pending_reclaim(),
+                    self.pending.len(),
+                    "step {step}"
+                );
+            }
+            Op::Reclaim => {
+                let freed = self.arena.reclaim().expect("reclaim");
+                assert_eq!(freed, self.pending.len(), "step {step}");
+                self.drained();
+                assert_eq!(self.arena.pending_reclaim(), 0);
+            }
+            Op::WriteRange { idx, a, b, seed } if n > 0 => {
+                let s = &self.storages[idx % n];
+                let r = s.range(a, b);
+                let (off, len) = (r.offset_bytes() as usize, r.len_bytes());
+                let kind = s.kind;
+                match seed % 8 {
+                    0 => {
+                        // One element too many.
+                        let data = pattern(seed as u64, len + kind.elem());
+                        let e = write_bytes(self.arena, &r, kind, &data).unwrap_err();
+                        assert!(
+                            matches!(e, Error::LengthMismatch { .. }),
+                            "step {step}: {e}"
+                        );
+                        self.unchanged(step, "a wrong-length write", before, st, pending);
+                    }
+                    1 if kind != Kind::Bytes && len > 0 => {
+                        let other = if kind == Kind::U32 {
+                            Kind::F32
+                        } else {
+                            Kind::U32
+                        };
+                        let data = pattern(seed as u64, len);
+                        let e = write_bytes(self.arena, &r, other, &data).unwrap_err();
+                        assert!(matches!(e, Error::TypeMismatch { .. }), "step {step}: {e}");
+                        self.unchanged(step, "a wrong-type write", before, st, pending);
+                    }
+                    _ => {
+                        let data = pattern(step as u64 * 256 + seed as u64, len);
+                        write_bytes(self.arena, &r, kind, &data).expect("write_range");
+                        let s = &mut self.storages[idx % n];
+                        s.data[off..off + data.len()].copy_from_slice(&data);
+                    }
+                }
+            }
+            Op::ReadRange { idx, a, b } if n > 0 => {
+                let s = &self.storages[idx % n];
+                let r = s.range(a, b);
+                let got = read_bytes(self.arena, &r, s.kind).expect("read_range");
+                let off = r.offset_bytes() as usize;
+                assert_eq!(got.len() as u64, r.len_bytes());
+                if stores {
+                    assert!(
+                        got == s.data[off..off + got.len()],
+                        "step {step}: read_range of {} B at {off}",
+                        got.len()
+                    );
+                }
+            }
+            Op::CopyRange {
+                src,
+                dst,
+                len,
+                at,
+                to,
+                extra,
+            } if n > 0 => {
+                let (i, j) = (src % n, dst % n);
+                let (si, sj) = (&self.storages[i], &self.storages[j]);
+                let e = si.kind.elem().max(sj.kind.elem());
+                let units = si.size.min(sj.size) / e;
+                let l = (len % (units + 1)) * e;
+                let so = (at % ((si.size - l) / e + 1)) * e;
+                let d_o = (to % ((sj.size - l) / e + 1)) * e;
+                let dl = if extra && d_o + l + e <= sj.size {
+                    l + e
+                } else {
+                    l
+                };
+                let (ei, ej) = (si.kind.elem(), sj.kind.elem());
+                let sr = si.storage().slice(so / ei..(so + l) / ei).expect("src");
+                let dr = sj.storage().slice(d_o / ej..(d_o + dl) / ej).expect("dst");
+                let (ki, kj) = (si.kind, sj.kind);
+                let r = self.arena.copy(&sr, &dr);
+                let overlap = i == j && so < d_o + l && d_o < so + l && l > 0;
+                let typed_apart = ki != Kind::Bytes && kj != Kind::Bytes && ki != kj;
+                let both = si.handle.is_some() && sj.handle.is_some();
+                let want = if dl != l {
+                    "length"
+                } else if both && typed_apart {
+                    "type"
+                } else if overlap {
+                    "overlap"
+                } else {
+                    "ok"
+                };
+                match (want, r) {
+                    ("ok", Ok(())) => {
+                        let bytes = self.storages[i].data[so as usize..(so + l) as usize].to_vec();
+                        self.storages[j].data[d_o as usize..(d_o + l) as usize]
+                            .copy_from_slice(&bytes);
+                    }
+                    ("length", Err(Error::LengthMismatch { .. }))
+                    | ("type", Err(Error::TypeMismatch { .. }))
+                    | ("overlap", Err(Error::OverlappingRanges { .. })) => {
+                        self.unchanged(step, "a bad copy", before, st, pending);
+                    }
+                    (want, r) => panic!("step {step}: copy expected {want}, got {r:?}"),
+                }
+            }
+            Op::FillRange {
+                idx,
+                a,
+                b,
+                width,
+                seed,
+            } if n > 0 => {
+                let i = idx % n;
+                let s = &self.storages[i];
+                let r = s.range(a, b);
+                let (off, len) = (r.offset_bytes() as usize, r.len_bytes());
+                let kind = s.kind;
+                let w: u64 = [1, 2, 4, 8, 16, 3, 1][(width % 7) as usize];
+                let p = pattern(seed as u64 + 1, w);
+                let res = match width % 7 {
+                    0 => self.arena.fill(&r, p[0]),
+                    1 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u16>(&p)),
+                    2 if kind == Kind::F32 => {
+                        self.arena.fill(&r, bytemuck::pod_read_unaligned::<f32>(&p))
+                    }
+                    2 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u32>(&p)),
+                    3 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u64>(&p)),
+                    4 => self
+                        .arena
+                        .fill(&r, bytemuck::pod_read_unaligned::<u128>(&p)),
+                    5 => self.arena.fill(&r, [p[0], p[1], p[2]]),
+                    _ => self.arena.fill_bytes(&r, p[0]),
+                };
+                let bytes_fill = width % 7 == 6;
+                let type_ok = bytes_fill || kind == Kind::Bytes || w == 4;
+                let want = if s.handle.is_none() {
+                    "ok"
+                } else if !type_ok {
+                    "type"
+                } else if !bytes_fill && w > 1 && len % w != 0 {
+                    "whole"
+                } else if w == 3 {
+                    "pattern"
+                } else {
+                    "ok"
+                };
+                match (want, res) {
+                    ("ok", Ok(())) => {
+                        let d = &mut self.storages[i].data[off..off + len as usize];
+                        for (k, byte) in d.iter_mut().enumerate() {
+                            *byte = p[k % w as usize];
+                        }
+                    }
+                    ("type", Err(Error::TypeMismatch { .. }))
+                    | ("whole", Err(Error::NotWholeElements { .. }))
+                    | ("pattern", Err(Error::InvalidPattern { .. })) => {
+                        self.unchanged(step, "a bad fill", before, st, pending);
+                    }
+                    (want, r) => {
+                        panic!("step {step}: fill of {w} B over {len} B expected {want}, got {r:?}")
+                    }
+                }
+            }
+            Op::RecordStream { idx, stream } => {
+                let k = stream as usize % (self.streams.len() + 1);
+                let id = self.streams.get(k).copied().unwrap_or(self.bogus_stream);
+                let r = match self.storages.get(idx % n.max(1)) {
+                    Some(s) if idx % 2 == 0 => self
+                        .arena
+                        .record_stream(&s.range(idx as u64, idx as u64 / 3), id),
+                    Some(s) => self.arena.record_stream(s.storage(), id),
+                    None => return,
+                };
+                self.check_stream_result(r, k, step, before, st, pending);
+            }
+            Op::WaitOnArena { stream } => {
+                let k = stream as usize % (self.streams.len() + 1);
+                let id = self.streams.get(k).copied().unwrap_or(self.bogus_stream);
+                let r = self.arena.wait_on_arena(id);
+                self.check_stream_result(r, k, step, before, st, pending);
+            }
+            _ => {}
+        }
+    }
+
+    fn check_stream_result(
+        &self,
+        r: cuarena::Result<()>,
+        k: usize,
+        step: usize,
+        before: &[(u64, u64, u32)],
+        st: &cuarena::Stats,
+        pending: usize,
+    ) {
+        if k < self.streams.len() {
+            r.expect("a registered stream");
+        } else {
+            assert_eq!(
+                r,
+                Err(Error::UnknownStream {
+                    stream: self.bogus_stream.index(),
+                    registered: self.streams.len() as u32,
+                }),
+                "step {step}"
+            );
+            self.unchanged(step, "an unknown stream", before, st, pending);
+        }
+    }
+
+    /// An allocation of `size` B at `align` failed with `e`: it must be
+    /// `OutOfMemory`, truthful, and have changed nothing but freeing the
+    /// blocks of dropped storages.
+    #[allow(clippy::too_many_arguments)]
+    fn check_oom(
+        &self,
+        e: Error,
+        size: u64,
+        align: u64,
+        step: usize,
+        before: &[(u64, u64, u32)],
+        st: &cuarena::Stats,
+        pending_free: u64,
+    ) {
+        // Saturating: only compared with what the arena reports.
+        let reserved = size.div_ceil(self.granule).saturating_mul(self.granule);
+        let Error::OutOfMemory {
+            requested_bytes,
+            free_bytes,
+            reachable_bytes,
+            ..
+        } = e
+        else {
+            panic!("step {step}: unexpected error {e}");
+        };
+        assert_eq!(requested_bytes, reserved);
+        // The blocks of dropped storages were freed first.
+        assert_eq!(free_bytes, st.free_bytes + pending_free, "step {step}");
+        assert_eq!(free_bytes, self.arena.stats().free_bytes, "step {step}");
+        // The guarantee: with no pins (and default alignment) a request
+        // fails only if it exceeds the free bytes.
+        let plain = st.pinned_blocks == 0 && align <= self.granule && self.all_plain();
+        if plain {
+            assert!(
+                reserved > free_bytes,
+                "step {step}: {reserved} B failed with {free_bytes} B free",
+            );
+        }
+        assert!(
+            reachable_bytes < reserved,
+            "step {step}: failed although compaction reaches {reachable_bytes} B"
+        );
+        assert_eq!(
+            self.snapshot(),
+            before,
+            "step {step}: failed alloc changed the arena"
+        );
     }
 
     fn alloc(
@@ -278,13 +867,14 @@ impl<'a, B: Backend> Model<'a, B> {
         before: &[(u64, u64, u32)],
         st: &cuarena::Stats,
     ) {
+        let pending_free = self.pending_reserved();
         let r = if align == 0 {
             self.arena.alloc(size)
         } else {
             self.arena.alloc_aligned(size, align)
         };
-        // Saturating: only compared with what the arena reports.
-        let reserved = size.div_ceil(self.granule).saturating_mul(self.granule);
+        // Past its argument checks: the reclaim queue was drained.
+        self.drained();
         match r {
             Ok(handle) => {
                 let data = pattern(step as u64, size);
@@ -300,37 +890,15 @@ impl<'a, B: Backend> Model<'a, B> {
                     pins: 0,
                 });
             }
-            Err(Error::OutOfMemory {
-                requested_bytes,
-                free_bytes,
-                reachable_bytes,
-                ..
-            }) => {
-                assert_eq!(requested_bytes, reserved);
-                assert_eq!(free_bytes, st.free_bytes);
-                // The guarantee: with no pins (and default alignment) a
-                // request fails only if it exceeds the free bytes.
-                let plain = st.pinned_blocks == 0
-                    && align <= self.granule
-                    && self.blocks.iter().all(|b| b.align <= self.granule);
-                if plain {
-                    assert!(
-                        reserved > st.free_bytes,
-                        "step {step}: {reserved} B failed with {} B free",
-                        st.free_bytes
-                    );
-                }
-                assert!(
-                    reachable_bytes < reserved,
-                    "step {step}: failed although compaction reaches {reachable_bytes} B"
-                );
-                assert_eq!(
-                    self.snapshot(),
-                    before,
-                    "step {step}: failed alloc changed the arena"
-                );
-            }
-            Err(e) => panic!("step {step}: unexpected error {e}"),
+            Err(e) => self.check_oom(
+                e,
+                size,
+                align.max(self.granule),
+                step,
+                before,
+                st,
+                pending_free,
+            ),
         }
     }
 
@@ -338,7 +906,14 @@ impl<'a, B: Backend> Model<'a, B> {
     pub(crate) fn check(&mut self, step: usize) {
         let cap = self.arena.config().capacity_bytes;
         let infos = self.arena.blocks();
-        assert_eq!(infos.len(), self.blocks.len(), "step {step}: live count");
+        let storage_blocks = self.storages.iter().filter(|s| s.handle.is_some());
+        let live = self.blocks.len() + storage_blocks.clone().count() + self.pending.len();
+        assert_eq!(infos.len(), live, "step {step}: live count");
+        assert_eq!(
+            self.arena.pending_reclaim(),
+            self.pending.len(),
+            "step {step}"
+        );
         let mut end = 0;
         for b in &infos {
             assert!(
@@ -364,10 +939,13 @@ impl<'a, B: Backend> Model<'a, B> {
             st.requested_bytes,
             self.blocks
                 .iter()
-                .try_fold(0u64, |s, b| s.checked_add(b.size))
+                .map(|b| b.size)
+                .chain(storage_blocks.map(|s| s.size))
+                .chain(self.pending.iter().map(|p| p.1))
+                .try_fold(0u64, |s, b| s.checked_add(b))
                 .expect("requested bytes exceed u64")
         );
-        assert_eq!(st.live_blocks, self.blocks.len());
+        assert_eq!(st.live_blocks, live);
         assert_eq!(
             st.pinned_blocks,
             self.blocks.iter().filter(|b| b.pins > 0).count()
@@ -415,6 +993,29 @@ impl<'a, B: Backend> Model<'a, B> {
                 b.size
             );
         }
+        for s in &self.storages {
+            let got = read_bytes(self.arena, s.storage(), s.kind).expect("read storage");
+            assert!(
+                got == s.data,
+                "step {step}: storage of {} B lost its bytes",
+                s.size
+            );
+        }
+    }
+
+    /// Drops every storage, reclaims, and checks that only the handles'
+    /// blocks are left.
+    pub(crate) fn finish(&mut self, step: usize) {
+        self.verify_bytes(step);
+        for s in self.storages.drain(..) {
+            if let Some(h) = s.handle {
+                self.pending.push((h, s.size, s.reserved));
+            }
+        }
+        assert_eq!(self.arena.reclaim().expect("reclaim"), self.pending.len());
+        self.drained();
+        self.check(step);
+        assert_eq!(self.arena.stats().live_blocks, self.blocks.len());
     }
 }
 
@@ -426,9 +1027,10 @@ fn gen_op(r: &mut u64, cap: u64) -> Op {
         *r ^= *r << 17;
         *r
     };
-    let k = next() % 100;
+    let k = next() % 140;
     let idx = next() as usize;
     match k {
+        100..=139 => gen_storage_op(k - 100, idx, &mut next),
         0..=34 => {
             // Log-uniform sizes from 1 B to cap/8.
             let max_log = 64 - (cap / 8).leading_zeros() as u64;
@@ -460,19 +1062,84 @@ fn gen_op(r: &mut u64, cap: u64) -> Op {
     }
 }
 
+/// One of the storage ops, for `k` in `0..40`.
+fn gen_storage_op(k: u64, idx: usize, next: &mut impl FnMut() -> u64) -> Op {
+    match k {
+        0..=7 => Op::AllocStorage {
+            kind: next() as u8,
+            len: if next() % 8 == 0 {
+                0
+            } else {
+                1 + next() % 1024
+            },
+        },
+        8..=9 => Op::CloneStorage { idx },
+        10..=12 => Op::SliceStorage {
+            idx,
+            a: next(),
+            b: next(),
+        },
+        13..=19 => Op::DropOwner {
+            idx,
+            which: next() as usize,
+        },
+        20 => Op::Reclaim,
+        21..=24 => Op::WriteRange {
+            idx,
+            a: next(),
+            b: next(),
+            seed: next() as u8,
+        },
+        25..=28 => Op::ReadRange {
+            idx,
+            a: next(),
+            b: next(),
+        },
+        29..=32 => Op::CopyRange {
+            src: idx,
+            dst: if next() % 4 == 0 {
+                idx
+            } else {
+                next() as usize
+            },
+            len: next(),
+            at: next(),
+            to: next(),
+            extra: next() % 6 == 0,
+        },
+        33..=36 => Op::FillRange {
+            idx,
+            a: next(),
+            b: next(),
+            width: next() as u8,
+            seed: next() as u8,
+        },
+        37..=38 => Op::RecordStream {
+            idx,
+            stream: next() as u8,
+        },
+        _ => Op::WaitOnArena {
+            stream: next() as u8,
+        },
+    }
+}
+
 /// Runs a seeded random program of `steps` ops on `arena`, checking after
 /// each step (bytes after every step that moved something). Panics on any
 /// mismatch. Used by the GPU suite.
 #[allow(dead_code)]
 pub(crate) fn run_random_program<B: Backend>(arena: &mut Arena<B>, seed: u64, steps: usize) {
     let cap = arena.config().capacity_bytes;
-    let mut model = Model::new(arena, false);
+    run_random_program_on(Model::new(arena, false), seed, steps, cap);
+}
+
+fn run_random_program_on<B: Backend>(mut model: Model<'_, B>, seed: u64, steps: usize, cap: u64) {
     let mut r = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
     for step in 0..steps {
         let op = gen_op(&mut r, cap);
         model.step(&op, step);
     }
-    model.verify_bytes(steps);
+    model.finish(steps);
 }
 
 /// A weighted random op over an arena near 2^64 B: sizes from bytes to
@@ -607,6 +1274,18 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::DoubleFree),
         1 => Just(Op::ForeignHandle),
         1 => any::<usize>().prop_map(|idx| Op::WrongLengthRead { idx }),
+        8 => (any::<u8>(), prop_oneof![1 => Just(0u64), 7 => 1u64..1024]).prop_map(|(kind, len)| Op::AllocStorage { kind, len }),
+        2 => any::<usize>().prop_map(|idx| Op::CloneStorage { idx }),
+        3 => (any::<usize>(), any::<u64>(), any::<u64>()).prop_map(|(idx, a, b)| Op::SliceStorage { idx, a, b }),
+        7 => (any::<usize>(), any::<usize>()).prop_map(|(idx, which)| Op::DropOwner { idx, which }),
+        1 => Just(Op::Reclaim),
+        4 => (any::<usize>(), any::<u64>(), any::<u64>(), any::<u8>()).prop_map(|(idx, a, b, seed)| Op::WriteRange { idx, a, b, seed }),
+        4 => (any::<usize>(), any::<u64>(), any::<u64>()).prop_map(|(idx, a, b)| Op::ReadRange { idx, a, b }),
+        4 => (any::<usize>(), prop_oneof![Just(None), any::<usize>().prop_map(Some)], any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>())
+            .prop_map(|(src, dst, len, at, to, extra)| Op::CopyRange { src, dst: dst.unwrap_or(src), len, at, to, extra }),
+        4 => (any::<usize>(), any::<u64>(), any::<u64>(), any::<u8>(), any::<u8>()).prop_map(|(idx, a, b, width, seed)| Op::FillRange { idx, a, b, width, seed }),
+        2 => (any::<usize>(), any::<u8>()).prop_map(|(idx, stream)| Op::RecordStream { idx, stream }),
+        1 => any::<u8>().prop_map(|stream| Op::WaitOnArena { stream }),
     ]
 }
 
@@ -627,10 +1306,12 @@ proptest! {
         let cap = 256 * 1024;
         let backend = cuarena::backend::HostBackend::new(cap).expect("backend").with_seed(seed);
         let mut arena = Arena::with_backend(ArenaConfig::new(cap).with_alignment_bytes(align), backend).expect("arena");
-        let mut model = Model::new(&mut arena, true);
+        let streams = [arena.register_stream().expect("stream"), arena.register_stream().expect("stream")];
+        let mut model = Model::new(&mut arena, true).with_streams(&streams);
         for (step, op) in ops.iter().enumerate() {
             model.step(op, step);
         }
+        model.finish(ops.len());
     }
 }
 
@@ -639,7 +1320,9 @@ fn seeded_programs_on_the_host_backend() {
     let (mut targeted, mut full) = (0, 0);
     for seed in 0..50 {
         let mut arena = Arena::host(ArenaConfig::new(1 << 20)).expect("arena");
-        run_random_program(&mut arena, seed, 400);
+        let streams = [arena.register_stream().expect("stream")];
+        let model = Model::new(&mut arena, true).with_streams(&streams);
+        run_random_program_on(model, seed, 400, 1 << 20);
         targeted += arena.stats().targeted_compactions;
         full += arena.stats().full_compactions;
     }

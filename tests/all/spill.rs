@@ -180,3 +180,188 @@ fn a_full_host_tier_is_reported_with_its_numbers() {
         Err(Error::WorkingSetTooLarge { .. })
     ));
 }
+
+/// Residency of every block, in handle order: what a failed call must leave
+/// as it was.
+fn residency(a: &Arena, hs: &[Handle]) -> Vec<(bool, u64)> {
+    hs.iter()
+        .map(|&h| {
+            let i = a.info(h).expect("info");
+            (i.resident, i.offset)
+        })
+        .collect()
+}
+
+/// Four 256 B blocks fill a 1 KiB region; the tier holds two. `alloc(768)`
+/// needs three evicted: it fails with `HostTierFull` and evicts none.
+#[test]
+fn a_spilling_alloc_that_fails_evicts_nothing() {
+    let mut a = Arena::host(ArenaConfig::new(1024).with_spill_host_bytes(512)).expect("arena");
+    let hs: Vec<Handle> = (0..4u8)
+        .map(|i| {
+            let h = a.alloc(256).expect("alloc");
+            a.write(h, &[i + 1; 256]).expect("write");
+            h
+        })
+        .collect();
+    let before = residency(&a, &hs);
+    let (ev, used) = (a.stats().evictions, a.stats().host_tier_used_bytes);
+    match a.alloc(768) {
+        Err(Error::HostTierFull {
+            requested_bytes,
+            needed_bytes,
+            host_tier_bytes,
+            host_free_bytes,
+            host_largest_free_bytes,
+        }) => {
+            assert_eq!(requested_bytes, 768);
+            assert_eq!(needed_bytes, 768, "three blocks of 256 B to spill");
+            assert_eq!(host_tier_bytes, 512);
+            assert_eq!((host_free_bytes, host_largest_free_bytes), (512, 512));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        residency(&a, &hs),
+        before,
+        "a failed alloc changed residency"
+    );
+    assert_eq!(a.stats().evictions, ev);
+    assert_eq!(a.stats().host_tier_used_bytes, used);
+    for (i, &h) in hs.iter().enumerate() {
+        assert_eq!(a.read::<u8>(h).expect("read"), vec![i as u8 + 1; 256]);
+    }
+    // Two evictions are enough for 512 B: that one succeeds, and evicts the
+    // two least recently used blocks only.
+    let h = a.alloc(512).expect("alloc with two evictions");
+    assert_eq!(a.stats().evictions, ev + 2);
+    assert_eq!(a.stats().host_tier_used_bytes, 512);
+    // Now the tier is full: even one more eviction fails, changing nothing.
+    let now = residency(&a, &hs);
+    assert!(matches!(a.alloc(256), Err(Error::HostTierFull { .. })));
+    assert_eq!(residency(&a, &hs), now);
+    assert!(a.contains(h));
+}
+
+/// A working set that cannot fit even with everything else spilled fails
+/// before anything is evicted.
+#[test]
+fn working_set_too_large_evicts_nothing() {
+    let mut a = Arena::host(ArenaConfig::new(1024).with_spill_host_bytes(4096)).expect("arena");
+    let p = a.alloc(512).expect("p");
+    a.pin(p).expect("pin");
+    let hs: Vec<Handle> = (0..2).map(|_| a.alloc(256).expect("alloc")).collect();
+    let before = residency(&a, &hs);
+    assert!(matches!(
+        a.alloc(768),
+        Err(Error::WorkingSetTooLarge {
+            needed_bytes: 1280,
+            reachable_bytes: 512
+        })
+    ));
+    assert_eq!(residency(&a, &hs), before);
+    assert_eq!(a.stats().evictions, 0);
+    assert_eq!(a.stats().host_tier_used_bytes, 0);
+}
+
+/// Wrong-length or wrong-type transfers to a spilled block fail before it
+/// is brought back: it stays spilled and nothing else is evicted, with a
+/// tier that has room and with one that has none.
+#[test]
+fn argument_errors_on_spilled_blocks_change_no_residency() {
+    for tier in [2048u64, 256] {
+        let mut a = Arena::host(ArenaConfig::new(1024).with_spill_host_bytes(tier)).expect("arena");
+        let x = a.alloc_elems::<u32>(64).expect("x");
+        a.write(x, &[7u32; 64]).expect("write x");
+        let others: Vec<Handle> = (0..3).map(|_| a.alloc(256).expect("alloc")).collect();
+        let y = a.alloc_elems::<f32>(64).expect("y spills x");
+        assert!(!a.info(x).expect("info").resident);
+        let mut hs = others.clone();
+        hs.extend([x, y]);
+        let before = residency(&a, &hs);
+        let st = a.stats();
+        let errs = [
+            a.write(x, &[1u32; 63]).unwrap_err(),
+            a.write(x, &[1.0f32; 64]).unwrap_err(),
+            a.write(x, &[1u8; 256]).unwrap_err(),
+            a.read_into(x, &mut [0u32; 65]).unwrap_err(),
+            a.read::<f32>(x).unwrap_err(),
+            a.write_range(&x, &[1u32; 3]).unwrap_err(),
+            a.fill(&x, 1u64).unwrap_err(),
+            a.copy(&x, &y).unwrap_err(),
+        ];
+        for e in errs {
+            assert!(
+                matches!(e, Error::LengthMismatch { .. } | Error::TypeMismatch { .. }),
+                "tier {tier}: {e}"
+            );
+        }
+        assert_eq!(residency(&a, &hs), before, "tier {tier}");
+        assert_eq!(a.stats().evictions, st.evictions, "tier {tier}");
+        assert_eq!(a.stats().restores, st.restores, "tier {tier}");
+        // A valid write brings it back (or, with a full tier, fails with
+        // `HostTierFull` and changes nothing).
+        match a.write(x, &[9u32; 64]) {
+            Ok(()) => assert!(a.info(x).expect("info").resident),
+            Err(Error::HostTierFull { .. }) => {
+                assert_eq!(tier, 256);
+                assert_eq!(residency(&a, &hs), before);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// The spill model: random programs with `alloc` failing on a full tier,
+/// checked for unchanged residency on every failure.
+#[test]
+fn failed_spilling_allocs_change_nothing_in_random_programs() {
+    let mut failures = 0;
+    for seed in 0..20u64 {
+        let cap = 16 << 10;
+        let mut a =
+            Arena::host(ArenaConfig::new(cap).with_spill_host_bytes(cap / 2)).expect("arena");
+        let mut live: Vec<(Handle, Vec<u8>)> = Vec::new();
+        let mut x = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..300 {
+            if next() % 3 == 0 && !live.is_empty() {
+                let i = (next() % live.len() as u64) as usize;
+                let (h, _) = live.swap_remove(i);
+                a.free(h).expect("free");
+                continue;
+            }
+            let size = 1 + next() % (cap / 3);
+            let hs: Vec<Handle> = live.iter().map(|l| l.0).collect();
+            let before = residency(&a, &hs);
+            let (ev, used) = (a.stats().evictions, a.stats().host_tier_used_bytes);
+            match a.alloc(size) {
+                Ok(h) => {
+                    let data = bytes(next(), size);
+                    a.write(h, &data).expect("write");
+                    live.push((h, data));
+                }
+                Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {
+                    failures += 1;
+                    assert_eq!(residency(&a, &hs), before, "seed {seed} step {step}");
+                    assert_eq!(a.stats().evictions, ev);
+                    assert_eq!(a.stats().host_tier_used_bytes, used);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // Resident blocks first, each freed after its check: the spilled
+        // ones then come back without evicting anything.
+        live.sort_by_key(|l| !a.info(l.0).expect("info").resident);
+        for (h, data) in live {
+            assert!(a.read::<u8>(h).expect("read") == data, "seed {seed}");
+            a.free(h).expect("free");
+        }
+    }
+    assert!(failures > 20, "weak test: {failures} failures");
+}
