@@ -21,7 +21,8 @@
 //! Ratios are arena / plain and arena + compaction / plain, from the same
 //! run [target: arena / plain >= 0.98 at every size >= 16 MiB]. Times are
 //! CUDA events on rank 0's communication stream around `reps` all-reduces
-//! (after 3 warm-ups), median of 5 such runs.
+//! (after 2 warm-ups); 7 rounds interleave the three cases, and the
+//! medians are compared.
 //!
 //! Environment: `CUARENA_BENCH_REPS` (default 20), `NCCL_NVLS_ENABLE=0`
 //! on the GPU machines (shared/GPU.md).
@@ -94,43 +95,20 @@ fn run() -> Res<()> {
     let mut worst_ge_16 = f64::INFINITY;
     while size <= max_bytes {
         let elems = (size / 4) as usize;
-        let plain = sample(&comms, reps, |_| {
-            Communicator::group(&comms, || {
-                for (c, r) in comms.iter().zip(ranks.iter_mut()) {
-                    let mut v = r.plain.slice_mut(..elems);
-                    c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
-                }
-                Ok(())
-            })
-        })?;
-        let arena = sample(&comms, reps, |_| {
-            Communicator::group(&comms, || {
-                for (c, r) in comms.iter().zip(ranks.iter_mut()) {
-                    let part = r.tensor.slice(0..elems as u64)?;
-                    let mut args = r.arena.kernel_args(r.comm_id)?;
-                    let mut v = args.output::<f32>(&part)?;
-                    c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
-                }
-                Ok(())
-            })
-        })?;
-        let compacting = sample(&comms, reps, |i| {
-            Communicator::group(&comms, || {
-                for (c, r) in comms.iter().zip(ranks.iter_mut()) {
-                    let part = r.tensor.slice(0..elems as u64)?;
-                    let mut args = r.arena.kernel_args(r.comm_id)?;
-                    let mut v = args.output::<f32>(&part)?;
-                    c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
-                }
-                Ok(())
-            })?;
-            // While the all-reduces run: fragment and compact other blocks
-            // on each arena's own stream.
-            for r in &mut ranks {
-                fragment_and_compact(r, i)?;
+        // Interleaved: 7 rounds of (plain, arena, arena + compaction), so
+        // drifts in clocks or load hit the three alike; medians compared.
+        let mut t = [Vec::new(), Vec::new(), Vec::new()];
+        for _round in 0..7 {
+            for (case, times) in t.iter_mut().enumerate() {
+                times.push(timed(&comms, reps, |i| {
+                    op(case, i, &comms, &mut ranks, elems)
+                })?);
             }
-            Ok(())
-        })?;
+        }
+        let [plain, arena, compacting] = t.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        });
         let bus = |t: f64| size as f64 / t * 2.0 * (n as f64 - 1.0).max(1.0) / n as f64 / 1e9;
         let (rp, rc) = (plain / arena, plain / compacting);
         if size >= 16 * MIB {
@@ -170,57 +148,76 @@ fn run() -> Res<()> {
     Ok(())
 }
 
-/// Frees every other filler block and allocates new ones so that the next
-/// allocation compacts (64 MiB of 1 MiB blocks), then compacts.
+/// Frees every other filler block (64 blocks of 1 MiB) and compacts, which
+/// moves the survivors down past the tensor's neighbours, then refills.
 fn fragment_and_compact(r: &mut Rank, i: usize) -> cuarena::Result<()> {
-    if r.filler.is_empty() {
-        for _ in 0..64 {
-            r.filler.push(r.arena.alloc_storage(MIB)?);
-        }
-    }
     let parity = i % 2;
     let mut k = 0;
     r.filler.retain(|_| {
         k += 1;
         k % 2 == parity
     });
+    r.arena.compact()?;
     while r.filler.len() < 64 {
         r.filler.push(r.arena.alloc_storage(MIB)?);
     }
-    r.arena.compact()?;
     Ok(())
 }
 
-/// Median seconds per call of `op` over 5 samples of `reps` calls, timed
+/// One all-reduce on every rank: 0 plain buffers, 1 arena tensors, 2 arena
+/// tensors while each arena compacts other blocks on its own stream.
+fn op(
+    case: usize,
+    i: usize,
+    comms: &[Communicator],
+    ranks: &mut [Rank],
+    elems: usize,
+) -> cuarena::Result<()> {
+    Communicator::group(comms, || {
+        for (c, r) in comms.iter().zip(ranks.iter_mut()) {
+            if case == 0 {
+                let mut v = r.plain.slice_mut(..elems);
+                c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+            } else {
+                let part = r.tensor.slice(0..elems as u64)?;
+                let mut args = r.arena.kernel_args(r.comm_id)?;
+                let mut v = args.output::<f32>(&part)?;
+                c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+            }
+        }
+        Ok(())
+    })?;
+    if case == 2 {
+        // While the all-reduces run: fragment and compact other blocks.
+        for r in ranks.iter_mut() {
+            fragment_and_compact(r, i)?;
+        }
+    }
+    Ok(())
+}
+
+/// Seconds per call of `op` over `reps` calls (after 2 warm-ups), timed
 /// with events on rank 0's communication stream.
-fn sample(
+fn timed(
     comms: &[Communicator],
     reps: usize,
     mut op: impl FnMut(usize) -> cuarena::Result<()>,
 ) -> Res<f64> {
     let stream = comms[0].stream();
-    for i in 0..3 {
+    for i in 0..2 {
         op(i)?;
     }
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        for c in comms {
-            c.synchronize()?;
-        }
-        let start = stream.record_event(Some(
-            cuarena::backend::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-        ))?;
-        for i in 0..reps {
-            op(i)?;
-        }
-        let end = stream.record_event(Some(
-            cuarena::backend::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-        ))?;
-        for c in comms {
-            c.synchronize()?;
-        }
-        times.push(start.elapsed_ms(&end)? as f64 / 1e3 / reps as f64);
+    for c in comms {
+        c.synchronize()?;
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[2])
+    let flags = Some(cuarena::backend::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = stream.record_event(flags)?;
+    for i in 0..reps {
+        op(i)?;
+    }
+    let end = stream.record_event(flags)?;
+    for c in comms {
+        c.synchronize()?;
+    }
+    Ok(start.elapsed_ms(&end)? as f64 / 1e3 / reps as f64)
 }
