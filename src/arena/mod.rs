@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::handle::{BlockKey, ElemType, Handle, TableEntry};
 use crate::placement::{Allocation, FreeIndex};
 use crate::plan::planner::LiveBlock;
+use crate::plan::policy::Pacer;
 
 /// Ids of arenas, so handles of one are rejected by another.
 static NEXT_ARENA_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
@@ -110,6 +111,8 @@ pub struct Arena<B: Backend = HostBackend> {
     layout: Vec<(u64, u64, BlockKey)>,
     spans: Vec<(u64, u64)>,
     allocations: Vec<Allocation>,
+    /// The compaction policy's state (see [`crate::plan::policy`]).
+    pacer: Pacer,
 }
 
 impl Arena<HostBackend> {
@@ -162,6 +165,7 @@ impl<B: Backend> Arena<B> {
             layout: Vec::new(),
             spans: Vec::new(),
             allocations: Vec::new(),
+            pacer: Pacer::new(),
         })
     }
 

@@ -33,6 +33,7 @@
 //! direction; the planner uses such moves to evacuate a window into holes.
 
 pub mod planner;
+pub mod policy;
 
 use smallvec::SmallVec;
 
