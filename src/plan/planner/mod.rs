@@ -329,7 +329,8 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
 /// Evacuate: find the windows `[x, x + size)` (x aligned, no pinned block
 /// inside) with the fewest block bytes, and move those blocks into holes
 /// outside the window. Tries a few of the cheapest windows, since the best
-/// may not pack.
+/// may not pack; windows whose blocks outweigh the free bytes outside them
+/// cannot pack at all and are never among those few.
 fn plan_evacuate(
     blocks: &[LiveBlock],
     holes: &Holes,
@@ -345,6 +346,14 @@ fn plan_evacuate(
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut cost = 0u64;
     let mut pinned_inside = 0u32;
+    // Bytes of the blocks overlapping the window, and of all holes: a
+    // window whose blocks outweigh the free bytes outside it cannot be
+    // evacuated, so it never takes a candidate's place.
+    let mut inside_len = 0u64;
+    let total_free = holes
+        .spans
+        .iter()
+        .fold(0u64, |a, &(s, e)| a.saturating_add(e - s));
     let mut consider =
         |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
             let Some(x) = align_up(s, req.align) else {
@@ -355,15 +364,26 @@ fn plan_evacuate(
             };
             while *hi < blocks.len() && blocks[*hi].offset < end {
                 *cost += blocks[*hi].copy_len;
+                inside_len += blocks[*hi].len;
                 *pinned += u32::from(blocks[*hi].pinned);
                 *hi += 1;
             }
             while *lo < *hi && blocks[*lo].end() <= x {
                 *cost -= blocks[*lo].copy_len;
+                inside_len -= blocks[*lo].len;
                 *pinned -= u32::from(blocks[*lo].pinned);
                 *lo += 1;
             }
-            if *pinned == 0 && beat.is_none_or(|b| *cost < b) {
+            // Block bytes inside the window proper (edge blocks clipped),
+            // hence the free bytes inside it and outside it.
+            let feasible = *lo == *hi || {
+                let over_lo = x.saturating_sub(blocks[*lo].offset);
+                let over_hi = blocks[*hi - 1].end().saturating_sub(end);
+                let clipped = inside_len.saturating_sub(over_lo).saturating_sub(over_hi);
+                let free_inside = req.size.saturating_sub(clipped);
+                inside_len <= total_free.saturating_sub(free_inside)
+            };
+            if *pinned == 0 && feasible && beat.is_none_or(|b| *cost < b) {
                 let cand = (*cost, x, *lo, *hi);
                 if best.len() < CANDIDATES {
                     best.push(cand);
