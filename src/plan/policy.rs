@@ -123,9 +123,7 @@ impl Pacer {
             return Some((full, Reason::Budget));
         }
         self.work = self.work.saturating_add(n);
-        let Some(targeted) = plan_targeted(blocks, capacity, req) else {
-            return None;
-        };
+        let targeted = plan_targeted(blocks, capacity, req)?;
         let t = targeted.bytes_moved();
         if t.saturating_mul(2) >= full_bytes && full_serves() {
             self.rent = 0;
