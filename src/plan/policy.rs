@@ -30,8 +30,9 @@
 //!    `WORK_FLOOR`, plus the full compactions (which a naive
 //!    compact-on-failure allocator would run as well).
 //!
-//! Cost of a decision: one targeted plan and one full plan, both
-//! O(live blocks) (the full plan's bytes are the price the rules compare).
+//! Cost of a decision: one targeted plan and the full plan's bytes (the
+//! price the rules compare, counted without building the plan), both
+//! O(live blocks); the full plan is built only when chosen.
 //! The pacer itself is three counters.
 //!
 //! Neither rule can make an allocation fail: the arena still falls back to
@@ -40,7 +41,9 @@
 //! free bytes of one gap between pinned blocks (with no pins: whenever its
 //! size is at most the free bytes).
 
-use super::planner::{largest_hole_after_full, plan_full, plan_targeted, LiveBlock, Request};
+use super::planner::{
+    full_bytes_moved, largest_hole_after_full, plan_full, plan_targeted, LiveBlock, Request,
+};
 use super::Plan;
 
 /// Block visits of planning allowed per allocation or free served.
@@ -108,9 +111,8 @@ impl Pacer {
         let budget = WORK_PER_OP
             .saturating_mul(ops.saturating_add(self.moved))
             .saturating_add(WORK_FLOOR);
-        let full = plan_full(blocks, capacity);
+        let full_bytes = full_bytes_moved(blocks, capacity);
         self.work = self.work.saturating_add(n);
-        let full_bytes = full.bytes_moved();
         // A full plan is only a candidate if it moves something and leaves
         // a hole for the request (with pins it may not, where a targeted
         // evacuation across gaps would).
@@ -119,6 +121,7 @@ impl Pacer {
         if self.work.saturating_add(n) > budget && full_serves() {
             self.escalations += 1;
             self.rent = 0;
+            let full = plan_full(blocks, capacity);
             self.moved = self.moved.saturating_add(full.move_count() as u64);
             return Some((full, Reason::Budget));
         }
@@ -127,6 +130,7 @@ impl Pacer {
         let t = targeted.bytes_moved();
         if t.saturating_mul(2) >= full_bytes && full_serves() {
             self.rent = 0;
+            let full = plan_full(blocks, capacity);
             self.moved = self.moved.saturating_add(full.move_count() as u64);
             return Some((full, Reason::Buy));
         }

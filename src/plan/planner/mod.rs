@@ -103,6 +103,41 @@ fn align_up(x: u64, align: u64) -> Option<u64> {
 
 /// Where [`plan_full`] puts each unpinned block, and the plan.
 fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
+    let mut moves = Vec::new();
+    let mut layout = Vec::with_capacity(blocks.len()); // final (offset, len), unsorted
+    pack_full_with(blocks, capacity, |b, dst| {
+        if dst != b.offset {
+            moves.push(Move {
+                key: b.key,
+                src: b.offset,
+                dst,
+                len: b.copy_len,
+            });
+        }
+        layout.push((dst, b.len));
+    });
+    let mut plan = Plan::empty(PlanKind::Full);
+    if !moves.is_empty() {
+        plan.waves.push(Wave { moves });
+    }
+    (plan, layout)
+}
+
+/// Bytes a full compaction would move now, without building its plan
+/// (no allocation beyond one entry per pinned block). O(blocks).
+pub fn full_bytes_moved(blocks: &[LiveBlock], capacity: u64) -> u64 {
+    let mut bytes = 0u64;
+    pack_full_with(blocks, capacity, |b, dst| {
+        if dst != b.offset {
+            bytes = bytes.saturating_add(b.copy_len);
+        }
+    });
+    bytes
+}
+
+/// The packing of [`plan_full`]: calls `place(block, dst)` for every block
+/// in address order (pinned ones at their own offset).
+fn pack_full_with(blocks: &[LiveBlock], capacity: u64, mut place: impl FnMut(&LiveBlock, u64)) {
     // Gaps between pinned blocks, each with a fill cursor.
     let mut gaps: Vec<(u64, u64)> = Vec::new(); // (cursor, end)
     let mut start = 0;
@@ -112,14 +147,12 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
     }
     gaps.push((start, capacity));
 
-    let mut moves = Vec::new();
-    let mut layout = Vec::with_capacity(blocks.len()); // final (offset, len), unsorted
     let mut own_gap = 0;
     let mut first_open = 0;
     for b in blocks {
         if b.pinned {
             own_gap += 1;
-            layout.push((b.offset, b.len));
+            place(b, b.offset);
             continue;
         }
         let mut dst = None;
@@ -152,21 +185,8 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
         while first_open < own_gap && gaps[first_open].0 >= gaps[first_open].1 {
             first_open += 1;
         }
-        if dst != b.offset {
-            moves.push(Move {
-                key: b.key,
-                src: b.offset,
-                dst,
-                len: b.copy_len,
-            });
-        }
-        layout.push((dst, b.len));
+        place(b, dst);
     }
-    let mut plan = Plan::empty(PlanKind::Full);
-    if !moves.is_empty() {
-        plan.waves.push(Wave { moves });
-    }
-    (plan, layout)
 }
 
 /// Plans a full compaction: afterwards the free space of each gap between
