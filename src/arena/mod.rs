@@ -2,8 +2,9 @@
 //!
 //! The arena owns the [`FreeIndex`] (where every block is), the slot table
 //! (what every handle is), and a [`Backend`] (where the bytes are). An
-//! allocation that fits in no hole but in the free bytes triggers a targeted
-//! compaction (under [`CompactionPolicy::Auto`]); its plan is executed by the
+//! allocation that fits in no hole but in the free bytes triggers a
+//! compaction (under [`CompactionPolicy::Auto`]): targeted, or full when
+//! the pacer of [`crate::plan::policy`] says so; its plan is executed by the
 //! backend, then the index is rebuilt from the new offsets.
 //!
 //! Every method that returns an error leaves the arena as it was, with one
