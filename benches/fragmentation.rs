@@ -11,14 +11,37 @@
 //! criterion filter such as `-- checkerboard` also works).
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
-use cuarena::tools::fragment::{run, Shape};
+use cuarena::tools::fragment::{program, run, Shape};
+use cuarena::tools::trace::{replay_with, Allocator, ReplayOptions};
+use cuarena::ArenaConfig;
+
+/// Naive compact-on-failure on the same program (not for pins): wall ms
+/// and bytes moved.
+fn naive(shape: Shape, n: usize) -> Option<(f64, u64)> {
+    if shape == Shape::Pinned {
+        return None;
+    }
+    let ops = program(shape, n);
+    let cap = ops.peak_live_rounded(256).max(256);
+    let r = replay_with(
+        &ops,
+        &ArenaConfig::new(cap).with_alignment_bytes(256),
+        &ReplayOptions {
+            allocator: Allocator::NaiveCompacting,
+            timeline_points: 0,
+        },
+    )
+    .expect("naive replay");
+    assert!(r.completed(), "naive failed: {:?}", r.outcome);
+    Some((r.wall_time.as_secs_f64() * 1e3, r.bytes_moved))
+}
 
 const SIZES: [usize; 6] = [10_000, 20_000, 40_000, 80_000, 160_000, 320_000];
 
 fn table() {
     println!(
-        "{:<13} {:>8} {:>10} {:>7} {:>10} {:>12} {:>14}",
-        "shape", "n", "ms", "ratio", "ns/op", "targ/full", "bytes moved"
+        "{:<13} {:>8} {:>10} {:>7} {:>10} {:>12} {:>14} {:>10} {:>14}",
+        "shape", "n", "ms", "ratio", "ns/op", "targ/full", "bytes moved", "naive ms", "naive bytes"
     );
     for shape in Shape::ALL {
         let mut prev: Option<f64> = None;
@@ -32,8 +55,12 @@ fn table() {
             }
             let r = last.expect("ran");
             let ratio = prev.map_or("-".to_owned(), |p| format!("{:.2}", best / p));
+            let (nms, nbytes) = naive(shape, n)
+                .map_or(("-".to_owned(), "-".to_owned()), |(ms, b)| {
+                    (format!("{ms:.1}"), b.to_string())
+                });
             println!(
-                "{:<13} {n:>8} {:>10.1} {ratio:>7} {:>10.0} {:>12} {:>14}",
+                "{:<13} {n:>8} {:>10.1} {ratio:>7} {:>10.0} {:>12} {:>14} {nms:>10} {nbytes:>14}",
                 shape.label(),
                 best * 1e3,
                 best * 1e9 / r.ops as f64,
