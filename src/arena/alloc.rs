@@ -139,9 +139,10 @@ impl<B: Backend> Arena<B> {
             };
             let t0 = Instant::now();
             self.collect_live();
-            let plan = planner::plan_targeted(&self.live, capacity, req);
+            let ops = self.counters.allocs.saturating_add(self.counters.frees);
+            let plan = self.pacer.plan(&self.live, capacity, req, ops);
             self.counters.planning += t0.elapsed();
-            if let Some(plan) = plan {
+            if let Some((plan, _)) = plan {
                 self.execute(plan, t0)?;
                 if let Some(node) = self.index.alloc(reserved, align) {
                     return Ok(node);
@@ -154,6 +155,7 @@ impl<B: Backend> Arena<B> {
             if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
                 let plan = planner::plan_full(&self.live, capacity);
                 self.counters.planning += t0.elapsed();
+                self.pacer.full_ran(plan.move_count());
                 self.execute(plan, t0)?;
                 if let Some(node) = self.index.alloc(reserved, align) {
                     return Ok(node);

@@ -2,8 +2,9 @@
 //!
 //! The arena owns the [`FreeIndex`] (where every block is), the slot table
 //! (what every handle is), and a [`Backend`] (where the bytes are). An
-//! allocation that fits in no hole but in the free bytes triggers a targeted
-//! compaction (under [`CompactionPolicy::Auto`]); its plan is executed by the
+//! allocation that fits in no hole but in the free bytes triggers a
+//! compaction (under [`CompactionPolicy::Auto`]): targeted, or full when
+//! the pacer of [`crate::plan::policy`] says so; its plan is executed by the
 //! backend, then the index is rebuilt from the new offsets.
 //!
 //! Every method that returns an error leaves the arena as it was, with one
@@ -35,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::handle::{BlockKey, ElemType, Handle, TableEntry};
 use crate::placement::{Allocation, FreeIndex};
 use crate::plan::planner::LiveBlock;
+use crate::plan::policy::Pacer;
 
 /// Ids of arenas, so handles of one are rejected by another.
 static NEXT_ARENA_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
@@ -134,6 +136,8 @@ pub struct Arena<B: Backend = HostBackend> {
     layout: Vec<(u64, u64, BlockKey)>,
     spans: Vec<(u64, u64)>,
     allocations: Vec<Allocation>,
+    /// The compaction policy's state (see [`crate::plan::policy`]).
+    pacer: Pacer,
 }
 
 impl Arena<HostBackend> {
@@ -200,6 +204,7 @@ impl<B: Backend> Arena<B> {
             layout: Vec::new(),
             spans: Vec::new(),
             allocations: Vec::new(),
+            pacer: Pacer::new(),
         })
     }
 

@@ -2,7 +2,8 @@
 //!
 //! A [`Plan`] is produced by the pure [`planner`] and executed by a
 //! [`crate::backend::Backend`]: the strict host backend and the CUDA kernel
-//! run the very same value, and tests inspect it.
+//! run the very same value, and tests inspect it. The [`policy`] decides
+//! which plan (targeted or full) an allocation that fits in no hole gets.
 //!
 //! # The wave rule
 //!
@@ -33,6 +34,7 @@
 //! direction; the planner uses such moves to evacuate a window into holes.
 
 pub mod planner;
+pub mod policy;
 
 use smallvec::SmallVec;
 

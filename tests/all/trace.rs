@@ -629,3 +629,126 @@ fn recorded_pickles_replay_at_peak_live() {
         assert!(fixed.capacity_bytes > m.capacity_bytes, "{name}");
     }
 }
+
+/// Every trace shipped in `tests/data` (and the shared ones when present),
+/// as `(name, ops)`.
+fn all_traces() -> Vec<(String, Ops)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.ends_with(".pickle") || n.ends_with(".pickle.gz") || n.ends_with(".csv.gz")
+        })
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|p| {
+            let t = Trace::read(&p).expect("read");
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, t.ops(0))
+        })
+        .collect()
+}
+
+/// Bytes moved by the arena vs naive compact-on-failure on every trace at
+/// 1.00, 1.01 and 1.05 x peak live (the shipped traces and two synthetic
+/// programs): never more. Prints the table and the median ratio
+/// (`--nocapture`).
+#[test]
+fn bytes_moved_never_exceed_naive() {
+    let mut traces = all_traces();
+    traces.push(("synthetic training 100k".into(), synthetic(100_000)));
+    traces.push(("steady 100k".into(), steady(100_000, 1 << 30)));
+    let mut ratios = Vec::new();
+    println!(
+        "{:<34} {:>5} {:>14} {:>14} {:>7}",
+        "trace", "cap", "arena B", "naive B", "ratio"
+    );
+    for (name, ops) in &traces {
+        let peak = ops.peak_live_rounded(256);
+        for ratio in [1.0, 1.01, 1.05] {
+            let cap = ((peak as f64 * ratio) as u64).div_ceil(256) * 256;
+            let cfg = ArenaConfig::new(cap);
+            let run = |allocator| {
+                replay_with(
+                    ops,
+                    &cfg,
+                    &ReplayOptions {
+                        allocator,
+                        timeline_points: 0,
+                    },
+                )
+                .unwrap()
+            };
+            let a = run(Allocator::Compacting);
+            let n = run(Allocator::NaiveCompacting);
+            assert!(a.completed(), "{name} at {ratio}: {:?}", a.outcome);
+            assert!(n.completed(), "{name} at {ratio}: {:?}", n.outcome);
+            let r = a.bytes_moved as f64 / n.bytes_moved.max(1) as f64;
+            println!(
+                "{name:<34} {ratio:>5.2} {:>14} {:>14} {r:>7.3}",
+                a.bytes_moved, n.bytes_moved
+            );
+            ratios.push((r, name.clone(), ratio, a.bytes_moved, n.bytes_moved));
+        }
+    }
+    // The median over the runs where naive moved anything (0 / 0 runs say
+    // nothing), over the shipped traces alone and over all.
+    let median = |real_only: bool| {
+        let mut v: Vec<f64> = ratios
+            .iter()
+            .filter(|r| r.4 > 0 && (!real_only || !r.1.contains(' ')))
+            .map(|r| r.0)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!(
+        "median ratio where naive moves: {:.3} over shipped traces, {:.3} over all",
+        median(true),
+        median(false)
+    );
+    for (r, name, ratio, a, n) in &ratios {
+        assert!(
+            a <= n,
+            "{name} at {ratio}: arena moved {a} B > naive {n} B ({r:.3})"
+        );
+    }
+}
+
+/// Fragmentation shapes replay in time linear in their size: doubling the
+/// blocks at most 2.3 x the time (with slack for a shared machine), and
+/// every allocation succeeds at a capacity of peak live.
+#[test]
+fn fragmentation_scales_linearly() {
+    use cuarena::tools::fragment::{run, Shape};
+    for shape in Shape::ALL {
+        let mut last: Option<f64> = None;
+        for n in [20_000, 40_000, 80_000] {
+            let r = run(shape, n).unwrap();
+            let t = r.wall.as_secs_f64();
+            println!(
+                "{:<12} n {n:>6}: {:>8.1} ms, {} targeted / {} full, {} B moved",
+                shape.label(),
+                t * 1e3,
+                r.compactions.0,
+                r.compactions.1,
+                r.bytes_moved
+            );
+            if let (Some(prev), false) = (last, cfg!(debug_assertions)) {
+                assert!(
+                    t < prev * 3.0 + 0.02,
+                    "{} at {n}: {t} s after {prev} s",
+                    shape.label()
+                );
+            }
+            last = Some(t);
+        }
+        if !cfg!(debug_assertions) {
+            assert!(last.unwrap() < 1.0, "{} at 80k: {:?}", shape.label(), last);
+        }
+    }
+}

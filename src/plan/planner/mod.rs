@@ -103,6 +103,41 @@ fn align_up(x: u64, align: u64) -> Option<u64> {
 
 /// Where [`plan_full`] puts each unpinned block, and the plan.
 fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
+    let mut moves = Vec::new();
+    let mut layout = Vec::with_capacity(blocks.len()); // final (offset, len), unsorted
+    pack_full_with(blocks, capacity, |b, dst| {
+        if dst != b.offset {
+            moves.push(Move {
+                key: b.key,
+                src: b.offset,
+                dst,
+                len: b.copy_len,
+            });
+        }
+        layout.push((dst, b.len));
+    });
+    let mut plan = Plan::empty(PlanKind::Full);
+    if !moves.is_empty() {
+        plan.waves.push(Wave { moves });
+    }
+    (plan, layout)
+}
+
+/// Bytes a full compaction would move now, without building its plan
+/// (no allocation beyond one entry per pinned block). O(blocks).
+pub fn full_bytes_moved(blocks: &[LiveBlock], capacity: u64) -> u64 {
+    let mut bytes = 0u64;
+    pack_full_with(blocks, capacity, |b, dst| {
+        if dst != b.offset {
+            bytes = bytes.saturating_add(b.copy_len);
+        }
+    });
+    bytes
+}
+
+/// The packing of [`plan_full`]: calls `place(block, dst)` for every block
+/// in address order (pinned ones at their own offset).
+fn pack_full_with(blocks: &[LiveBlock], capacity: u64, mut place: impl FnMut(&LiveBlock, u64)) {
     // Gaps between pinned blocks, each with a fill cursor.
     let mut gaps: Vec<(u64, u64)> = Vec::new(); // (cursor, end)
     let mut start = 0;
@@ -112,14 +147,12 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
     }
     gaps.push((start, capacity));
 
-    let mut moves = Vec::new();
-    let mut layout = Vec::with_capacity(blocks.len()); // final (offset, len), unsorted
     let mut own_gap = 0;
     let mut first_open = 0;
     for b in blocks {
         if b.pinned {
             own_gap += 1;
-            layout.push((b.offset, b.len));
+            place(b, b.offset);
             continue;
         }
         let mut dst = None;
@@ -152,21 +185,8 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
         while first_open < own_gap && gaps[first_open].0 >= gaps[first_open].1 {
             first_open += 1;
         }
-        if dst != b.offset {
-            moves.push(Move {
-                key: b.key,
-                src: b.offset,
-                dst,
-                len: b.copy_len,
-            });
-        }
-        layout.push((dst, b.len));
+        place(b, dst);
     }
-    let mut plan = Plan::empty(PlanKind::Full);
-    if !moves.is_empty() {
-        plan.waves.push(Wave { moves });
-    }
-    (plan, layout)
 }
 
 /// Plans a full compaction: afterwards the free space of each gap between
@@ -329,7 +349,8 @@ fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan>
 /// Evacuate: find the windows `[x, x + size)` (x aligned, no pinned block
 /// inside) with the fewest block bytes, and move those blocks into holes
 /// outside the window. Tries a few of the cheapest windows, since the best
-/// may not pack.
+/// may not pack; windows whose blocks outweigh the free bytes outside them
+/// cannot pack at all and are never among those few.
 fn plan_evacuate(
     blocks: &[LiveBlock],
     holes: &Holes,
@@ -345,6 +366,14 @@ fn plan_evacuate(
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut cost = 0u64;
     let mut pinned_inside = 0u32;
+    // Bytes of the blocks overlapping the window, and of all holes: a
+    // window whose blocks outweigh the free bytes outside it cannot be
+    // evacuated, so it never takes a candidate's place.
+    let mut inside_len = 0u64;
+    let total_free = holes
+        .spans
+        .iter()
+        .fold(0u64, |a, &(s, e)| a.saturating_add(e - s));
     let mut consider =
         |s: u64, lo: &mut usize, hi: &mut usize, cost: &mut u64, pinned: &mut u32| -> bool {
             let Some(x) = align_up(s, req.align) else {
@@ -355,15 +384,26 @@ fn plan_evacuate(
             };
             while *hi < blocks.len() && blocks[*hi].offset < end {
                 *cost += blocks[*hi].copy_len;
+                inside_len += blocks[*hi].len;
                 *pinned += u32::from(blocks[*hi].pinned);
                 *hi += 1;
             }
             while *lo < *hi && blocks[*lo].end() <= x {
                 *cost -= blocks[*lo].copy_len;
+                inside_len -= blocks[*lo].len;
                 *pinned -= u32::from(blocks[*lo].pinned);
                 *lo += 1;
             }
-            if *pinned == 0 && beat.is_none_or(|b| *cost < b) {
+            // Block bytes inside the window proper (edge blocks clipped),
+            // hence the free bytes inside it and outside it.
+            let feasible = *lo == *hi || {
+                let over_lo = x.saturating_sub(blocks[*lo].offset);
+                let over_hi = blocks[*hi - 1].end().saturating_sub(end);
+                let clipped = inside_len.saturating_sub(over_lo).saturating_sub(over_hi);
+                let free_inside = req.size.saturating_sub(clipped);
+                inside_len <= total_free.saturating_sub(free_inside)
+            };
+            if *pinned == 0 && feasible && beat.is_none_or(|b| *cost < b) {
                 let cand = (*cost, x, *lo, *hi);
                 if best.len() < CANDIDATES {
                     best.push(cand);

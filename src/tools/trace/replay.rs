@@ -25,8 +25,9 @@ use crate::tools::{Result, ToolError};
 /// Which allocator a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Allocator {
-    /// The arena with [`CompactionPolicy::Auto`]: a targeted compaction when
-    /// a request fits in the free bytes but in no hole.
+    /// The arena with [`CompactionPolicy::Auto`]: a compaction when a
+    /// request fits in the free bytes but in no hole, targeted or full as
+    /// [`crate::plan::policy`] decides.
     #[default]
     Compacting,
     /// [`CompactionPolicy::Manual`]; on out-of-memory, one full compaction
