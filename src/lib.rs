@@ -1,4 +1,12 @@
-#![doc = include_str!("../README.md")]
+// The README is the crate's documentation (its examples run as doc tests);
+// its CUDA examples need the `cuda` feature.
+#![cfg_attr(feature = "cuda", doc = include_str!("../README.md"))]
+#![cfg_attr(
+    not(feature = "cuda"),
+    doc = "A compacting tensor arena with handle indirection (built without the `cuda` \
+           feature: the host-only core). The README, with the full documentation, is the \
+           crate's documentation when `cuda` is on."
+)]
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

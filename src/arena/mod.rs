@@ -65,7 +65,9 @@ struct Block {
     /// The stream whose kernel arguments last wrote the block, and the
     /// streams that read it since: what later work on another stream must
     /// wait for (read after write, write after read or write).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     writer: Option<crate::stream::StreamId>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
     /// Position in the planner's live list during a compaction.
     scratch: u32,
