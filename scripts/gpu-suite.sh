@@ -166,8 +166,11 @@ run() {
             --error-exitcode 99 "$bin/test-all" gpu --test-threads=1 --skip gpu_trace_replay
     fi
     if [[ $skip != *" nccl-memcheck "* ]]; then
+        # NCCL probes the driver with calls it expects to fail (peer access
+        # already enabled, no kernel image for another architecture): those
+        # API-error reports are left out; memory errors are all reported.
         step "nccl memcheck" nccl-memcheck.log compute-sanitizer --tool memcheck \
-            --error-exitcode 99 "$bin/test-all" nccl --test-threads=1
+            --report-api-errors no --error-exitcode 99 "$bin/test-all" nccl --test-threads=1
     fi
 
     echo
