@@ -292,7 +292,7 @@ fn graph_through_handles_survives_compactions() {
     // Round 2: the rest of the arena taken by one unrelated block, a 64 KiB
     // hole left after the tensors and another below them (the last low
     // block); with everything else pinned, an allocation of 128 KiB fits
-    // in no hole and compacts on its own (targeted), sliding the tensors.
+    // in no hole and compacts on its own, sliding the tensors.
     let spacer = arena.alloc(64 * KIB).expect("spacer");
     let rest = arena.stats().largest_free_bytes;
     let wall = arena.alloc(rest).expect("wall");
@@ -301,12 +301,17 @@ fn graph_through_handles_survives_compactions() {
     for h in [low[1], low[2], wall] {
         arena.pin(h).expect("pin");
     }
-    let targeted = arena.stats().targeted_compactions;
+    let count = |a: &Arena<CudaBackend>| {
+        let s = a.stats();
+        s.targeted_compactions + s.full_compactions
+    };
+    let compactions = count(&arena);
     let before = offsets(&arena, &t);
     let req = arena.alloc(128 * KIB).expect("alloc by compacting");
     let after = offsets(&arena, &t);
     println!("round 2: offsets {before:?} -> {after:?}");
-    assert_eq!(arena.stats().targeted_compactions, targeted + 1);
+    // Targeted or full, as the compaction policy chooses: one compaction.
+    assert_eq!(count(&arena), compactions + 1);
     assert_eq!(moved(&before, &after), 7, "every tensor moved");
     for h in [low[1], low[2], wall] {
         arena.unpin(h).expect("unpin");

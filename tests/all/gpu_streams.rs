@@ -247,13 +247,21 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
     arena.free(filler).expect("free");
     let spin = 200_000_000i64; // ~100 ms before the kernel writes
     let (nu, start) = (n as u32, 5.0f32);
+    // Few blocks, so the spinning kernel leaves the GPU's multiprocessors
+    // to the compaction's move kernel (a full grid would hold them all, and
+    // the moves would wait for it by accident, not by the arena's doing).
+    let slow = LaunchConfig {
+        grid_dim: (4, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     if use_kernel_args {
         let mut args = arena.kernel_args(s).expect("args");
         let mut out = args.output::<f32>(&z).expect("view");
         let mut b = other.launch_builder(&k.slow_iota);
         b.arg(&mut out).arg(&nu).arg(&start).arg(&spin);
         // SAFETY: slow_iota writes n floats of the viewed block.
-        unsafe { b.launch(cfg(n)) }.expect("launch");
+        unsafe { b.launch(slow) }.expect("launch");
     } else {
         // The hazard: a view for the arena stream, launched elsewhere.
         other.join(arena.stream()).expect("after the upload");
@@ -261,7 +269,7 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
         let mut b = other.launch_builder(&k.slow_iota);
         b.arg(&mut out).arg(&nu).arg(&start).arg(&spin);
         // SAFETY: as above; what goes wrong is ordering, inside the region.
-        unsafe { b.launch(cfg(n)) }.expect("launch");
+        unsafe { b.launch(slow) }.expect("launch");
     }
     let before = arena.info(z).expect("info").offset;
     arena.compact().expect("compact");

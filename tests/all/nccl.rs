@@ -43,7 +43,7 @@ fn streams(n: usize) -> Vec<Arc<CudaStream>> {
 }
 
 #[test]
-fn collectives_on_plain_buffers_are_exact_on_every_visible_gpu() {
+fn collectives_on_plain_buffers_are_exact_on_every_visible_device() {
     let Some(n) = gpus() else { return };
     let comms = Communicator::init_all(streams(n), Duration::from_secs(60)).expect("init_all");
     let len = 1 << 20;
@@ -155,7 +155,7 @@ const CHILD_RANK: &str = "CUARENA_NCCL_TEST_RANK";
 const CHILD_ID_FILE: &str = "CUARENA_NCCL_TEST_ID_FILE";
 
 #[test]
-fn one_process_per_gpu_bootstraps_through_an_id_file() {
+fn one_process_per_device_bootstraps_through_an_id_file() {
     if std::env::var(CHILD_RANK).is_ok() {
         return; // a child runs `nccl_rank_process` only
     }
@@ -204,7 +204,7 @@ fn one_process_per_gpu_bootstraps_through_an_id_file() {
 
 /// One rank of the bootstrap test (run by it in a child process).
 #[test]
-#[ignore = "run by one_process_per_gpu_bootstraps_through_an_id_file"]
+#[ignore = "run by one_process_per_device_bootstraps_through_an_id_file"]
 fn nccl_rank_process() {
     let rank: usize = std::env::var(CHILD_RANK)
         .expect("rank")
