@@ -396,7 +396,7 @@ mod tests {
         let x = a.alloc_storage(64).unwrap();
         a.record_stream(&x, s).unwrap();
         a.wait_on_arena(s).unwrap();
-        let bogus = crate::StreamId(9);
+        let bogus = crate::StreamId(9, a.id());
         assert!(matches!(
             a.record_stream(&x, bogus),
             Err(Error::UnknownStream {
@@ -405,6 +405,16 @@ mod tests {
             })
         ));
         assert!(a.wait_on_arena(bogus).is_err());
+        // Another arena's stream is refused even where its index exists.
+        let mut b = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
+        let sb = b.register_stream().unwrap();
+        assert_eq!(sb.index(), s.index());
+        assert!(matches!(
+            a.record_stream(&x, sb),
+            Err(Error::UnknownStream { .. })
+        ));
+        assert!(a.wait_on_arena(sb).is_err());
+        a.record_stream(&x, crate::StreamId::ARENA).unwrap();
         drop(x);
         assert_eq!(a.reclaim().unwrap(), 1);
     }

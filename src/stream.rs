@@ -30,17 +30,35 @@
 //! trivially; the arena still validates stream ids and keeps the records, so
 //! the same programs run on both backends.
 
-/// A stream registered with one arena; [`StreamId::ARENA`] is the arena's own.
+/// A stream registered with one arena; [`StreamId::ARENA`] is the arena's
+/// own, in every arena. An id carries the id of the arena that registered
+/// it, so another arena refuses it ([`crate::Error::UnknownStream`]) as it
+/// refuses another arena's handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub(crate) u32);
+pub struct StreamId(pub(crate) u32, pub(crate) u32);
 
 impl StreamId {
     /// The arena's own stream: transfers, compactions and device-side
     /// operations run on it.
-    pub const ARENA: StreamId = StreamId(0);
+    pub const ARENA: StreamId = StreamId(0, 0);
 
     /// Index of the stream in its arena's registry (0 for the arena stream).
     pub fn index(self) -> u32 {
         self.0
+    }
+
+    /// Id of the arena that registered it (0 for [`StreamId::ARENA`]).
+    pub fn arena_id(self) -> u32 {
+        self.1
+    }
+
+    /// The id as arena `arena` hands it out (the arena stream stays
+    /// [`StreamId::ARENA`]).
+    pub(crate) fn of_arena(self, arena: u32) -> Self {
+        if self.0 == 0 {
+            StreamId::ARENA
+        } else {
+            StreamId(self.0, arena)
+        }
     }
 }

@@ -157,7 +157,7 @@ impl Arena<HostBackend> {
     /// same here as on a GPU.
     pub fn register_stream(&mut self) -> Result<crate::stream::StreamId> {
         self.check_usable()?;
-        self.backend.register_stream()
+        Ok(self.backend.register_stream()?.of_arena(self.id))
     }
 }
 

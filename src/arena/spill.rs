@@ -54,6 +54,9 @@ impl<B: Backend> Arena<B> {
             let (host, reserved, align, size) = (t.offset(), b.reserved, b.align, b.size);
             let node = self.place_on_device(reserved, align, &keep)?;
             let (dev, slot) = (node.offset(), node.slot());
+            // The restore writes on the arena stream: later kernel arguments
+            // on other streams must wait for it.
+            self.epoch += 1;
             if let Err(e) = self.backend.restore(host, dev, size) {
                 self.poison(format!("restoring a spilled block failed: {e}"));
                 return Err(e);

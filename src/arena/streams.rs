@@ -21,7 +21,7 @@ impl<B: Backend> Arena<B> {
     /// Kernel arguments taken for a stream record it themselves.
     pub fn record_stream(&mut self, r: &impl AsRange, stream: StreamId) -> Result<()> {
         self.check_usable()?;
-        check_stream(stream, self.backend.stream_count())?;
+        self.check_own_stream(stream)?;
         let Some(h) = r.block_range().handle else {
             return Ok(()); // an empty storage uses nothing
         };
@@ -30,6 +30,17 @@ impl<B: Backend> Arena<B> {
             b.uses.push(stream);
         }
         Ok(())
+    }
+
+    /// Checks that `stream` is registered with this arena (not another's).
+    pub(crate) fn check_own_stream(&self, stream: StreamId) -> Result<()> {
+        if stream.1 != 0 && stream.1 != self.id {
+            return Err(Error::UnknownStream {
+                stream: stream.0,
+                registered: self.backend.stream_count(),
+            });
+        }
+        check_stream(stream, self.backend.stream_count())
     }
 
     /// Makes the arena stream wait for the streams that used block `key`.
@@ -49,7 +60,7 @@ impl<B: Backend> Arena<B> {
     /// when there is such work, nothing otherwise; the host never waits.
     pub fn wait_on_arena(&mut self, stream: StreamId) -> Result<()> {
         self.check_usable()?;
-        check_stream(stream, self.backend.stream_count())?;
+        self.check_own_stream(stream)?;
         if stream == StreamId::ARENA {
             return Ok(());
         }

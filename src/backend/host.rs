@@ -62,7 +62,7 @@ impl HostBackend {
 
     /// Registers another stream (an id: host work is synchronous).
     pub fn register_stream(&mut self) -> Result<StreamId> {
-        let id = StreamId(self.streams);
+        let id = StreamId(self.streams, 0);
         self.streams = self.streams.checked_add(1).ok_or(Error::UnknownStream {
             stream: u32::MAX,
             registered: self.streams,

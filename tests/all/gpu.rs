@@ -588,9 +588,10 @@ fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
     );
     assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 7.0));
     // A read-only view of the moved tensor sees the same bytes.
+    let stream = a.stream().clone();
     let v = a.view::<f32>(x).expect("view");
     assert_eq!(v.len(), N);
-    let back = a.stream().clone_dtoh(&v).expect("copy");
+    let back = stream.clone_dtoh(&v).expect("copy");
     assert_eq!(back, iota(N, 7.0));
 }
 

@@ -137,7 +137,7 @@ fn pattern(seed: u8, len: u64) -> Vec<u8> {
 fn evict_overwrite_restore<B: Backend>(
     a: &mut Arena<B>,
     size: u64,
-    via_view: impl Fn(&Arena<B>, Handle) -> Option<Vec<u8>>,
+    via_view: impl Fn(&mut Arena<B>, Handle) -> Option<Vec<u8>>,
 ) {
     let (px, py) = (pattern(7, size), pattern(200, size));
     let x = a.alloc(size).expect("x");
@@ -218,13 +218,14 @@ fn gpu_spill_evicted_bytes_leave_the_device_and_come_back_through_the_host_tier(
         let config = ArenaConfig::new(cap).with_spill_host_bytes(2 * cap);
         let mut a = Arena::cuda(config, 0).expect("CUDA arena with a host tier");
         evict_overwrite_restore(&mut a, size, |a, h| {
+            let stream = a.stream().clone();
             let view = match a.view::<u8>(h) {
                 Ok(v) => v,
                 Err(Error::NotResident) => return None,
                 Err(e) => panic!("view: {e}"),
             };
-            let v = a.stream().clone_dtoh(&view).expect("copy the view");
-            a.stream().synchronize().expect("sync");
+            let v = stream.clone_dtoh(&view).expect("copy the view");
+            stream.synchronize().expect("sync");
             Some(v)
         });
         a.synchronize().expect("no kernel error");

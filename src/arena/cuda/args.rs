@@ -102,27 +102,31 @@ impl<'a> KernelArgs<'a> {
     /// collective on the communication stream, an upload on a copy stream).
     fn record(&mut self, key: Option<BlockKey>, write: bool) -> Result<()> {
         let Some(key) = key else { return Ok(()) };
-        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        let b = self.blocks.get_mut(key).ok_or(Error::StaleHandle)?;
-        b.last_use.store(tick, Ordering::Relaxed);
         let s = self.stream;
-        if s != StreamId::ARENA && !b.uses.contains(&s) {
-            b.uses.push(s);
-        }
+        // The waits first: if one fails, the block's records are unchanged.
+        let b = self.blocks.get(key).ok_or(Error::StaleHandle)?;
         let mut after: smallvec::SmallVec<[StreamId; 4]> = smallvec::SmallVec::new();
         after.extend(b.writer.filter(|&w| w != s));
         if write {
             after.extend(b.readers.iter().copied().filter(|&r| r != s));
-            b.writer = Some(s);
-            b.readers.clear();
-        } else if !b.readers.contains(&s) {
-            b.readers.push(s);
         }
         for w in after {
             if !self.waited.contains(&w) {
                 self.set.wait_for(w)?;
                 self.waited.push(w);
             }
+        }
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let b = self.blocks.get_mut(key).ok_or(Error::StaleHandle)?;
+        b.last_use.store(tick, Ordering::Relaxed);
+        if s != StreamId::ARENA && !b.uses.contains(&s) {
+            b.uses.push(s);
+        }
+        if write {
+            b.writer = Some(s);
+            b.readers.clear();
+        } else if !b.readers.contains(&s) {
+            b.readers.push(s);
         }
         Ok(())
     }

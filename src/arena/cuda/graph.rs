@@ -155,12 +155,17 @@ pub fn launch_args<const N: usize>(
 /// blocks may rewrite it on the arena stream; the entries of the handles
 /// recorded here keep their values until the arena stream has waited for
 /// the launch, so what the kernel reads for them is right.
+///
+/// The blocks are recorded as used on `stream` (so the arena waits for the
+/// kernel before moving or freeing them), but not as read or written by it:
+/// unlike [`Arena::kernel_args`], this does not order `stream` after other
+/// streams' kernel arguments that wrote the blocks. Order those yourself.
 pub fn launch_args_on<const N: usize>(
     arena: &mut Arena<CudaBackend>,
     stream: StreamId,
     handles: [Handle; N],
 ) -> Result<PreparedLaunch<'_, N>> {
-    crate::backend::check_stream(stream, arena.backend().stream_count())?;
+    arena.check_own_stream(stream)?;
     arena.make_resident(&handles)?;
     let table = handle_args(arena)?;
     let mut bits = [DeviceHandle(0); N];

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cudarc::driver::CudaStream;
 
-use super::ops::check_block_range;
 use crate::arena::Arena;
 use crate::backend::cuda::{
     ArenaView, ArenaViewMut, CudaBackend, CudaCapacity, CudaOptions, IoViews,
@@ -21,7 +20,6 @@ use crate::backend::cuda::{
 use crate::config::ArenaConfig;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
-use crate::storage::AsRange;
 use crate::stream::StreamId;
 
 /// # Streams
@@ -83,33 +81,29 @@ impl Arena<CudaBackend> {
     /// device): another context's stream is [`Error::ForeignStream`].
     pub fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
         self.check_usable()?;
-        self.backend_mut().register_stream(stream)
+        let id = self.id();
+        Ok(self.backend_mut().register_stream(stream)?.of_arena(id))
     }
 
     /// The stream registered as `id` ([`StreamId::ARENA`]: the arena
     /// stream), `None` for an id this arena never gave out.
     pub fn stream_of(&self, id: StreamId) -> Option<&Arc<CudaStream>> {
+        self.check_own_stream(id).ok()?;
         self.backend().stream_of(id)
     }
 
-    /// A read-only view of block `h` as `T`s, for work on the arena stream.
+    /// A read-only view of block `h` as `T`s, for work on the arena stream:
+    /// the arena stream first waits for the block's last writer on another
+    /// stream, and the read is recorded (a later write on another stream
+    /// waits for it). Takes `&mut self` for that bookkeeping.
     ///
     /// Fails with [`Error::TypeMismatch`] for a block allocated for another
     /// element type, [`Error::MisalignedView`] for one placed below `T`'s
     /// alignment, [`Error::NotWholeElements`], or [`Error::NotResident`]
     /// for a spilled block (call [`make_resident`](Arena::make_resident)
     /// first). For other streams, take [`kernel_args`](Arena::kernel_args).
-    pub fn view<T: Pod>(&self, h: Handle) -> Result<ArenaView<'_, T>> {
-        self.check_usable()?;
-        let c = check_block_range::<T>(&self.blocks, self.id, &h.block_range(), true)?
-            .ok_or(Error::StaleHandle)?;
-        let offset = self.resolve(h)?;
-        let elem = (std::mem::size_of::<T>() as u64).max(1);
-        let n = usize::try_from(c.len / elem).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: c.len,
-            max_bytes: usize::MAX as u64,
-        })?;
-        self.backend().view::<T>(offset, n)
+    pub fn view<T: Pod>(&mut self, h: Handle) -> Result<ArenaView<'_, T>> {
+        self.kernel_args(StreamId::ARENA)?.input::<T>(&h)
     }
 
     /// A mutable view of block `h` as `T`s, for work on the arena stream

@@ -78,7 +78,8 @@ pub(super) struct PinnedBuf {
 // SAFETY: the buffer is plain memory owned by this value; it is only
 // touched through `&mut self` (or by copies the owner orders with events).
 unsafe impl Send for PinnedBuf {}
-// SAFETY: `&PinnedBuf` gives no access to the memory.
+// SAFETY: through `&PinnedBuf` the memory is only read (`load`, a
+// volatile read of a word the owner waited for); writes need `&mut`.
 unsafe impl Sync for PinnedBuf {}
 
 impl PinnedBuf {

@@ -563,10 +563,16 @@ impl CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // Nothing may still use the region or the scratch buffers.
+        // Nothing may still use the region or the scratch buffers: not the
+        // arena stream, nor any registered stream (a kernel or collective
+        // there may still read or write arena bytes).
+        for r in &self.streams {
+            let _ = r.stream.synchronize();
+        }
         let _ = self.stream.synchronize();
         // SAFETY: `region` is taken exactly once, here, and never used
-        // again; the stream is idle, so freeing its memory is safe.
+        // again; every stream that could use it is idle, so freeing its
+        // memory is safe.
         let region = unsafe { ManuallyDrop::take(&mut self.region) };
         let ptr = region.leak();
         // SAFETY: `ptr` came from cuMemAlloc in `with_options`.

@@ -74,7 +74,7 @@ impl CudaBackend {
             .iter()
             .position(|r| r.stream.cu_stream() == stream.cu_stream())
         {
-            return Ok(StreamId(i as u32));
+            return Ok(StreamId(i as u32, 0));
         }
         let id = u32::try_from(self.streams.len()).map_err(|_| Error::UnknownStream {
             stream: u32::MAX,
@@ -82,7 +82,7 @@ impl CudaBackend {
         })?;
         let r = Registered::new(stream, &self.stream)?;
         self.streams.push(r);
-        Ok(StreamId(id))
+        Ok(StreamId(id, 0))
     }
 
     /// The stream registered as `id` (`StreamId::ARENA`: the arena stream).

@@ -31,7 +31,11 @@ use crate::stream::StreamId;
 /// cuBLAS or NCCL take a [`DevicePtr`]. It records and waits for no cudarc
 /// events; take views through the arena (`Arena::kernel_args`), which
 /// orders their stream with the arena's, and use them on the stream they
-/// are for.
+/// are for. Through [`DevicePtr`] on another stream (a cudarc copy, an
+/// NCCL call) that stream first waits for the view's, and the host waits
+/// for the use before the call returns: correct, but synchronous. A kernel
+/// launched with the view on another stream is not ordered (the launch is
+/// `unsafe`, and the launch builder does not tell the view its stream).
 #[derive(Debug, Clone, Copy)]
 pub struct ArenaView<'a, T> {
     ptr: sys::CUdeviceptr,
@@ -135,28 +139,45 @@ impl<T> DeviceSlice<T> for ArenaViewMut<'_, T> {
     }
 }
 
+/// What a use of a view on `used_on` needs. On the stream the view is for,
+/// nothing: the arena ordered that stream (no events, no waits). On another
+/// stream (cudarc's copies or NCCL given a view taken for a different
+/// stream), `used_on` first waits for the view's stream, and the host waits
+/// for `used_on` when cudarc drops the guard, before the view's borrow of
+/// the arena can end: nothing is moved or reused under that use.
+fn guard<'a>(view_stream: &CudaStream, used_on: &'a CudaStream) -> SyncOnDrop<'a> {
+    if view_stream.cu_stream() == used_on.cu_stream() {
+        return SyncOnDrop::Sync(None);
+    }
+    if used_on.join(view_stream).is_err() {
+        // No event: order by waiting on the host instead.
+        let _ = view_stream.synchronize();
+    }
+    SyncOnDrop::Sync(Some(used_on))
+}
+
 impl<T> DevicePtr<T> for ArenaView<'_, T> {
-    /// The address; no events are waited for or recorded (the arena orders
-    /// the streams).
-    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Sync(None))
+    /// The address; see [`ArenaView`] for what a use on another stream
+    /// than the view's costs.
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, guard(self.stream, stream))
     }
 }
 
 impl<T> DevicePtr<T> for ArenaViewMut<'_, T> {
-    /// The address; no events are waited for or recorded.
-    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Sync(None))
+    /// The address (see [`ArenaView`] for other streams).
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, guard(self.stream, stream))
     }
 }
 
 impl<T> DevicePtrMut<T> for ArenaViewMut<'_, T> {
-    /// The address; no events are waited for or recorded.
+    /// The address (see [`ArenaView`] for other streams).
     fn device_ptr_mut<'a>(
         &'a mut self,
-        _stream: &'a CudaStream,
+        stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Sync(None))
+        (self.ptr, guard(self.stream, stream))
     }
 }
 

@@ -29,9 +29,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaStream;
 pub use cudarc::nccl::NcclType;
 use cudarc::nccl::{result, sys};
+
+mod collectives;
 
 use super::driver_err;
 use crate::error::{Error, Result};
@@ -155,13 +157,13 @@ pub struct Communicator {
     aborted: AtomicBool,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a
-// time; every call here takes `&self` and NCCL serialises calls on one
-// communicator internally for non-blocking comms. The raw pointer is owned
-// by this value and released once, in `Drop`.
+// SAFETY: an NCCL communicator may be used from any thread, one thread at
+// a time. `Communicator` is `Send` but not `Sync`: NCCL's calls on one
+// communicator are not thread-safe, and every method takes `&self`, so
+// sharing one between threads is refused by the compiler (use one
+// communicator per thread, as `init_all` makes them). The raw pointer is
+// owned by this value and released once, in `Drop`.
 unsafe impl Send for Communicator {}
-// SAFETY: as above: the methods only pass the handle to NCCL.
-unsafe impl Sync for Communicator {}
 
 impl Communicator {
     /// Rank `rank` of `world_size`, on `stream`, joining the communicator
@@ -419,188 +421,6 @@ impl Communicator {
         }
     }
 
-    /// Sum (or another reduction) of every rank's `send` into every rank's
-    /// `recv` (same length). In place: pass the same view as `recv` only
-    /// through [`all_reduce_in_place`](Communicator::all_reduce_in_place).
-    pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.check_live()?;
-        expect_len("all_reduce", recv.len(), send.len())?;
-        let (src, _rs) = send.device_ptr(&self.stream);
-        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
-        // SAFETY: both buffers hold `len` elements of `T` on this
-        // communicator's device (the DevicePtr contract), ordered on its
-        // stream by their SyncOnDrop guards.
-        let r = unsafe {
-            sys::ncclAllReduce(
-                src as _,
-                dst as _,
-                send.len(),
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclAllReduce", r)
-    }
-
-    /// All-reduce of `buf` in place.
-    pub fn all_reduce_in_place<T: NcclType, R: DevicePtrMut<T>>(
-        &self,
-        buf: &mut R,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.check_live()?;
-        let n = buf.len();
-        let (p, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: `buf` holds `n` elements of `T` on this device; NCCL
-        // allows the same buffer as source and destination.
-        let r = unsafe {
-            sys::ncclAllReduce(
-                p as _,
-                p as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclAllReduce", r)
-    }
-
-    /// Each rank gets the reduction of its `recv.len()`-element share:
-    /// `send` holds `world_size * recv.len()` elements.
-    pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.check_live()?;
-        expect_len(
-            "reduce_scatter",
-            send.len(),
-            recv.len().saturating_mul(self.world_size),
-        )?;
-        let n = recv.len();
-        let (src, _rs) = send.device_ptr(&self.stream);
-        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
-        // SAFETY: sizes checked above; buffers valid per DevicePtr.
-        let r = unsafe {
-            sys::ncclReduceScatter(
-                src as _,
-                dst as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclReduceScatter", r)
-    }
-
-    /// Every rank's `send` concatenated, in rank order, into every rank's
-    /// `recv` (`world_size * send.len()` elements).
-    pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self,
-        send: &S,
-        recv: &mut R,
-    ) -> Result<()> {
-        self.check_live()?;
-        expect_len(
-            "all_gather",
-            recv.len(),
-            send.len().saturating_mul(self.world_size),
-        )?;
-        let (src, _rs) = send.device_ptr(&self.stream);
-        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
-        // SAFETY: sizes checked above; buffers valid per DevicePtr.
-        let r = unsafe {
-            sys::ncclAllGather(
-                src as _,
-                dst as _,
-                send.len(),
-                T::as_nccl_type(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclAllGather", r)
-    }
-
-    /// `root`'s `buf` into every rank's `buf`, in place.
-    pub fn broadcast<T: NcclType, R: DevicePtrMut<T>>(
-        &self,
-        buf: &mut R,
-        root: usize,
-    ) -> Result<()> {
-        self.check_live()?;
-        let root = self.peer(root)?;
-        let n = buf.len();
-        let (p, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: `buf` holds `n` elements of `T` on this device.
-        let r = unsafe {
-            sys::ncclBroadcast(
-                p as _,
-                p as _,
-                n,
-                T::as_nccl_type(),
-                root,
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclBroadcast", r)
-    }
-
-    /// Sends `buf` to rank `peer` (which must post a matching
-    /// [`recv`](Communicator::recv)); pair them inside
-    /// [`group`](Communicator::group) when both directions are in flight.
-    pub fn send<T: NcclType, S: DevicePtr<T>>(&self, buf: &S, peer: usize) -> Result<()> {
-        self.check_live()?;
-        let peer = self.peer(peer)?;
-        let (p, _r) = buf.device_ptr(&self.stream);
-        // SAFETY: `buf` holds `len` elements of `T` on this device.
-        let r = unsafe {
-            sys::ncclSend(
-                p as _,
-                buf.len(),
-                T::as_nccl_type(),
-                peer,
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclSend", r)
-    }
-
-    /// Receives `buf.len()` elements from rank `peer`.
-    pub fn recv<T: NcclType, R: DevicePtrMut<T>>(&self, buf: &mut R, peer: usize) -> Result<()> {
-        self.check_live()?;
-        let peer = self.peer(peer)?;
-        let n = buf.len();
-        let (p, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: `buf` holds `n` elements of `T` on this device.
-        let r = unsafe {
-            sys::ncclRecv(
-                p as _,
-                n,
-                T::as_nccl_type(),
-                peer,
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclRecv", r)
-    }
-
     /// Runs `calls` as one NCCL group (`ncclGroupStart` / `ncclGroupEnd`)
     /// over `comms`: point-to-point pairs, or one call per communicator of
     /// [`init_all`](Communicator::init_all) from one thread. After the group
@@ -626,36 +446,18 @@ impl Communicator {
         ended?;
         settled
     }
-
-    fn peer(&self, rank: usize) -> Result<i32> {
-        if rank >= self.world_size {
-            return Err(Error::InvalidConfig {
-                reason: format!("rank {rank} in a world of {}", self.world_size),
-            });
-        }
-        i32::try_from(rank).map_err(|_| Error::InvalidConfig {
-            reason: format!("rank {rank} does not fit NCCL's int"),
-        })
-    }
 }
 
 impl Drop for Communicator {
+    /// Aborts the communicator: collectives still in flight on this rank
+    /// are **ended, not finished** (their outputs are undefined), and peers
+    /// see their calls fail or time out. Call
+    /// [`synchronize`](Communicator::synchronize) before dropping to let
+    /// them finish. Not a finalize: finalizing waits for every peer, and a
+    /// drop must not hang. Errors are ignored: nothing can be done about
+    /// them here.
     fn drop(&mut self) {
-        // Abort, not finalize: finalizing waits for peers, and a drop must
-        // not hang. Errors are ignored: nothing can be done about them here.
         self.abort();
-    }
-}
-
-/// [`Error::LengthMismatch`] unless `got == want` (elements).
-fn expect_len(_call: &'static str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::LengthMismatch {
-            block_bytes: want as u64,
-            slice_bytes: got as u64,
-        })
     }
 }
 
