@@ -1,6 +1,8 @@
 //! All integration tests in one binary (one link, one run), a module per topic.
 //! Modules that need the CUDA backend or the tools are compiled only with
 //! those features, so `cargo test --no-default-features` runs the core's.
+#[cfg(feature = "cuda")]
+mod abi;
 mod arena;
 #[cfg(feature = "tools")]
 mod cli;

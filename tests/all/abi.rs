@@ -1,0 +1,61 @@
+//! The device handle ABI: what `Handle::to_bits` hands kernels and what
+//! `kernels/cuarena.cuh` decodes, pinned together (host only; no GPU).
+
+use cuarena::graph::DeviceHandle;
+use cuarena::{Arena, ArenaConfig};
+
+const HEADER: &str = include_str!("../../kernels/cuarena.cuh");
+
+/// The definition of `name` in the header, whitespace squeezed.
+fn define(name: &str) -> String {
+    let line = HEADER
+        .lines()
+        .find(|l| l.starts_with(&format!("#define {name}")))
+        .unwrap_or_else(|| panic!("cuarena.cuh defines {name}"));
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_header_decodes_the_abi() {
+    // The header's decoding is `version << 32 | slot`, free version 0.
+    assert_eq!(
+        define("CUARENA_HANDLE_SLOT(h)"),
+        "#define CUARENA_HANDLE_SLOT(h) ((unsigned int)((unsigned long long)(h) & 0xFFFFFFFFull))"
+    );
+    assert_eq!(
+        define("CUARENA_HANDLE_VERSION(h)"),
+        "#define CUARENA_HANDLE_VERSION(h) ((unsigned int)((unsigned long long)(h) >> 32))"
+    );
+    assert_eq!(
+        define("CUARENA_FREE_VERSION"),
+        "#define CUARENA_FREE_VERSION 0u"
+    );
+    // Both resolves decode through them, not by hand.
+    assert!(HEADER.contains("table[CUARENA_HANDLE_SLOT(handle)].offset"));
+    assert!(HEADER.contains("e.version != CUARENA_HANDLE_VERSION(handle)"));
+    assert!(HEADER.contains("`version << 32 | slot`"));
+
+    // What the crate hands out matches the header's comments.
+    let mut a = Arena::metadata(ArenaConfig::new(1 << 20)).expect("arena");
+    let h0 = a.alloc(100).expect("alloc");
+    let h1 = a.alloc(100).expect("alloc");
+    assert_eq!(h0.to_bits(), 1 << 32);
+    assert_eq!(h1.to_bits(), (1 << 32) | 1);
+    assert_eq!(DeviceHandle::from(h1).0, (1 << 32) | 1);
+    a.free(h0).expect("free");
+    // The freed slot reads version 0 in the table.
+    assert_eq!(a.handle_table()[0].version, 0);
+    assert_eq!(a.handle_table()[0].offset, 0);
+    let h2 = a.alloc(100).expect("alloc");
+    assert_eq!(
+        h2.to_bits(),
+        3 << 32,
+        "slot 0 reused with the next odd version"
+    );
+    assert_eq!(a.handle_table()[0].version, 3);
+    assert_eq!(a.handle_table()[1].version, 1);
+    // Live versions are odd, as the header says.
+    for e in a.handle_table() {
+        assert_eq!(e.version % 2, 1);
+    }
+}
