@@ -259,7 +259,7 @@ fn run_op(
         Op::Alloc { id, size } => {
             let slot = handles
                 .get_mut(id as usize)
-                .ok_or_else(|| Error::InvalidConfig {
+                .ok_or_else(|| ToolError::Program {
                     reason: format!("op names block {id}, beyond the program's sizes"),
                 })?;
             if size == 0 {
@@ -494,6 +494,26 @@ pub fn find_min_capacity_observed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An op naming a block the program has no size for is the program's
+    /// fault, not the allocator's.
+    #[test]
+    fn op_beyond_the_sizes_is_a_program_error() {
+        let mut ops = Ops::from_ops([Op::Alloc { id: 0, size: 256 }]);
+        ops.sizes.clear();
+        let r = replay(&ops, &ArenaConfig::new(1 << 20)).expect("replay");
+        assert!(
+            matches!(
+                r.outcome,
+                Outcome::Failed {
+                    error: ToolError::Program { .. },
+                    ..
+                }
+            ),
+            "{:?}",
+            r.outcome
+        );
+    }
 
     /// Three 256 B blocks, the outer two freed: two 256 B holes, so a
     /// 512 B request needs a move.
