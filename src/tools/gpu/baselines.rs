@@ -59,6 +59,7 @@ impl Baseline {
 
 /// What a baseline replay did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BaselineReport {
     /// The allocator.
     pub allocator: Baseline,
@@ -100,7 +101,7 @@ impl BaselineReport {
     }
 }
 
-/// Options of [`replay_pool`].
+/// Options of [`replay_pool`]: [`Default`] and the `with_*` methods.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolOptions {
     /// Device ordinal.
@@ -111,6 +112,29 @@ pub struct PoolOptions {
     /// Record the pool's reserved bytes after every allocation (slows the
     /// replay down; for pictures, not for timing).
     pub record_reserved: bool,
+}
+
+impl PoolOptions {
+    /// The device ordinal.
+    #[must_use]
+    pub fn with_ordinal(mut self, ordinal: usize) -> Self {
+        self.ordinal = ordinal;
+        self
+    }
+
+    /// The pool's `maxSize` (0: the driver's default).
+    #[must_use]
+    pub fn with_max_size_bytes(mut self, bytes: u64) -> Self {
+        self.max_size_bytes = bytes;
+        self
+    }
+
+    /// Record the pool's reserved bytes after every allocation.
+    #[must_use]
+    pub fn with_record_reserved(mut self, record: bool) -> Self {
+        self.record_reserved = record;
+        self
+    }
 }
 
 /// Maps a raw driver result to [`Error::Driver`] naming `call`.

@@ -63,14 +63,41 @@ impl Allocator {
     }
 }
 
-/// Options of [`replay_with`].
+/// Options of [`replay_with`]. Build them from [`Default`] with the
+/// `with_*` methods (or set the fields of a default value): the struct is
+/// `#[non_exhaustive]`.
+///
+/// ```
+/// use cuarena::tools::trace::{Allocator, ReplayOptions};
+/// let o = ReplayOptions::default()
+///     .with_allocator(Allocator::NonMoving)
+///     .with_timeline_points(100);
+/// assert_eq!(o.timeline_points, 100);
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// Allocator to run (its compaction policy overrides the config's).
     pub allocator: Allocator,
     /// Collect a [`Timeline`] of about this many buckets (each keeps its
     /// lowest and highest live-bytes sample); 0 for none.
     pub timeline_points: usize,
+}
+
+impl ReplayOptions {
+    /// The allocator to run.
+    #[must_use]
+    pub fn with_allocator(mut self, allocator: Allocator) -> Self {
+        self.allocator = allocator;
+        self
+    }
+
+    /// A timeline of about `points` buckets (0: none).
+    #[must_use]
+    pub fn with_timeline_points(mut self, points: usize) -> Self {
+        self.timeline_points = points;
+        self
+    }
 }
 
 /// How a replay ended.
@@ -111,6 +138,7 @@ pub(crate) fn per_op(wall: Duration, ops: usize) -> Duration {
 
 /// What a replay did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReplayReport {
     /// Allocator replayed.
     pub allocator: Allocator,
@@ -363,6 +391,7 @@ pub fn replay_prefix(
 /// The smallest capacity under which a program completes, and the replay
 /// there. See [`find_min_capacity_with`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct MinCapacity {
     /// Smallest capacity found that completes (a multiple of the alignment).
     pub capacity_bytes: u64,
