@@ -26,10 +26,9 @@ fn naive(shape: Shape, n: usize) -> Option<(f64, u64)> {
     let r = replay_with(
         &ops,
         &ArenaConfig::new(cap).with_alignment_bytes(256),
-        &ReplayOptions {
-            allocator: Allocator::NaiveCompacting,
-            timeline_points: 0,
-        },
+        &ReplayOptions::default()
+            .with_allocator(Allocator::NaiveCompacting)
+            .with_timeline_points(0),
     )
     .expect("naive replay");
     assert!(r.completed(), "naive failed: {:?}", r.outcome);

@@ -54,10 +54,13 @@
 // A full compaction of 100,000 blocks of 4-64 KiB (3317 MiB moved, 2.01 ms
 // of device time) sends 199,625 slots (3.05 MiB): +0.095 ms of device time
 // (+4.7%) over the moves alone; the copy by itself takes 0.114 ms of the
-// device. The copy is made from pageable memory, and for this 3 MiB table
-// the driver made the host wait for the stream: the compaction's host time
-// went from 0.53 ms to 2.09 ms (the moves' device time). From page-locked
-// memory the same copy costs +0.065 ms of device time and no host wait.
+// device. Those figures were taken with the copy made from pageable
+// memory, and for this 3 MiB table the driver made the host wait for the
+// stream: the compaction's host time went from 0.53 ms to 2.09 ms (the
+// moves' device time). From page-locked memory the same copy costs
+// +0.065 ms of device time and no host wait, so the upload now goes
+// through double-buffered page-locked staging (`Scratch::table_staging` in
+// src/backend/cuda/mod.rs): a sync waits only for the upload before last.
 #pragma once
 
 struct CuarenaEntry {

@@ -52,7 +52,18 @@ pub enum ToolError {
         mismatched_words: u64,
     },
 
-    /// The tool was asked for something it cannot do (bad options).
+    /// An alloc/free program cannot be replayed: an op names a block the
+    /// program holds no size for, or a baseline completed it at no capacity
+    /// the device can give. Unlike [`ToolError::Arena`], this is not an
+    /// allocator's refusal: it is what the tool was given.
+    #[error("program: {reason}")]
+    Program {
+        /// What is wrong, and where.
+        reason: String,
+    },
+
+    /// The tool was asked for something it cannot do (bad options, or its
+    /// parts used together wrongly).
     #[error("{reason}")]
     Usage {
         /// What is wrong.

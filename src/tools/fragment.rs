@@ -46,6 +46,7 @@ impl Shape {
 
 /// What a fragmentation run did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct FragmentReport {
     /// Wall time of the run (arena creation included).
     pub wall: Duration,

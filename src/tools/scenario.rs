@@ -21,6 +21,7 @@ use crate::{Arena, CompactionPolicy, Handle, Stats};
 
 /// What the scenario measured.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ScenarioReport {
     /// Training-loop steps run.
     pub steps: usize,

@@ -66,3 +66,241 @@ fn cli_help_and_exit_codes() {
         stderr(&o)
     );
 }
+
+/// Hostile traces through the command: each stops with exit status 3 and a
+/// message naming the limit, quickly, and the child's peak RSS stays under
+/// the readers' stated bound (`cuarena::tools::trace`, "Bounded input")
+/// plus what the command takes to fail on a missing file.
+///
+/// Peak RSS: `wait4` gives one child's `ru_maxrss`, but Linux carries the
+/// high-water mark of the address space a process leaves at `exec` into it,
+/// and `Command` spawns through `vfork`, whose address space is this test
+/// binary's (hundreds of MB, with the other tests). So each command is
+/// spawned by a fresh, small copy of this binary ([`rss_probe`], run with
+/// `--exact`), which reports the child's `ru_maxrss` and its own high-water
+/// mark (the most that can leak into the child's figure).
+#[cfg(target_os = "linux")]
+mod hostile_files {
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use cuarena::tools::trace::limits::{
+        GZIP_RATIO_SLACK_BYTES, MAX_GZIP_RATIO, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE,
+    };
+
+    use crate::hostile::{
+        deep_list_pickle, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle, DEEP,
+    };
+
+    const PROBE_FILE: &str = "CUARENA_RSS_PROBE_FILE";
+    const PROBE_STDERR: &str = "CUARENA_RSS_PROBE_STDERR";
+
+    /// What one run of `cuarena replay FILE` did.
+    struct Run {
+        code: i32,
+        stderr: String,
+        elapsed: Duration,
+        peak_rss_bytes: u64,
+        probe_hwm_bytes: u64,
+    }
+
+    fn timeout() -> Duration {
+        Duration::from_secs(if cfg!(debug_assertions) { 120 } else { 10 })
+    }
+
+    /// This process's `VmHWM` in KiB.
+    fn own_hwm_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Not a test of its own: a no-op unless [`PROBE_FILE`] is set, when
+    /// it runs `cuarena replay $PROBE_FILE` (stderr to [`PROBE_STDERR`]),
+    /// reaps it with `wait4` and prints what it did on one line.
+    #[test]
+    // Reaped by `wait4`, which std cannot see.
+    #[allow(clippy::zombie_processes)]
+    fn rss_probe() {
+        let (Some(file), Some(err_path)) =
+            (std::env::var_os(PROBE_FILE), std::env::var_os(PROBE_STDERR))
+        else {
+            return;
+        };
+        let hwm = own_hwm_kib();
+        let err = std::fs::File::create(&err_path).unwrap();
+        let t0 = Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+            .arg("replay")
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("the cuarena binary runs");
+        let pid = child.id() as libc::pid_t;
+        let mut status: libc::c_int = 0;
+        // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: `pid` is our unreaped child; `status` and `ru` are
+            // valid for writes.
+            let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+            assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
+            if r == pid {
+                break;
+            }
+            if t0.elapsed() > timeout() {
+                let _ = child.kill();
+                // SAFETY: as above; blocks until the killed child is reaped.
+                unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+                panic!("cuarena replay ran past {:?}", timeout());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            -1
+        };
+        // Linux reports ru_maxrss in KiB.
+        println!(
+            "rss-probe: code={code} elapsed_us={} maxrss_kib={} probe_hwm_kib={hwm}",
+            t0.elapsed().as_micros(),
+            ru.ru_maxrss
+        );
+    }
+
+    /// Runs `cuarena replay path` from a fresh probe process.
+    fn replay(path: &Path, dir: &Path) -> Run {
+        let err_path = dir.join("stderr.txt");
+        let o = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cli::hostile_files::rss_probe",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(PROBE_FILE, path)
+            .env(PROBE_STDERR, &err_path)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the test binary runs");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let line = out
+            .lines()
+            .find_map(|l| Some(l.split_once("rss-probe: ")?.1))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no probe report: {out}{}",
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            });
+        let field = |k: &str| -> u64 {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in {line}"))
+        };
+        Run {
+            code: line
+                .split(' ')
+                .find_map(|f| f.strip_prefix("code="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1),
+            stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+            elapsed: Duration::from_micros(field("elapsed_us")),
+            peak_rss_bytes: field("maxrss_kib") << 10,
+            probe_hwm_bytes: field("probe_hwm_kib") << 10,
+        }
+    }
+
+    /// The readers' bound for `d` decompressed bytes: 2 D + 2 (16 D + 64 MiB).
+    fn reader_bound(d: u64) -> u64 {
+        2 * d + 2 * (MEMORY_PER_INPUT_BYTE * d + MEMORY_BASE_BYTES)
+    }
+
+    #[test]
+    fn cli_hostile_traces_fail_cleanly_within_the_memory_bound() {
+        let dir = std::env::temp_dir().join(format!("cuarena-cli-hostile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        // What the command takes to start and fail on a missing file.
+        let base = replay(&dir.join("no-such-trace.pickle"), &dir);
+        assert_eq!(base.code, 3, "{}", base.stderr);
+        let base_rss = base.peak_rss_bytes;
+
+        // ~1 GiB of zeros in 1 MiB members (~1 MB compressed): the reader
+        // stops at 256 × the compressed bytes + 64 MiB inflated.
+        let gzip = gzip_zeros(1 << 20, 1 << 10);
+        let gzip_stop = MAX_GZIP_RATIO * gzip.len() as u64 + GZIP_RATIO_SLACK_BYTES;
+        let cases: [(&str, Vec<u8>, &str, u64); 5] = [
+            ("deep.pickle", deep_list_pickle(DEEP), "MAX_NESTING", 0),
+            (
+                "dup_tuple2.pickle",
+                dup_tuple2_pickle(DEEP),
+                "MAX_NESTING",
+                0,
+            ),
+            ("marks.pickle", mark_flood_pickle(8 << 20), "MAX_MARKS", 0),
+            (
+                "zeros.pickle.gz",
+                gzip,
+                "MAX_GZIP_RATIO",
+                // The inflated buffer, twice (as it grows); the compressed
+                // file is added below.
+                2 * gzip_stop,
+            ),
+            (
+                "long4.pickle",
+                long4_pickle(0x7fff_ffff),
+                "MAX_INT_BYTES",
+                0,
+            ),
+        ];
+        let mut failures = Vec::new();
+        for (name, bytes, limit, gzip_bound) in cases {
+            let path = dir.join(name);
+            std::fs::write(&path, &bytes).unwrap();
+            let file = bytes.len() as u64;
+            drop(bytes);
+            let r = replay(&path, &dir);
+            let _ = std::fs::remove_file(&path);
+            let bound = base_rss.max(r.probe_hwm_bytes) + file + gzip_bound.max(reader_bound(file));
+            println!(
+                "{name}: {file} B, exit {}, {:?}, peak RSS {} KiB (bound {} KiB, probe {} KiB)",
+                r.code,
+                r.elapsed,
+                r.peak_rss_bytes >> 10,
+                bound >> 10,
+                r.probe_hwm_bytes >> 10
+            );
+            if r.code != 3 {
+                failures.push(format!("{name}: exit {}: {}", r.code, r.stderr));
+            }
+            if !r.stderr.contains(limit) || r.stderr.contains("Limit {") {
+                failures.push(format!(
+                    "{name}: stderr does not name {limit}: {}",
+                    r.stderr
+                ));
+            }
+            if r.elapsed >= timeout() {
+                failures.push(format!("{name}: took {:?}", r.elapsed));
+            }
+            if r.peak_rss_bytes > bound {
+                failures.push(format!(
+                    "{name}: peak RSS {} B over the bound {bound} B",
+                    r.peak_rss_bytes
+                ));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
+}

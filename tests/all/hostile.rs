@@ -67,21 +67,67 @@ fn expect_trace(r: Result<Trace, ToolError>, needle: &str) {
 }
 
 /// PROTO 4 then `body` then STOP.
-fn pickle(body: &[u8]) -> Vec<u8> {
+pub(crate) fn pickle(body: &[u8]) -> Vec<u8> {
     let mut b = vec![0x80, 4];
     b.extend_from_slice(body);
     b.push(b'.');
     b
 }
 
-const DEEP: usize = 500_000;
+pub(crate) const DEEP: usize = 500_000;
+
+/// EMPTY_LIST × `depth`, APPEND × (`depth` - 1): a list nested `depth` deep.
+pub(crate) fn deep_list_pickle(depth: usize) -> Vec<u8> {
+    let mut body = vec![b']'; depth];
+    body.resize(2 * depth - 1, b'a');
+    pickle(&body)
+}
+
+/// EMPTY_LIST then (DUP, TUPLE2) × `pairs`: 2^`pairs` leaves if copied,
+/// `pairs` deep.
+pub(crate) fn dup_tuple2_pickle(pairs: usize) -> Vec<u8> {
+    let mut body = vec![b']'];
+    for _ in 0..pairs {
+        body.extend_from_slice(b"2\x86");
+    }
+    pickle(&body)
+}
+
+/// `marks` MARKs and nothing else.
+pub(crate) fn mark_flood_pickle(marks: usize) -> Vec<u8> {
+    pickle(&vec![b'('; marks])
+}
+
+/// A LONG4 integer claiming `claimed` bytes of digits (16 present).
+pub(crate) fn long4_pickle(claimed: u32) -> Vec<u8> {
+    let mut body = vec![0x8b];
+    body.extend_from_slice(&claimed.to_le_bytes());
+    body.extend_from_slice(&[0xff; 16]);
+    pickle(&body)
+}
+
+/// `copies` gzip members of `member_bytes` zeros each (a multi-member gzip
+/// is valid): built streaming, never held inflated.
+pub(crate) fn gzip_zeros(member_bytes: usize, copies: usize) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; member_bytes.min(1 << 20)];
+    let mut left = member_bytes;
+    while left > 0 {
+        let n = left.min(zeros.len());
+        enc.write_all(&zeros[..n]).unwrap();
+        left -= n;
+    }
+    let member = enc.finish().unwrap();
+    let mut bomb = Vec::with_capacity(member.len() * copies);
+    for _ in 0..copies {
+        bomb.extend_from_slice(&member);
+    }
+    bomb
+}
 
 #[test]
 fn deep_list_nesting() {
-    // EMPTY_LIST × N, APPEND × (N - 1): a list nested N deep.
-    let mut body = vec![b']'; DEEP];
-    body.resize(2 * DEEP - 1, b'a');
-    let (asked, limit) = expect_limit(read(&pickle(&body)), "MAX_NESTING");
+    let (asked, limit) = expect_limit(read(&deep_list_pickle(DEEP)), "MAX_NESTING");
     assert_eq!((asked, limit), (MAX_NESTING + 1, MAX_NESTING));
 }
 
@@ -117,25 +163,16 @@ fn deep_tuple_via_memo() {
 fn dup_tuple2_bomb() {
     // The 84-byte bomb: EMPTY_LIST then (DUP, TUPLE2) × 40 would be 2^40
     // leaves if copied; shared, it is 41 small nodes and a clean error.
-    let mut body = vec![b']'];
-    for _ in 0..40 {
-        body.extend_from_slice(b"2\x86");
-    }
-    let bytes = pickle(&body);
+    let bytes = dup_tuple2_pickle(40);
     assert!(bytes.len() <= 84, "{}", bytes.len());
     expect_trace(read(&bytes), "top level is a tuple");
     // Longer: nesting passes the limit.
-    let mut body = vec![b']'];
-    for _ in 0..DEEP {
-        body.extend_from_slice(b"2\x86");
-    }
-    expect_limit(read(&pickle(&body)), "MAX_NESTING");
+    expect_limit(read(&dup_tuple2_pickle(DEEP)), "MAX_NESTING");
 }
 
 #[test]
 fn mark_flood() {
-    let body = vec![b'('; 50 << 20];
-    let (asked, limit) = expect_limit(read(&pickle(&body)), "MAX_MARKS");
+    let (asked, limit) = expect_limit(read(&mark_flood_pickle(50 << 20)), "MAX_MARKS");
     assert_eq!((asked, limit), (MAX_MARKS + 1, MAX_MARKS));
     // MARK, POP_MARK pairs cost nothing that lasts: a clean error at STOP.
     let body = b"(1".repeat(5 << 20);
@@ -200,19 +237,8 @@ fn shared_event_bomb_is_charged() {
 
 #[test]
 fn gzip_bomb() {
-    // 10 GB of zeros: one 64 MiB member compressed once, repeated (a
-    // multi-member gzip is valid); built streaming, never held inflated.
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    let zeros = vec![0u8; 1 << 20];
-    for _ in 0..64 {
-        enc.write_all(&zeros).unwrap();
-    }
-    let member = enc.finish().unwrap();
-    let copies = (10u64 << 30) / (64 << 20);
-    let mut bomb = Vec::with_capacity(member.len() * copies as usize);
-    for _ in 0..copies {
-        bomb.extend_from_slice(&member);
-    }
+    // 10 GB of zeros: one 64 MiB member compressed once, repeated.
+    let bomb = gzip_zeros(64 << 20, (10 << 30) / (64 << 20));
     let (asked, limit) = expect_limit(
         read(&bomb),
         "MAX_GZIP_RATIO × compressed bytes + GZIP_RATIO_SLACK_BYTES",
@@ -249,10 +275,7 @@ fn oversized_plain_file_is_refused_unread() {
 #[test]
 fn huge_integers() {
     // LONG4 claiming 2 GiB of digits.
-    let mut body = vec![0x8b];
-    body.extend_from_slice(&0x7fff_ffffu32.to_le_bytes());
-    body.extend_from_slice(&[0xff; 16]);
-    let (asked, limit) = expect_limit(read(&pickle(&body)), "MAX_INT_BYTES");
+    let (asked, limit) = expect_limit(read(&long4_pickle(0x7fff_ffff)), "MAX_INT_BYTES");
     assert_eq!((asked, limit), (0x7fff_ffff, MAX_INT_BYTES));
     // LONG1 with 255 bytes.
     let mut body = vec![0x8a, 255];

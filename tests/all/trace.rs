@@ -406,10 +406,9 @@ fn synthetic_replay_compares_allocators() {
     let naive = replay_with(
         &ops,
         &cfg,
-        &ReplayOptions {
-            allocator: Allocator::NaiveCompacting,
-            timeline_points: 500,
-        },
+        &ReplayOptions::default()
+            .with_allocator(Allocator::NaiveCompacting)
+            .with_timeline_points(500),
     )
     .unwrap();
     assert!(naive.completed());
@@ -586,10 +585,9 @@ fn steady_state_stress() {
             let r = replay_with(
                 &ops,
                 &ArenaConfig::new(cap),
-                &ReplayOptions {
-                    allocator,
-                    timeline_points: 0,
-                },
+                &ReplayOptions::default()
+                    .with_allocator(allocator)
+                    .with_timeline_points(0),
             )
             .unwrap();
             println!(
@@ -676,10 +674,9 @@ fn bytes_moved_never_exceed_naive() {
                 replay_with(
                     ops,
                     &cfg,
-                    &ReplayOptions {
-                        allocator,
-                        timeline_points: 0,
-                    },
+                    &ReplayOptions::default()
+                        .with_allocator(allocator)
+                        .with_timeline_points(0),
                 )
                 .unwrap()
             };

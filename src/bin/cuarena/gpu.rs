@@ -73,25 +73,22 @@ mod imp {
         let meta = replay_with(
             &ops,
             &config,
-            &ReplayOptions {
-                allocator: Allocator::Compacting,
-                timeline_points: 2000,
-            },
+            &ReplayOptions::default()
+                .with_allocator(Allocator::Compacting)
+                .with_timeline_points(2000),
         )?;
 
         println!();
         println!("cuarena on the GPU at {} ...", fmt_bytes(capacity));
-        let options = GpuReplayOptions {
-            ordinal: args.gpu_ordinal,
-            sampling: if args.check_all {
+        let options = GpuReplayOptions::default()
+            .with_ordinal(args.gpu_ordinal)
+            .with_sampling(if args.check_all {
                 CheckSampling::ALL
             } else {
                 CheckSampling::default()
-            },
-            warmup_passes: args.gpu_warmup,
-            corrupt_block: args.gpu_corrupt,
-            ..GpuReplayOptions::default()
-        };
+            })
+            .with_warmup_passes(args.gpu_warmup)
+            .with_corrupt_block(args.gpu_corrupt);
         let gpu = replay_gpu(&ops, &config, &options);
         let mut rows = Vec::new();
         match &gpu {
@@ -137,11 +134,10 @@ mod imp {
         println!("CUDA pool at the arena's capacity ...");
         match replay_pool(
             &ops,
-            &PoolOptions {
-                ordinal,
-                max_size_bytes: capacity,
-                record_reserved: false,
-            },
+            &PoolOptions::default()
+                .with_ordinal(ordinal)
+                .with_max_size_bytes(capacity)
+                .with_record_reserved(false),
         ) {
             Ok(r) => rows.push(baseline_row(
                 "CUDA pool, capped at the arena's capacity",
@@ -177,11 +173,10 @@ mod imp {
         println!("CUDA pool, uncapped ...");
         match replay_pool(
             &ops,
-            &PoolOptions {
-                ordinal,
-                max_size_bytes: 0,
-                record_reserved: false,
-            },
+            &PoolOptions::default()
+                .with_ordinal(ordinal)
+                .with_max_size_bytes(0)
+                .with_record_reserved(false),
         ) {
             Ok(r) => {
                 let mut row = baseline_row("CUDA pool, uncapped", &r, None, peak);
@@ -228,11 +223,10 @@ mod imp {
                 if args.svg.is_some() {
                     match replay_pool(
                         &ops,
-                        &PoolOptions {
-                            ordinal,
-                            max_size_bytes: 0,
-                            record_reserved: true,
-                        },
+                        &PoolOptions::default()
+                            .with_ordinal(ordinal)
+                            .with_max_size_bytes(0)
+                            .with_record_reserved(true),
                     ) {
                         Ok(r) if !r.reserved.is_empty() => timeline
                             .baselines

@@ -72,7 +72,10 @@ impl From<ToolError> for Failure {
                 record: 0,
                 message,
             } => Failure::Io(format!("trace {path}: {message}")),
-            ToolError::Trace { .. } | ToolError::Limit { .. } => Failure::Io(e.to_string()),
+            // A program the trace made that cannot run is the trace's fault.
+            ToolError::Trace { .. } | ToolError::Limit { .. } | ToolError::Program { .. } => {
+                Failure::Io(e.to_string())
+            }
             ToolError::Usage { .. } => Failure::Usage(e.to_string()),
             _ => Failure::Arena(e.to_string()),
         }

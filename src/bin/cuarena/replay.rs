@@ -162,10 +162,9 @@ fn replay_one(
         allocator.label(),
         fmt_bytes(config.capacity_bytes)
     ));
-    let options = ReplayOptions {
-        allocator,
-        timeline_points: points,
-    };
+    let options = ReplayOptions::default()
+        .with_allocator(allocator)
+        .with_timeline_points(points);
     Ok(replay_with(ops, config, &options)?)
 }
 

@@ -34,8 +34,9 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::backend::cuda::{driver_err, CudaBackend};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::tools::trace::{Op, Ops, Outcome};
+use crate::tools::{Result, ToolError};
 
 /// Which real allocator a [`BaselineReport`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,7 @@ impl Baseline {
 
 /// What a baseline replay did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BaselineReport {
     /// The allocator.
     pub allocator: Baseline,
@@ -99,7 +101,7 @@ impl BaselineReport {
     }
 }
 
-/// Options of [`replay_pool`].
+/// Options of [`replay_pool`]: [`Default`] and the `with_*` methods.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolOptions {
     /// Device ordinal.
@@ -112,9 +114,32 @@ pub struct PoolOptions {
     pub record_reserved: bool,
 }
 
+impl PoolOptions {
+    /// The device ordinal.
+    #[must_use]
+    pub fn with_ordinal(mut self, ordinal: usize) -> Self {
+        self.ordinal = ordinal;
+        self
+    }
+
+    /// The pool's `maxSize` (0: the driver's default).
+    #[must_use]
+    pub fn with_max_size_bytes(mut self, bytes: u64) -> Self {
+        self.max_size_bytes = bytes;
+        self
+    }
+
+    /// Record the pool's reserved bytes after every allocation.
+    #[must_use]
+    pub fn with_record_reserved(mut self, record: bool) -> Self {
+        self.record_reserved = record;
+        self
+    }
+}
+
 /// Maps a raw driver result to [`Error::Driver`] naming `call`.
 fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
-    r.result().map_err(driver_err(call))
+    Ok(r.result().map_err(driver_err(call))?)
 }
 
 /// The primary context of `ordinal`, bound to this thread, and a new stream.
@@ -248,7 +273,7 @@ impl Live {
     fn slot(&mut self, id: u32) -> Result<&mut sys::CUdeviceptr> {
         self.ptrs
             .get_mut(id as usize)
-            .ok_or_else(|| Error::InvalidConfig {
+            .ok_or_else(|| ToolError::Program {
                 reason: format!("op names block {id}, beyond the program's sizes"),
             })
     }
@@ -279,19 +304,19 @@ impl Drop for Live {
     }
 }
 
-fn failed(ops: &Ops, op: usize, error: Error) -> Outcome {
+fn failed(ops: &Ops, op: usize, error: ToolError) -> Outcome {
     Outcome::Failed {
         op,
         event: ops.event_index.get(op).copied().unwrap_or(op as u64),
-        error: error.into(),
+        error,
     }
 }
 
 fn size_of(size: u64) -> Result<usize> {
-    usize::try_from(size).map_err(|_| Error::TooLarge {
+    Ok(usize::try_from(size).map_err(|_| Error::TooLarge {
         requested_bytes: size,
         capacity_bytes: usize::MAX as u64,
-    })
+    })?)
 }
 
 /// Replays `ops` on a fresh pool (see the [module documentation](self)).
@@ -408,7 +433,7 @@ pub struct PoolMinCapacity {
 /// (the peak of live bytes). The search tries it, then steps of
 /// `tolerance_bytes` above it doubling until a replay completes, then
 /// bisects. It assumes more capacity never hurts, and gives up (an
-/// [`Error::InvalidConfig`]) past 95% of the device's free memory.
+/// [`ToolError::Program`]) past 95% of the device's free memory.
 pub fn find_min_pool_capacity(
     ops: &Ops,
     ordinal: usize,
@@ -453,7 +478,7 @@ pub fn find_min_pool_capacity(
     let (mut ok, mut ok_report) = loop {
         let cap = round(lower.saturating_add(step));
         if cap > limit {
-            return Err(Error::InvalidConfig {
+            return Err(ToolError::Program {
                 reason: format!(
                     "the pool did not complete at any capacity up to {} B (95% of free device memory)",
                     failed
@@ -584,12 +609,15 @@ mod tests {
         let ops = Ops::from_ops([Op::Alloc { id: 0, size: 10 }]);
         assert!(matches!(
             replay_pool(&ops, &PoolOptions::default()),
-            Err(Error::NoDevice { .. })
+            Err(ToolError::Arena(Error::NoDevice { .. }))
         ));
         assert!(matches!(
             replay_cu_mem_alloc(&ops, 0),
-            Err(Error::NoDevice { .. })
+            Err(ToolError::Arena(Error::NoDevice { .. }))
         ));
-        assert!(matches!(pool_granularity(0), Err(Error::NoDevice { .. })));
+        assert!(matches!(
+            pool_granularity(0),
+            Err(ToolError::Arena(Error::NoDevice { .. }))
+        ));
     }
 }

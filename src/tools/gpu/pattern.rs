@@ -22,8 +22,9 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use crate::arena::Arena;
 use crate::backend::cuda::{driver_err, CudaBackend};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::handle::Handle;
+use crate::tools::{Result, ToolError};
 
 /// Name used in [`Error::Nvrtc`] for these kernels.
 pub const PATTERN_SOURCE_NAME: &str = "kernels/pattern.cu";
@@ -174,7 +175,7 @@ impl PatternKernels {
     /// arena these kernels were loaded for.
     fn block(&self, arena: &Arena<CudaBackend>, h: Handle) -> Result<(u64, u64)> {
         if !Arc::ptr_eq(arena.stream(), &self.stream) {
-            return Err(Error::InvalidConfig {
+            return Err(ToolError::Usage {
                 reason: "pattern kernels used with an arena they were not loaded for".to_owned(),
             });
         }

@@ -115,13 +115,13 @@ impl Run<'_> {
         tag(self.tag_base.saturating_add(i as u64))
     }
 
-    /// Runs op `i`; `Ok(Err(e))` is the arena refusing it, `Err` a device
-    /// failure that ends the replay.
-    fn op(&mut self, i: usize, op: Op) -> Result<std::result::Result<(), Error>> {
+    /// Runs op `i`; `Ok(Err(e))` is the arena refusing it (or an op the
+    /// program cannot run), `Err` a device failure that ends the replay.
+    fn op(&mut self, i: usize, op: Op) -> Result<std::result::Result<(), ToolError>> {
         match op {
             Op::Alloc { id, size } => {
                 let Some(slot) = self.handles.get(id as usize) else {
-                    return Ok(Err(Error::InvalidConfig {
+                    return Ok(Err(ToolError::Program {
                         reason: format!("op names block {id}, beyond the program's sizes"),
                     }));
                 };
@@ -179,7 +179,7 @@ impl Run<'_> {
                 }
                 let h = match r {
                     Ok(h) => h,
-                    Err(e) => return Ok(Err(e)),
+                    Err(e) => return Ok(Err(e.into())),
                 };
                 self.kernels.fill(&self.arena, h, id)?;
                 if self.corrupt_block == Some(id) {
@@ -208,7 +208,7 @@ impl Run<'_> {
                 if r.is_ok() {
                     self.live -= reserved;
                 }
-                Ok(r)
+                Ok(r.map_err(ToolError::from))
             }
         }
     }
@@ -244,7 +244,7 @@ impl Run<'_> {
                 outcome = Outcome::Failed {
                     op: i,
                     event: ops.event_index.get(i).copied().unwrap_or(i as u64),
-                    error: error.into(),
+                    error,
                 };
                 break;
             }

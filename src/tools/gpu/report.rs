@@ -6,8 +6,11 @@ use std::time::Duration;
 use crate::tools::gpu::pattern::CheckRange;
 use crate::tools::trace::{Ops, Outcome};
 
-/// How much of each tensor a GPU replay reads back at its free.
+/// How much of each tensor a GPU replay reads back at its free. Build one
+/// from [`Default`] (or [`CheckSampling::ALL`]) with the `with_*` methods:
+/// the struct is `#[non_exhaustive]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CheckSampling {
     /// Bytes checked at each end of a tensor that is not checked in full.
     pub edge_bytes: u64,
@@ -25,6 +28,28 @@ impl CheckSampling {
         full_every: 1,
         full_if_moved: true,
     };
+
+    /// Bytes checked at each end of a tensor not checked in full.
+    #[must_use]
+    pub fn with_edge_bytes(mut self, bytes: u64) -> Self {
+        self.edge_bytes = bytes;
+        self
+    }
+
+    /// Check every tensor whose id is a multiple of `n` in full (1: all;
+    /// 0: none but the moved ones).
+    #[must_use]
+    pub fn with_full_every(mut self, n: u32) -> Self {
+        self.full_every = n;
+        self
+    }
+
+    /// Check tensors that moved since their allocation in full.
+    #[must_use]
+    pub fn with_full_if_moved(mut self, full: bool) -> Self {
+        self.full_if_moved = full;
+        self
+    }
 
     /// The range to check of tensor `id`, moved or not.
     pub fn range(&self, id: u32, moved: bool) -> CheckRange {
@@ -76,7 +101,8 @@ impl Default for CheckSampling {
     }
 }
 
-/// Options of [`replay_gpu`](super::replay::replay_gpu).
+/// Options of [`replay_gpu`](super::replay::replay_gpu): [`Default`] and
+/// the `with_*` methods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuReplayOptions {
     /// CUDA device ordinal.
@@ -112,8 +138,46 @@ impl Default for GpuReplayOptions {
     }
 }
 
+impl GpuReplayOptions {
+    /// The CUDA device ordinal.
+    #[must_use]
+    pub fn with_ordinal(mut self, ordinal: usize) -> Self {
+        self.ordinal = ordinal;
+        self
+    }
+
+    /// What the checks read.
+    #[must_use]
+    pub fn with_sampling(mut self, sampling: CheckSampling) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// Passes before the timed one.
+    #[must_use]
+    pub fn with_warmup_passes(mut self, passes: u32) -> Self {
+        self.warmup_passes = passes;
+        self
+    }
+
+    /// Initial delay enqueued before an allocation that will compact.
+    #[must_use]
+    pub fn with_settle_delay(mut self, delay: Duration) -> Self {
+        self.settle_delay = delay;
+        self
+    }
+
+    /// Self-test: corrupt block `id` after its fill (`None` for real runs).
+    #[must_use]
+    pub fn with_corrupt_block(mut self, id: Option<u32>) -> Self {
+        self.corrupt_block = id;
+        self
+    }
+}
+
 /// The device time of one compacting allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompactionTiming {
     /// Index of the op in [`Ops::ops`].
     pub op: usize,
@@ -137,6 +201,7 @@ pub struct CompactionTiming {
 
 /// What one pass over the program did.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct PassReport {
     /// Ops that ran successfully.
     pub ops_run: usize,
@@ -198,6 +263,7 @@ impl PassReport {
 
 /// What a GPU replay did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct GpuReplayReport {
     /// The device's name.
     pub device_name: String,

@@ -63,14 +63,41 @@ impl Allocator {
     }
 }
 
-/// Options of [`replay_with`].
+/// Options of [`replay_with`]. Build them from [`Default`] with the
+/// `with_*` methods (or set the fields of a default value): the struct is
+/// `#[non_exhaustive]`.
+///
+/// ```
+/// use cuarena::tools::trace::{Allocator, ReplayOptions};
+/// let o = ReplayOptions::default()
+///     .with_allocator(Allocator::NonMoving)
+///     .with_timeline_points(100);
+/// assert_eq!(o.timeline_points, 100);
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// Allocator to run (its compaction policy overrides the config's).
     pub allocator: Allocator,
     /// Collect a [`Timeline`] of about this many buckets (each keeps its
     /// lowest and highest live-bytes sample); 0 for none.
     pub timeline_points: usize,
+}
+
+impl ReplayOptions {
+    /// The allocator to run.
+    #[must_use]
+    pub fn with_allocator(mut self, allocator: Allocator) -> Self {
+        self.allocator = allocator;
+        self
+    }
+
+    /// A timeline of about `points` buckets (0: none).
+    #[must_use]
+    pub fn with_timeline_points(mut self, points: usize) -> Self {
+        self.timeline_points = points;
+        self
+    }
 }
 
 /// How a replay ended.
@@ -111,6 +138,7 @@ pub(crate) fn per_op(wall: Duration, ops: usize) -> Duration {
 
 /// What a replay did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReplayReport {
     /// Allocator replayed.
     pub allocator: Allocator,
@@ -259,7 +287,7 @@ fn run_op(
         Op::Alloc { id, size } => {
             let slot = handles
                 .get_mut(id as usize)
-                .ok_or_else(|| Error::InvalidConfig {
+                .ok_or_else(|| ToolError::Program {
                     reason: format!("op names block {id}, beyond the program's sizes"),
                 })?;
             if size == 0 {
@@ -363,6 +391,7 @@ pub fn replay_prefix(
 /// The smallest capacity under which a program completes, and the replay
 /// there. See [`find_min_capacity_with`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct MinCapacity {
     /// Smallest capacity found that completes (a multiple of the alignment).
     pub capacity_bytes: u64,
@@ -494,6 +523,26 @@ pub fn find_min_capacity_observed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An op naming a block the program has no size for is the program's
+    /// fault, not the allocator's.
+    #[test]
+    fn op_beyond_the_sizes_is_a_program_error() {
+        let mut ops = Ops::from_ops([Op::Alloc { id: 0, size: 256 }]);
+        ops.sizes.clear();
+        let r = replay(&ops, &ArenaConfig::new(1 << 20)).expect("replay");
+        assert!(
+            matches!(
+                r.outcome,
+                Outcome::Failed {
+                    error: ToolError::Program { .. },
+                    ..
+                }
+            ),
+            "{:?}",
+            r.outcome
+        );
+    }
 
     /// Three 256 B blocks, the outer two freed: two 256 B holes, so a
     /// 512 B request needs a move.
