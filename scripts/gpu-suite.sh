@@ -10,10 +10,11 @@
 #   scripts/gpu-suite.sh run      (on the GPU machine) run the GPU tests, the
 #                                 GPU benches (moves, handles, spill), the
 #                                 examples (demo, train_mlp), the GPU trace
-#                                 replay (`cuarena replay --gpu`),
-#                                 and the GPU tests again under
-#                                 compute-sanitizer memcheck and racecheck at
-#                                 reduced size; logs go to $OUT (or
+#                                 replay (`cuarena replay --gpu`), the NCCL
+#                                 tests, and the GPU tests again under
+#                                 compute-sanitizer memcheck, racecheck and
+#                                 synccheck at reduced size (and the NCCL
+#                                 tests under memcheck); logs go to $OUT (or
 #                                 .gpu-stage/out), a short table is printed last
 #
 # Environment for `run` (all optional):

@@ -832,10 +832,7 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
         r.timed.targeted_compactions + r.timed.full_compactions > 0,
         "no compaction exercised"
     );
-    let bad = GpuReplayOptions {
-        corrupt_block: Some(3),
-        ..GpuReplayOptions::default()
-    };
+    let bad = GpuReplayOptions::default().with_corrupt_block(Some(3));
     let r = replay_gpu(&ops, &config, &bad).expect("replay");
     assert!(
         matches!(
@@ -850,11 +847,7 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
     );
     let pool = cuarena::tools::gpu::baselines::replay_pool(
         &ops,
-        &cuarena::tools::gpu::baselines::PoolOptions {
-            ordinal: 0,
-            max_size_bytes: 2 * cap,
-            record_reserved: false,
-        },
+        &cuarena::tools::gpu::baselines::PoolOptions::default().with_max_size_bytes(2 * cap),
     )
     .expect("pool");
     assert!(

@@ -103,6 +103,7 @@ impl BaselineReport {
 
 /// Options of [`replay_pool`]: [`Default`] and the `with_*` methods.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolOptions {
     /// Device ordinal.
     pub ordinal: usize,

@@ -104,6 +104,7 @@ impl Default for CheckSampling {
 /// Options of [`replay_gpu`](super::replay::replay_gpu): [`Default`] and
 /// the `with_*` methods.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GpuReplayOptions {
     /// CUDA device ordinal.
     pub ordinal: usize,
