@@ -35,8 +35,17 @@
 //! compacts (moving live tensors with its own kernels) and training goes on.
 //!
 //! The kernels (`kernels/mlp.cu`) are compiled at run time with NVRTC for
-//! the device's architecture and launched on the arena's stream with
-//! addresses resolved from handles right before each launch.
+//! the device's architecture and launched on the arena stream through
+//! `kernel_args(StreamId::ARENA)`: the operands are made resident first,
+//! then their views are taken, and the views borrow the arena until the
+//! launch is enqueued, so nothing can move between an address and its
+//! kernel. Uploads do not go on the arena stream: the data loader copies
+//! each prefetched batch on a second stream registered with the arena
+//! (`register_stream`), into a view from `kernel_args` for that stream,
+//! which makes the copy wait for the arena's moves so far and records the
+//! use (the arena waits for the copy before it moves, spills or frees the
+//! batch); the arena stream waits for the upload (a stream wait, not the
+//! host) before the batch's first kernel.
 //!
 //! Before the real run, a short run is made twice with the same seeds and
 //! the same tight capacity, once on the GPU and once on the host reference,
