@@ -1,5 +1,7 @@
 //! The CUDA executor: `kernels/mlp.cu` compiled with NVRTC, launched on
-//! the arena stream, with spills and restores timed by CUDA events.
+//! the arena stream with views from `kernel_args`, batches uploaded on a
+//! second stream registered with the arena (the data loader), and spills
+//! and restores timed by CUDA events.
 
 use std::sync::Arc;
 

@@ -35,20 +35,35 @@
 //! compacts (moving live tensors with its own kernels) and training goes on.
 //!
 //! The kernels (`kernels/mlp.cu`) are compiled at run time with NVRTC for
-//! the device's architecture and launched on the arena's stream with
-//! addresses resolved from handles right before each launch.
+//! the device's architecture and launched on the arena stream through
+//! `kernel_args(StreamId::ARENA)`: the operands are made resident first,
+//! then their views are taken, and the views borrow the arena until the
+//! launch is enqueued, so nothing can move between an address and its
+//! kernel. Uploads do not go on the arena stream: the data loader copies
+//! each prefetched batch on a second stream registered with the arena
+//! (`register_stream`), into a view from `kernel_args` for that stream,
+//! which makes the copy wait for the arena's moves so far and records the
+//! use (the arena waits for the copy before it moves, spills or frees the
+//! batch); the arena stream waits for the upload (a stream wait, not the
+//! host) before the batch's first kernel.
 //!
 //! Before the real run, a short run is made twice with the same seeds and
 //! the same tight capacity, once on the GPU and once on the host reference,
 //! and the weights' updates are compared. After it, the eval inputs (moved
 //! by compactions or not) are compared bit for bit with what was uploaded,
-//! and the trained weights are evaluated on the host.
+//! and the trained weights are evaluated on the host. Last, every tensor
+//! the run still holds (weights, momentum, eval inputs and labels, any
+//! other live block) is downloaded, the arena is made to compact (an
+//! allocation one granule larger than its largest hole forces a targeted
+//! compaction, then a full `compact()`), and every tensor is downloaded
+//! again after each and compared bit for bit (GPU and `--cpu` runs).
 
 mod exec;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_run;
+mod integrity;
 mod model;
 mod reference;
 mod report;
@@ -177,8 +192,9 @@ fn describe(s: &Settings, teacher: &HostNet, eval_x: &[f32]) {
 }
 
 /// Final checks shared by both runs: eval inputs unchanged after every
-/// compaction, labels equal to the host teacher's, and the trained
-/// weights' loss on the host.
+/// compaction, labels equal to the host teacher's, the trained weights'
+/// loss on the host, and every live tensor unchanged by two more
+/// compactions (see [`integrity::check_every_tensor`]).
 fn verify<E: Exec>(
     e: &mut E,
     out: &Outcome,
@@ -213,6 +229,7 @@ fn verify<E: Exec>(
     if agree + 4 < EVAL_ROWS {
         return Err("device and host teacher labels disagree on more than a few rows".into());
     }
+    integrity::check_every_tensor(e, out)?;
     let last_loss = last.eval_loss;
     if last_loss < target {
         println!("target reached: final eval loss {last_loss:.4} < {target}");
