@@ -117,6 +117,49 @@ fn collectives_on_plain_buffers_are_exact_on_every_visible_device() {
         let s = c.stream().clone_dtoh(s).expect("download");
         assert!(s.iter().all(|&v| v == (c.rank() as u32 + 7) * n as u32));
     }
+    // broadcast from rank 0, then a ring of send/recv (rank r sends to r+1).
+    let mut bc: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let host = vec![(c.rank() as u8).wrapping_mul(100).wrapping_add(5); share];
+            c.stream().clone_htod(&host).expect("upload")
+        })
+        .collect();
+    Communicator::group(&comms, || {
+        for (c, b) in comms.iter().zip(bc.iter_mut()) {
+            c.broadcast(b, 0)?;
+        }
+        Ok(())
+    })
+    .expect("broadcast");
+    let mut rx: Vec<_> = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<u32>(share).expect("alloc"))
+        .collect();
+    Communicator::group(&comms, || {
+        for ((c, s), r) in comms.iter().zip(&sends).zip(rx.iter_mut()) {
+            c.send(s, (c.rank() + 1) % n)?;
+            c.recv(r, (c.rank() + n - 1) % n)?;
+        }
+        Ok(())
+    })
+    .expect("send/recv");
+    for ((c, b), r) in comms.iter().zip(&bc).zip(&rx) {
+        c.synchronize().expect("sync");
+        let b = c.stream().clone_dtoh(b).expect("download");
+        assert!(b.iter().all(|&v| v == 5), "broadcast on rank {}", c.rank());
+        let r = c.stream().clone_dtoh(r).expect("download");
+        let from = (c.rank() + n - 1) % n;
+        assert!(
+            r.iter().all(|&v| v == from as u32 + 7),
+            "recv on rank {}",
+            c.rank()
+        );
+    }
+    assert!(matches!(
+        comms[0].broadcast(&mut rx[0], n),
+        Err(Error::InvalidConfig { .. })
+    ));
     // Lengths that do not match are errors before anything is enqueued.
     let short = comms[0]
         .stream()
@@ -154,17 +197,19 @@ fn a_rank_whose_peer_never_joins_fails_within_its_timeout() {
 const CHILD_RANK: &str = "CUARENA_NCCL_TEST_RANK";
 const CHILD_ID_FILE: &str = "CUARENA_NCCL_TEST_ID_FILE";
 
-#[test]
-fn one_process_per_device_bootstraps_through_an_id_file() {
-    if std::env::var(CHILD_RANK).is_ok() {
-        return; // a child runs `nccl_rank_process` only
-    }
-    let Some(n) = gpus() else { return };
+/// What the rank processes of a two-process test do (`CHILD_MODE`).
+const CHILD_MODE: &str = "CUARENA_NCCL_TEST_MODE";
+
+/// Runs `nccl_rank_process` as two processes (ranks 0 and 1, one GPU
+/// each) in `mode`, through an id file as a launcher would; `None` (after
+/// printing why) with fewer than two GPUs.
+fn two_rank_processes(mode: &str) -> Option<()> {
+    let n = gpus()?;
     if n < 2 {
         println!("skipped: one process per GPU needs two GPUs, {n} visible");
-        return;
+        return None;
     }
-    let dir = std::env::temp_dir().join(format!("cuarena-nccl-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("cuarena-nccl-{}-{mode}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let id_file = dir.join("nccl-id");
     // What a launcher does: rank 0's id, written where every rank reads it.
@@ -181,6 +226,7 @@ fn one_process_per_device_bootstraps_through_an_id_file() {
                 ])
                 .env(CHILD_RANK, rank.to_string())
                 .env(CHILD_ID_FILE, &id_file)
+                .env(CHILD_MODE, mode)
                 .spawn()
                 .expect("spawn rank")
         })
@@ -197,14 +243,36 @@ fn one_process_per_device_bootstraps_through_an_id_file() {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        assert!(status.success(), "rank {rank}: {status}");
+        assert!(status.success(), "rank {rank} ({mode}): {status}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+    Some(())
+}
+
+#[test]
+fn one_process_per_device_bootstraps_through_an_id_file() {
+    if std::env::var(CHILD_RANK).is_ok() {
+        return; // a child runs `nccl_rank_process` only
+    }
+    two_rank_processes("ok");
+}
+
+/// Rank 1 dies after joining; rank 0's collective on an arena tensor fails
+/// within its communicator's timeout (aborted, not hung), and rank 0's
+/// arena stays consistent: other tensors keep their bytes, the tensor of
+/// the failed collective can be read and freed, allocation and compaction
+/// work.
+#[test]
+fn a_rank_that_dies_mid_collective_fails_the_other_within_its_timeout() {
+    if std::env::var(CHILD_RANK).is_ok() {
+        return;
+    }
+    two_rank_processes("dies");
 }
 
 /// One rank of the bootstrap test (run by it in a child process).
 #[test]
-#[ignore = "run by one_process_per_device_bootstraps_through_an_id_file"]
+#[ignore = "run by the two-process tests"]
 fn nccl_rank_process() {
     let rank: usize = std::env::var(CHILD_RANK)
         .expect("rank")
@@ -212,6 +280,9 @@ fn nccl_rank_process() {
         .expect("rank number");
     let id_file = std::env::var(CHILD_ID_FILE).expect("id file");
     let id = UniqueId::from_hex(&std::fs::read_to_string(id_file).expect("read id")).expect("id");
+    if std::env::var(CHILD_MODE).as_deref() == Ok("dies") {
+        return rank_that_dies_or_survives(rank, id);
+    }
     let stream = streams(rank + 1).remove(rank);
     let comm = Communicator::init_with_timeout(stream, id, rank, 2, Duration::from_secs(60))
         .expect("init from the id file");
@@ -225,6 +296,50 @@ fn nccl_rank_process() {
     println!("rank {rank}: all_reduce across processes ok");
 }
 
+fn rank_that_dies_or_survives(rank: usize, id: UniqueId) {
+    use cuarena::{Arena, ArenaConfig};
+    let mut arena = Arena::cuda(ArenaConfig::new(64 << 20), rank).expect("arena");
+    let s = arena.backend().context().new_stream().expect("stream");
+    let comm_stream = arena.register_stream(s.clone()).expect("register");
+    let timeout = Duration::from_secs(5);
+    let comm = Communicator::init_with_timeout(s, id, rank, 2, timeout).expect("init");
+    if rank == 1 {
+        println!("rank 1: joined, now dying");
+        std::process::exit(0);
+    }
+    let keep = arena.alloc_storage_elems::<u32>(1 << 16).expect("keep");
+    let want: Vec<u32> = (0..1 << 16).map(|i| i * 7 + 1).collect();
+    arena.write_range(&keep, &want).expect("write");
+    let grads = arena.alloc_storage_zeroed::<f32>(1 << 20).expect("grads");
+    let t0 = Instant::now();
+    let enqueued = {
+        let mut args = arena.kernel_args(comm_stream).expect("args");
+        let mut v = args.output::<f32>(&grads).expect("view");
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+    };
+    let r = enqueued.and_then(|()| comm.synchronize());
+    let waited = t0.elapsed();
+    match &r {
+        Err(Error::Nccl { reason, .. }) => println!("rank 0: {reason} after {waited:?}"),
+        other => panic!("rank 0: expected an NCCL error, got {other:?}"),
+    }
+    assert!(comm.is_aborted());
+    assert!(waited < timeout + Duration::from_secs(20), "{waited:?}");
+    // The arena after the abort: nothing hangs, nothing lost.
+    assert_eq!(arena.read_range::<u32>(&keep).expect("read"), want);
+    let _ = arena
+        .read_range::<f32>(&grads)
+        .expect("the aborted tensor reads");
+    drop(grads);
+    let more = arena
+        .alloc_storage(32 << 20)
+        .expect("alloc after the abort");
+    arena.compact().expect("compact after the abort");
+    assert_eq!(arena.read_range::<u32>(&keep).expect("read"), want);
+    drop(more);
+    arena.synchronize().expect("no fault");
+    println!("rank 0: arena consistent after the peer died ({waited:?})");
+}
 /// One GPU's arena for the arena tests, with its communication stream.
 struct ArenaRank {
     arena: cuarena::Arena<cuarena::backend::cuda::CudaBackend>,
