@@ -85,7 +85,9 @@ fn run() -> cuarena::tools::Result<()> {
     let mut ours = Arena::host(ArenaConfig::new(cap))?;
     let mut base = Arena::host(ArenaConfig::new(cap))?;
     println!(
-        "backend: host memory, two arenas of {} each",
+        "backend: host memory, two arenas of {} each (the strict test backend: it runs \
+         every move as a random interleaving of 64-byte chunks to catch wrong plans, so its \
+         timings say nothing about a GPU's)",
         fmt_bytes(cap)
     );
     finish(&mut ours, &mut base, started)
