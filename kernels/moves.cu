@@ -10,7 +10,21 @@
 // stores. A tile waits only for tiles with smaller tickets, which were
 // handed to CTAs that are already running, so there is no deadlock whatever
 // the grid size and whatever else runs on the GPU.
+//
+// Only the warps that store bytes over an earlier tile's source wait for
+// it, each on its own; the rest of the CTA goes on to its next tile. A tile
+// whose source or destination is not 16-byte aligned still moves 16-byte
+// vectors: it loads the source at aligned addresses, stores the destination
+// at aligned addresses, and shifts each vector across lanes by the
+// difference (a funnel shift); the few bytes before the destination's
+// first aligned address and after its last go byte by byte.
 #include "moves.h"
+
+#define CUARENA_WARPS (CUARENA_THREADS / 32)
+#define FULL_MASK 0xFFFFFFFFu
+// The thread that moves a shifted tile's tail bytes (the head's is thread 0):
+// another warp, when there is one, so that both byte loops run side by side.
+#define TAIL_THREAD (CUARENA_THREADS > 32 ? 32u : 0u)
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     u32 v;
@@ -18,64 +32,22 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     return v;
 }
 
-__device__ __forceinline__ void st_release(u32* p, u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_relaxed(u32* p, u32 v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// 16 bytes at p, read with accesses of W bytes (p is W-aligned).
-template <int W>
+
+// 16 aligned bytes, through L2 only (.cg): the data is used once, and L1
+// is not coherent.
 __device__ __forceinline__ uint4 ld16(const unsigned char* p) {
-    uint4 v;
-    if (W == 16) {
-        // L2 only (.cg): the data is used once, and L1 is not coherent.
-        v = __ldcg(reinterpret_cast<const uint4*>(p));
-    } else if (W == 8) {
-        const u64* q = reinterpret_cast<const u64*>(p);
-        u64 a = q[0], b = q[1];
-        v = make_uint4((u32)a, (u32)(a >> 32), (u32)b, (u32)(b >> 32));
-    } else if (W == 4) {
-        const u32* q = reinterpret_cast<const u32*>(p);
-        v = make_uint4(q[0], q[1], q[2], q[3]);
-    } else if (W == 2) {
-        const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
-        v = make_uint4(q[0] | ((u32)q[1] << 16), q[2] | ((u32)q[3] << 16),
-                       q[4] | ((u32)q[5] << 16), q[6] | ((u32)q[7] << 16));
-    } else {
-        u32 x[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            x[k] = p[4 * k] | ((u32)p[4 * k + 1] << 8) | ((u32)p[4 * k + 2] << 16) |
-                   ((u32)p[4 * k + 3] << 24);
-        v = make_uint4(x[0], x[1], x[2], x[3]);
-    }
-    return v;
+    return __ldcg(reinterpret_cast<const uint4*>(p));
 }
 
-template <int W>
 __device__ __forceinline__ void st16(unsigned char* p, uint4 v) {
-    if (W == 16) {
-        __stcg(reinterpret_cast<uint4*>(p), v);
-    } else if (W == 8) {
-        u64* q = reinterpret_cast<u64*>(p);
-        q[0] = (u64)v.x | ((u64)v.y << 32);
-        q[1] = (u64)v.z | ((u64)v.w << 32);
-    } else if (W == 4) {
-        u32* q = reinterpret_cast<u32*>(p);
-        q[0] = v.x; q[1] = v.y; q[2] = v.z; q[3] = v.w;
-    } else if (W == 2) {
-        unsigned short* q = reinterpret_cast<unsigned short*>(p);
-        q[0] = (unsigned short)v.x; q[1] = (unsigned short)(v.x >> 16);
-        q[2] = (unsigned short)v.y; q[3] = (unsigned short)(v.y >> 16);
-        q[4] = (unsigned short)v.z; q[5] = (unsigned short)(v.z >> 16);
-        q[6] = (unsigned short)v.w; q[7] = (unsigned short)(v.w >> 16);
-    } else {
-        u32 x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int b = 0; b < 16; ++b) p[b] = (unsigned char)(x[b >> 2] >> ((b & 3) * 8));
-    }
+    __stcg(reinterpret_cast<uint4*>(p), v);
 }
 
-// The first n < 16 bytes at p, byte by byte.
+// The first n <= 16 bytes at p, byte by byte.
 __device__ __forceinline__ uint4 ld_tail(const unsigned char* p, u32 n) {
     u32 x[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -91,45 +63,140 @@ __device__ __forceinline__ void st_tail(unsigned char* p, uint4 v, u32 n) {
         if ((u32)b < n) p[b] = (unsigned char)(x[b >> 2] >> ((b & 3) * 8));
 }
 
-// Thread `tid` owns the 16-byte chunks c * THREADS + tid of the tile, so a
-// warp's accesses are contiguous.
-template <int W>
-__device__ __forceinline__ void load_tile(uint4 (&r)[CUARENA_VPT], const unsigned char* sp, u32 n,
-                                          u32 tid) {
-#pragma unroll
-    for (int c = 0; c < CUARENA_VPT; ++c) {
-        u32 o = (c * CUARENA_THREADS + tid) * 16u;
-        if (o + 16u <= n) r[c] = ld16<W>(sp + o);
-        else if (o < n) r[c] = ld_tail(sp + o, n - o);
+__device__ __forceinline__ u32 fs(u32 lo, u32 hi, u32 s) { return __funnelshift_r(lo, hi, s); }
+
+// Bytes m..m+15 (m < 16) of the 32 bytes a, b (little-endian). The word
+// offset is a switch, not an index, so that nothing goes to local memory.
+__device__ __forceinline__ uint4 shift16(uint4 a, uint4 b, u32 m) {
+    const u32 s = (m & 3u) * 8u;
+    switch (m >> 2) {
+        case 0: return make_uint4(fs(a.x, a.y, s), fs(a.y, a.z, s), fs(a.z, a.w, s), fs(a.w, b.x, s));
+        case 1: return make_uint4(fs(a.y, a.z, s), fs(a.z, a.w, s), fs(a.w, b.x, s), fs(b.x, b.y, s));
+        case 2: return make_uint4(fs(a.z, a.w, s), fs(a.w, b.x, s), fs(b.x, b.y, s), fs(b.y, b.z, s));
+        default: return make_uint4(fs(a.w, b.x, s), fs(b.x, b.y, s), fs(b.y, b.z, s), fs(b.z, b.w, s));
     }
 }
 
-// Stores the chunks that start at or after byte `from` when `upper`, the
-// others when not.
-template <int W>
-__device__ __forceinline__ void store_tile(const uint4 (&r)[CUARENA_VPT], unsigned char* dp, u32 n,
-                                           u32 tid, u32 from, bool upper) {
+__device__ __forceinline__ uint4 shfl_down1(uint4 v) {
+    return make_uint4(__shfl_down_sync(FULL_MASK, v.x, 1), __shfl_down_sync(FULL_MASK, v.y, 1),
+                      __shfl_down_sync(FULL_MASK, v.z, 1), __shfl_down_sync(FULL_MASK, v.w, 1));
+}
+
+// The geometry of a shifted tile: `h` head bytes up to the destination's
+// first 16-byte boundary, `b` whole aligned destination vectors, `t` tail
+// bytes; the source of vector k starts `m` bytes into the aligned source
+// vector k (counted from `s0`).
+struct Shape {
+    u32 h, b, t, m;
+    u64 s0;   // aligned address of source vector 0
+    u64 a;    // aligned address of destination vector 0
+};
+
+__device__ __forceinline__ Shape shape_of(const TileDesc& d) {
+    Shape g;
+    g.h = (u32)((16u - (u32)(d.dst & 15u)) & 15u);
+    if (g.h > d.n) g.h = d.n;
+    g.b = (d.n - g.h) >> 4;
+    g.t = d.n - g.h - 16u * g.b;
+    const u64 src = d.src + g.h;
+    g.m = (u32)(src & 15u);
+    g.s0 = src - g.m;
+    g.a = d.dst + g.h;
+    return g;
+}
+
+// Thread `tid` owns the 16-byte vectors k = c * THREADS + tid of the tile,
+// so a warp's accesses are contiguous. Aligned tile: vector k is bytes
+// 16k.. of source and destination (the last one may be short).
+__device__ __forceinline__ void load_aligned(uint4 (&r)[CUARENA_VPT], const unsigned char* sp,
+                                             u32 n, u32 tid) {
 #pragma unroll
     for (int c = 0; c < CUARENA_VPT; ++c) {
-        u32 o = (c * CUARENA_THREADS + tid) * 16u;
+        const u32 o = (c * CUARENA_THREADS + tid) * 16u;
+        if (o + 16u <= n) r[c] = ld16(sp + o);
+        else if (o < n) r[c] = ld_tail(sp + o, n - o);
+        else r[c] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Stores the vectors that start at or after byte `from` when `upper`, the
+// others when not.
+__device__ __forceinline__ void store_aligned(const uint4 (&r)[CUARENA_VPT], unsigned char* dp,
+                                              u32 n, u32 tid, u32 from, bool upper) {
+#pragma unroll
+    for (int c = 0; c < CUARENA_VPT; ++c) {
+        const u32 o = (c * CUARENA_THREADS + tid) * 16u;
         if ((o >= from) != upper) continue;
-        if (o + 16u <= n) st16<W>(dp + o, r[c]);
+        if (o + 16u <= n) st16(dp + o, r[c]);
         else if (o < n) st_tail(dp + o, r[c], n - o);
     }
 }
 
-__device__ __forceinline__ void store_any(const uint4 (&r)[CUARENA_VPT], unsigned char* dp, u32 n,
-                                          u32 tid, u32 w, u32 from, bool upper) {
-    switch (w) {
-        case 16: store_tile<16>(r, dp, n, tid, from, upper); break;
-        case 8: store_tile<8>(r, dp, n, tid, from, upper); break;
-        case 4: store_tile<4>(r, dp, n, tid, from, upper); break;
-        case 2: store_tile<2>(r, dp, n, tid, from, upper); break;
-        default: store_tile<1>(r, dp, n, tid, from, upper); break;
+// Shared state of the shifting path, double-buffered by tile parity (a warp
+// may load its next tile while its left neighbour still stores this one).
+struct ShiftShared {
+    uint4 first[2][CUARENA_VPT][CUARENA_WARPS];  // lane 0's vector c of each warp
+    uint4 extra;                                 // source vector VPT*THREADS (thread THREADS-1)
+    uint4 head, tail;                            // bytes of threads 0 and TAIL_THREAD
+};
+
+// Shifted tile: thread tid loads aligned source vector k (for the destination
+// vector k it stores); the vector after it comes from the next lane, or
+// through shared memory across warps.
+__device__ __forceinline__ void load_shifted(uint4 (&r)[CUARENA_VPT], const TileDesc& d,
+                                             const Shape& g, u32 tid, u32 buf, ShiftShared& sh) {
+    const u32 need = g.b == 0 ? 0u : g.b + (g.m != 0 ? 1u : 0u);  // source vectors read
+    const unsigned char* s0 = reinterpret_cast<const unsigned char*>(g.s0);
+#pragma unroll
+    for (int c = 0; c < CUARENA_VPT; ++c) {
+        const u32 k = c * CUARENA_THREADS + tid;
+        r[c] = k < need ? ld16(s0 + 16u * k) : make_uint4(0, 0, 0, 0);
     }
+    if ((tid & 31u) == 0) {
+#pragma unroll
+        for (int c = 0; c < CUARENA_VPT; ++c) sh.first[buf][c][tid >> 5] = r[c];
+    }
+    if (tid == CUARENA_THREADS - 1 && need > CUARENA_VPT * CUARENA_THREADS)
+        sh.extra = ld16(s0 + 16u * (CUARENA_VPT * CUARENA_THREADS));
+    if (tid == 0 && g.h) sh.head = ld_tail(reinterpret_cast<const unsigned char*>(d.src), g.h);
+    if (tid == TAIL_THREAD && g.t)
+        sh.tail = ld_tail(reinterpret_cast<const unsigned char*>(g.s0 + g.m + 16ull * g.b), g.t);
 }
 
-// Per tile: where it is, how wide its accesses can be, and the range of
+// Stores the pieces of a shifted tile that start at or after destination
+// byte `from` when `upper`, the others when not. Every lane of the warp
+// must call it (the vectors cross lanes).
+__device__ __forceinline__ void store_shifted(const uint4 (&r)[CUARENA_VPT], const TileDesc& d,
+                                              const Shape& g, u32 tid, u32 buf,
+                                              const ShiftShared& sh, u32 from, bool upper) {
+    const u32 lane = tid & 31u, warp = tid >> 5;
+    unsigned char* a = reinterpret_cast<unsigned char*>(g.a);
+#pragma unroll
+    for (int c = 0; c < CUARENA_VPT; ++c) {
+        uint4 next = shfl_down1(r[c]);
+        if (lane == 31) {
+            next = warp + 1 < CUARENA_WARPS ? sh.first[buf][c][warp + 1]
+                   : c + 1 < CUARENA_VPT   ? sh.first[buf][c + 1][0]
+                                           : sh.extra;
+        }
+        const u32 k = c * CUARENA_THREADS + tid;
+        if (k < g.b && ((g.h + 16u * k >= from) == upper)) st16(a + 16u * k, shift16(r[c], next, g.m));
+    }
+    if (tid == 0 && g.h && ((from == 0u) == upper))
+        st_tail(reinterpret_cast<unsigned char*>(d.dst), sh.head, g.h);
+    if (tid == TAIL_THREAD && g.t && ((g.h + 16u * g.b >= from) == upper))
+        st_tail(a + 16ull * g.b, sh.tail, g.t);
+}
+
+// Whether thread tid stores anything below destination byte `wait`.
+__device__ __forceinline__ bool has_lower(const TileDesc& d, bool shifted, const Shape& g,
+                                          u32 tid, u32 wait) {
+    if (!shifted) return 16u * tid < wait && 16u * tid < d.n;
+    return (tid < g.b && g.h + 16u * tid < wait) || (tid == 0 && g.h) ||
+           (tid == TAIL_THREAD && g.t && g.h + 16u * g.b < wait);
+}
+
+// Per tile: where it is, whether it takes the shifting path, and the range of
 // earlier tiles whose source overlaps its destination (a contiguous range,
 // since sources ascend and are disjoint). One thread per tile, all
 // independent, so the move kernel's critical path holds no searches. Also
@@ -190,15 +257,14 @@ extern "C" __global__ void cuarena_prep(WaveArgs a) {
                 if (wait == 0) { wlo = 1; whi = 0; }
             }
         }
-        const u64 mis = (a.base + src) | (a.base + dst) | 16u;
-        const u32 w = (u32)(mis & (~mis + 1));  // lowest set bit: 1, 2, 4, 8 or 16
+        const bool shifted = (((a.base + src) | (a.base + dst)) & 15u) != 0;
         TileDesc d;
         d.src = a.base + src + off;
         d.dst = a.base + dst + off;
         d.n = n;
         d.lo = wlo;
         d.hi = whi;
-        d.wait = wait | ((u32)__ffs(w) - 1u) << 24;
+        d.wait = wait | (shifted ? CUARENA_SHIFTED : 0u);
         a.tiles[t] = d;
     }
 }
@@ -228,11 +294,12 @@ extern "C" __global__ void cuarena_check(WaveArgs a) {
 
 // Persistent CTAs: take a ticket, load the tile into registers, take the
 // next ticket, publish the tile, store the part that covers at most the
-// tile's own source, wait for the earlier tiles the rest writes over, store
-// the rest. The ticket for the next tile is taken before this tile stores;
-// that is safe: the smallest unstored tile is either loaded (and waits only
-// for smaller tiles, all stored) or not yet loaded by a CTA whose current
-// tile is stored, so something always progresses.
+// tile's own source; then the warps that store over earlier tiles' sources
+// wait for those tiles (each warp on its own) and store the rest. The ticket
+// for the next tile is taken before this tile stores; that is safe: the
+// smallest unstored tile is either loaded (and waits only for smaller tiles,
+// all stored) or not yet loaded by a CTA whose current tile is stored, so
+// something always progresses.
 extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move(WaveArgs a) {
     // Double-buffered by iteration parity: thread 0 writes the next ticket
     // of iteration k+1 while slow threads may still read that of k.
@@ -241,7 +308,8 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move(WaveA
     // on the CTA stores nothing, since storing could overwrite a source that
     // an earlier tile has not loaded. Written only on the timeout path.
     __shared__ u32 s_abort;
-    const u32 tid = threadIdx.x;
+    __shared__ ShiftShared s_shift;
+    const u32 tid = threadIdx.x, lane = tid & 31u;
     if (tid == 0) {
         s_ticket[0] = atomicAdd(&a.ctl[0], 1u);
         s_abort = 0;
@@ -251,44 +319,66 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move(WaveA
     u32 parity = 1;
     while (t < a.n_tiles) {
         const TileDesc d = a.tiles[t];
-        const unsigned char* sp = reinterpret_cast<const unsigned char*>(d.src);
-        unsigned char* dp = reinterpret_cast<unsigned char*>(d.dst);
+        const bool shifted = (d.wait & CUARENA_SHIFTED) != 0;
+        const u32 wait = d.wait & CUARENA_WAIT_MASK;
+        const u32 buf = parity ^ 1u;
+        const Shape g = shape_of(d);
         uint4 r[CUARENA_VPT];
-        switch (d.wait >> 24) {
-            case 4: load_tile<16>(r, sp, d.n, tid); break;
-            case 3: load_tile<8>(r, sp, d.n, tid); break;
-            case 2: load_tile<4>(r, sp, d.n, tid); break;
-            case 1: load_tile<2>(r, sp, d.n, tid); break;
-            default: load_tile<1>(r, sp, d.n, tid); break;
-        }
+        if (shifted) load_shifted(r, d, g, tid, buf, s_shift);
+        else load_aligned(r, reinterpret_cast<const unsigned char*>(d.src), d.n, tid);
         if (tid == 0) s_ticket[parity] = atomicAdd(&a.ctl[0], 1u);
-        // Every thread's loads have completed before the tile is published.
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) st_release(&a.flags[t], a.epoch);
+
+        // The tile is published only once every thread's loads have returned
+        // their data: the barrier's predicate reads a word of each vector
+        // (shared-memory copies were stored from registers, which waited
+        // too), so by the time thread 0 stores the flag, every load of the
+        // tile has its value and no later store, by any CTA, can change it.
+        // A relaxed store suffices for that; a release (or a fence) would
+        // also wait for this warp's stores of the previous tile to reach L2,
+        // which cost 2-3% on slides (BENCHMARKS.md, the moves sweep).
+        u32 dep = 0;
+#pragma unroll
+        for (int c = 0; c < CUARENA_VPT; ++c) dep |= r[c].x;
+        __syncthreads_or(dep);
+        if (tid == 0) st_relaxed(&a.flags[t], a.epoch);
         const u32 next = s_ticket[parity];
         parity ^= 1u;
-        const u32 w = 1u << (d.wait >> 24);
-        const u32 wait = d.wait & 0xFFFFFFu;
         // Bytes past `wait` cover at most my own source, which is loaded.
-        // (`s_abort` was last written before the barrier above.)
-        if (!s_abort) store_any(r, dp, d.n, tid, w, wait, true);
-        if (d.lo <= d.hi) {
-            for (u32 x = d.lo + tid; x <= d.hi; x += CUARENA_THREADS) {
+        // (`s_abort` is read as one value per warp: the shifting path
+        // needs every lane.)
+        const bool stop = __any_sync(FULL_MASK, s_abort != 0);
+        if (!stop) {
+            if (shifted) store_shifted(r, d, g, tid, buf, s_shift, wait, true);
+            else store_aligned(r, reinterpret_cast<unsigned char*>(d.dst), d.n, tid, wait, true);
+        }
+        if (d.lo <= d.hi && __any_sync(FULL_MASK, has_lower(d, shifted, g, tid, wait))) {
+            bool gave_up = false;
+            for (u32 x = d.lo + lane; x <= d.hi; x += 32u) {
                 u32 spins = 0;
                 while (ld_acquire(&a.flags[x]) != a.epoch) {
                     if (++spins > CUARENA_SPIN_LIMIT) {
                         atomicOr(&a.ctl[1], CUARENA_ERR_TIMEOUT);
-                        s_abort = 1;
+                        gave_up = true;
                         break;
                     }
                     if (spins > 16) __nanosleep(64);
                 }
+                if (gave_up) break;
             }
-            __syncthreads();
-            // Every wait is over; if one gave up, the earlier tile may not
-            // have loaded the bytes this part would overwrite: store nothing.
-            if (!s_abort) store_any(r, dp, d.n, tid, w, wait, false);
+            // Every lane's wait is over, and the warp barrier orders the
+            // lanes' acquires before every lane's stores. If one gave up,
+            // the earlier tile may not have loaded the bytes this part would
+            // overwrite: store nothing, now or later.
+            __syncwarp();
+            if (__any_sync(FULL_MASK, gave_up)) {
+                if (lane == 0) s_abort = 1;
+            } else if (stop) {
+                // An earlier tile of this CTA gave up: store nothing.
+            } else if (shifted) {
+                store_shifted(r, d, g, tid, buf, s_shift, wait, false);
+            } else {
+                store_aligned(r, reinterpret_cast<unsigned char*>(d.dst), d.n, tid, wait, false);
+            }
         }
         t = next;
     }

@@ -38,12 +38,16 @@ struct TileDesc {
     u32 n;     // bytes (1..=CUARENA_TILE_BYTES)
     u32 lo;    // tiles lo..=hi must be loaded before the waiting part stores
     u32 hi;    //   (lo > hi: none)
-    u32 wait;  // the first `wait` destination bytes lie below the tile's own
-               // source and may cover earlier tiles' sources: they store after
-               // the wait; the rest covers at most the tile's own source and
-               // stores right after the tile is loaded. Bits 24..: log2 of the
-               // access width (16, 8, 4, 2 or 1 bytes).
+    u32 wait;  // bits 0..23: the first `wait` destination bytes lie below the
+               // tile's own source and may cover earlier tiles' sources: they
+               // store after the wait; the rest covers at most the tile's own
+               // source and stores right after the tile is loaded.
+               // Bit 24 (CUARENA_SHIFTED): source or destination is not
+               // 16-byte aligned, so the tile takes the shifting path.
 };
+
+#define CUARENA_WAIT_MASK 0xFFFFFFu
+#define CUARENA_SHIFTED (1u << 24)
 
 // One wave, passed by value. Per-move arrays are indexed by the move's
 // position in the wave; per-tile arrays by the tile's position.

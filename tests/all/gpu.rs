@@ -417,6 +417,9 @@ fn unaligned_offsets_and_lengths_match_a_host_copy() {
     }
 }
 
+/// 100,000 blocks of 4-64 KiB slid down into one packed run, in one wave:
+/// sizes and holes multiples of 256 B, then of 1 B (the shifting path:
+/// most moves' source and destination differ modulo 16).
 #[test]
 fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
     if !gpu_available() {
@@ -427,23 +430,53 @@ fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
     } else {
         100_000
     };
-    let mut rng = Rng(5);
-    let mut moves = Vec::with_capacity(count);
-    let (mut src, mut dst) = (0u64, 0u64);
-    for _ in 0..count {
-        src += rng.range(0, 256) * 256;
-        let len = rng.range(16, 256) * 256;
-        moves.push(mv(src, dst, len));
-        src += len;
-        dst += len;
+    for unit in [256u64, 1] {
+        let mut rng = Rng(5 + unit);
+        let mut moves = Vec::with_capacity(count);
+        let (mut src, mut dst) = (0u64, 0u64);
+        for _ in 0..count {
+            src += rng.range(0, 64 * KIB / unit) * unit;
+            let len = rng.range(4 * KIB / unit, 64 * KIB / unit) * unit;
+            moves.push(mv(src, dst, len));
+            src += len;
+            dst += len;
+        }
+        let (mut b, c) = backend(src + MIB);
+        c.fill(0, src, 77);
+        let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
+        b.execute(&plan_of(vec![moves])).expect("execute");
+        let (bad, first) = c.check(&segs, 0, src, 77);
+        assert_eq!(bad, 0, "unit {unit}: {bad} bad bytes, first at {first}");
+        b.synchronize().expect("no kernel error");
     }
-    let (mut b, c) = backend(src + MIB);
-    c.fill(0, src, 77);
-    let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
-    b.execute(&plan_of(vec![moves])).expect("execute");
-    let (bad, first) = c.check(&segs, 0, src, 77);
-    assert_eq!(bad, 0, "{bad} bad bytes, first at {first}");
-    b.synchronize().expect("no kernel error");
+}
+
+/// Moves whose source ends on the region's last byte, at every offset
+/// modulo 16: the shifting path reads whole aligned vectors and must stay
+/// inside the allocation (run under memcheck by the GPU suite).
+#[test]
+fn unaligned_moves_ending_at_the_region_end_match_a_host_copy() {
+    if !gpu_available() {
+        return;
+    }
+    let mut rng = Rng(31);
+    for round in 0..16u64 {
+        let capacity = MIB + rng.range(0, 4095);
+        let (mut b, _c) = backend(capacity);
+        let len = rng.range(1, 200 * KIB);
+        let src = capacity - len;
+        let dst = if round % 2 == 0 {
+            src - rng.range(1, 4 * KIB)
+        } else {
+            rng.range(0, src - len)
+        };
+        check_against_host(
+            &mut b,
+            &plan_of(vec![vec![mv(src, dst, len)]]),
+            round,
+            &format!("round {round}: capacity {capacity}, {len} B from {src} to {dst}"),
+        );
+    }
 }
 
 #[test]

@@ -133,12 +133,13 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        // 64 KiB tiles: measured best on an H200 across the three move
-        // benchmarks (a slide pays one flag wait per tile, so bigger tiles
-        // help it; 100,000 small blocks lose little). See BENCHMARKS.md.
+        // 256 threads x 16 vectors (64 KiB tiles, 2 CTAs per SM): best on
+        // an H100 across the move benchmarks in a sweep of four shapes
+        // (2026-11-23, BENCHMARKS.md); a slide pays one flag wait per tile,
+        // so big tiles help it, and 100,000 small blocks lose little.
         Self {
-            threads_per_cta: 512,
-            vectors_per_thread: 8,
+            threads_per_cta: 256,
+            vectors_per_thread: 16,
             ctas_per_sm: None,
         }
     }
@@ -387,10 +388,18 @@ impl CudaBackend {
                     .to_string(),
             });
         }
-        let bytes = usize::try_from(capacity_bytes).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: capacity_bytes,
-            max_bytes: usize::MAX as u64,
-        })?;
+        // The allocation ends on a 256-byte boundary at least 16 bytes past
+        // the region: the move kernel's shifting path reads whole aligned
+        // 16-byte vectors, which may reach up to 15 bytes past the last
+        // byte it moves (and discards them). The arena never sees the slack.
+        let bytes = capacity_bytes
+            .checked_add(16)
+            .map(|b| b.next_multiple_of(256))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or(Error::ExceedsAddressSpace {
+                requested_bytes: capacity_bytes,
+                max_bytes: usize::MAX as u64 - 271,
+            })?;
         // SAFETY: a plain allocation in the context bound by
         // CudaContext::new; its bytes are uninitialised, which the arena
         // never exposes (it reads only what it wrote).
