@@ -52,10 +52,10 @@ minute on one H100):
                      GPT2LMHeadModel from a GPT2Config (6 layers, d_model 768,
                      12 heads, 1024 positions, vocabulary 50257) in bfloat16;
                      each step is one request: batch size from {1,2,4,8,16} (1
-                     twice as often),
-                     a random prompt of 16 to 768 tokens, then 8 to 128 new
-                     tokens decoded greedily one at a time with the growing
-                     cache (logits of the last position only, as a server).
+                     twice as often), a random prompt of 16 to 768 tokens, then
+                     8 to 128 new tokens decoded greedily one at a time with
+                     the growing cache (logits of the last position only, as a
+                     server computes them).
 """
 
 import argparse
