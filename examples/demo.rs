@@ -9,6 +9,7 @@
 //! the GPU when a CUDA driver is present, else on the host backend at a
 //! smaller size.
 
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -33,11 +34,30 @@ Writes out/demo_memory_map.svg (the arena before and after the request).
 exit status: 0 when cuarena placed the tensor and every check passed, 1 when
 not, 2 on a bad command line";
 
+/// `println!` without its panic when stdout is gone (`demo | head`): a
+/// reader that closed the pipe ends the demo quietly with status 0, as it
+/// wants no more output; another write error ends it with status 1.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        say(format_args!($($arg)*))
+    };
+}
+
+fn say(line: std::fmt::Arguments<'_>) {
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+        if e.kind() == ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("demo: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
 fn main() -> ExitCode {
     match lexopt::Parser::from_env().next() {
         Ok(None) => {}
         Ok(Some(lexopt::Arg::Short('h') | lexopt::Arg::Long("help"))) => {
-            println!("{HELP}");
+            say!("{HELP}");
             return ExitCode::SUCCESS;
         }
         Ok(Some(other)) => {
@@ -59,7 +79,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> cuarena::tools::Result<()> {
-    println!("cuarena demo: a training loop with variable batch sizes, then one big tensor\n");
+    say!("cuarena demo: a training loop with variable batch sizes, then one big tensor\n");
     let started = Instant::now();
     #[cfg(feature = "cuda")]
     {
@@ -69,7 +89,7 @@ fn run() -> cuarena::tools::Result<()> {
                 let cap = 4u64 << 30;
                 let mut ours = Arena::cuda(ArenaConfig::new(cap), 0)?;
                 let mut base = Arena::cuda(ArenaConfig::new(cap), 0)?;
-                println!(
+                say!(
                     "backend: CUDA ({}), two arenas of {} each",
                     ours.backend().device_name(),
                     fmt_bytes(cap)
@@ -77,14 +97,14 @@ fn run() -> cuarena::tools::Result<()> {
                 return finish(&mut ours, &mut base, started);
             }
             Err(reason) => {
-                println!("no CUDA GPU ({reason}): running on the host backend at a smaller size")
+                say!("no CUDA GPU ({reason}): running on the host backend at a smaller size")
             }
         }
     }
     let cap = 256u64 << 20;
     let mut ours = Arena::host(ArenaConfig::new(cap))?;
     let mut base = Arena::host(ArenaConfig::new(cap))?;
-    println!(
+    say!(
         "backend: host memory, two arenas of {} each (the strict test backend: it runs \
          every move as a random interleaving of 64-byte chunks to catch wrong plans, so its \
          timings say nothing about a GPU's)",
@@ -99,8 +119,8 @@ fn finish<B: Backend, C: Backend>(
     started: Instant,
 ) -> cuarena::tools::Result<()> {
     let steps = 300;
-    println!("running {steps} steps (batch sizes 8..128, 6 activations a step, long-lived cache tensors expiring at random)...");
-    let r = scenario::run(ours, base, steps, &mut |line| println!("{line}"))?;
+    say!("running {steps} steps (batch sizes 8..128, 6 activations a step, long-lived cache tensors expiring at random)...");
+    let r = scenario::run(ours, base, steps, &mut |line| say!("{line}"))?;
     print_report(&r);
     let svg = memory_map_svg(&[
         MemoryMap {
@@ -121,49 +141,49 @@ fn finish<B: Backend, C: Backend>(
     let dir = std::path::Path::new("out");
     let path = dir.join("demo_memory_map.svg");
     match std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, svg)) {
-        Ok(()) => println!("memory map before/after: {}", path.display()),
-        Err(e) => println!("could not write {}: {e}", path.display()),
+        Ok(()) => say!("memory map before/after: {}", path.display()),
+        Err(e) => say!("could not write {}: {e}", path.display()),
     }
-    println!("\n{}", ours.summary());
-    println!("done in {:.1} s", started.elapsed().as_secs_f64());
+    say!("\n{}", ours.summary());
+    say!("done in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
 fn print_report(r: &ScenarioReport) {
     let b = &r.before;
-    println!("\nbefore the request (both arenas saw the same allocations):");
-    println!(
+    say!("\nbefore the request (both arenas saw the same allocations):");
+    say!(
         "  live tensors {:>10}   allocated {:>12}",
         b.live_blocks,
         fmt_bytes(b.allocated_bytes)
     );
-    println!(
+    say!(
         "  free {:>18}   largest hole {:>9}   fragmentation {:.1} %",
         fmt_bytes(b.free_bytes),
         fmt_bytes(b.largest_free_bytes),
         100.0 * b.fragmentation
     );
-    println!("\nrequest: one tensor of {}\n", fmt_bytes(r.request_bytes));
-    println!("| allocator                   | result                                            |");
-    println!("|-----------------------------+---------------------------------------------------|");
+    say!("\nrequest: one tensor of {}\n", fmt_bytes(r.request_bytes));
+    say!("| allocator                   | result                                            |");
+    say!("|-----------------------------+---------------------------------------------------|");
     let base = match (&r.baseline, r.baseline_failed_at) {
         (Err(e), Some(step)) if step == r.steps => format!("FAILED: {e}"),
         (Err(e), Some(step)) => format!("FAILED earlier, at loop step {step}: {e}"),
         _ => "succeeded (no fragmentation failure this time)".into(),
     };
-    println!("| non-moving, same capacity   | {base}");
+    say!("| non-moving, same capacity   | {base}");
     let kind = match r.kind() {
         Some(cuarena::plan::PlanKind::Targeted) => "targeted compaction",
         Some(cuarena::plan::PlanKind::Full) => "full compaction",
         None => "no compaction needed",
     };
-    println!(
+    say!(
         "| cuarena                     | ok: {kind}, moved {} ({} blocks); the request took {:.2} ms of host time",
         fmt_bytes(r.bytes_moved()),
         r.after.moves - r.before.moves,
         r.request_time.as_secs_f64() * 1e3
     );
-    println!(
+    say!(
         "\nverified: {} live tensors ({}) hold exactly their bytes after the compaction",
         r.verified.0,
         fmt_bytes(r.verified.1)

@@ -5,9 +5,11 @@
 //! `cargo run --release --example read_trace -- FILE...`
 //!
 //! Exit status: 0 when every file was read, 1 when one failed (its error
-//! on stderr), 2 for a usage error (no file given).
+//! on stderr) or stdout cannot be written, 2 for a usage error (no file
+//! given). Stdout closed by its reader (`| head`) stops it quietly, status 0.
 
 use std::hash::{Hash, Hasher};
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use cuarena::tools::trace::Trace;
@@ -21,13 +23,28 @@ and prints its event count and a fingerprint of every event.
 options:
   -h, --help    print this help and exit
 
-exit status: 0 when every file was read, 1 when one failed, 2 for a usage error";
+exit status: 0 when every file was read (or stdout was closed by its reader),
+1 when one failed, 2 for a usage error";
+
+/// Prints a line; `Err` with the exit status when stdout is gone (`println!`
+/// would panic): 0 for a reader that closed the pipe, 1 for another error.
+fn say(line: std::fmt::Arguments<'_>) -> Result<(), ExitCode> {
+    writeln!(std::io::stdout().lock(), "{line}").map_err(|e| {
+        if e.kind() == ErrorKind::BrokenPipe {
+            ExitCode::SUCCESS
+        } else {
+            eprintln!("read_trace: cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    })
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
+        return say(format_args!("{USAGE}"))
+            .err()
+            .unwrap_or(ExitCode::SUCCESS);
     }
     if args.is_empty() {
         eprintln!("read_trace: no trace file given\n\n{USAGE}");
@@ -49,11 +66,13 @@ fn main() -> ExitCode {
                     )
                         .hash(&mut h);
                 }
-                println!(
+                if let Err(code) = say(format_args!(
                     "{arg}: {} events, fingerprint {:016x}",
                     t.events.len(),
                     h.finish()
-                );
+                )) {
+                    return code;
+                }
             }
             Err(e) => {
                 eprintln!("read_trace: {arg}: {e}");

@@ -67,6 +67,88 @@ fn cli_help_and_exit_codes() {
     );
 }
 
+/// Stdout closed by its reader (`cuarena replay --help | head -3`): every
+/// command stops quietly with exit status 0 (documented in `--help`), where
+/// `println!` panicked with "failed printing to stdout: Broken pipe".
+#[cfg(target_os = "linux")]
+#[test]
+fn cli_closed_stdout_is_a_quiet_exit() {
+    use std::io::{BufRead, BufReader};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::process::Stdio;
+
+    // A pipe whose read end is closed before the command starts, so that
+    // its first write fails with EPIPE every time (a reader dropped after
+    // the spawn would race the command's writes). O_CLOEXEC: the tests run
+    // in parallel, and a child spawned by another one must not inherit the
+    // read end and keep the pipe open.
+    let closed_pipe = || {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors are new and owned by nothing else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        Stdio::from(write)
+    };
+    let runs: [&[&str]; 6] = [
+        &["--help"],
+        &["replay", "--help"],
+        &["--version"],
+        &["replay", RESNET],
+        &["replay", RESNET, "--find-min"],
+        // Stops at its first line, before the arena fails: the reader asked
+        // for no more, so no verdict either.
+        &["replay", RESNET, "--capacity", "12GiB"],
+    ];
+    for args in runs {
+        let o = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(closed_pipe())
+            .output()
+            .expect("the cuarena binary runs");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{args:?}");
+    }
+
+    // As `| head -1`: one line read, then the pipe closed while the command
+    // still replays (or has just finished: status 0 as well).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+        .args(["replay", RESNET])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the cuarena binary runs");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("trace "), "{first}");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+
+    // Any other write error is one: exit status 3 with a message.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full opens");
+    let o = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+        .arg("--help")
+        .stdout(full)
+        .output()
+        .expect("the cuarena binary runs");
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("cuarena: cannot write to standard output:"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
 /// Hostile traces through the command: each stops with exit status 3 and a
 /// message naming the limit, quickly, and the child's peak RSS stays under
 /// the readers' stated bound (`cuarena::tools::trace`, "Bounded input")

@@ -27,11 +27,13 @@ options:
   -V, --version      the version
 
 exit status:
-  0  done
+  0  done, or stdout was closed by its reader (`| head`): the output stops
+     there, quietly
   1  the arena failed: it did not complete the trace at the capacity asked for,
      or a check of the bytes on the GPU failed
   2  bad command line
-  3  the trace cannot be read or parsed, or an output file cannot be written
+  3  the trace cannot be read or parsed, or an output file or stdout cannot be
+     written
   4  --gpu, and no usable CUDA GPU (or a build without the `cuda` feature)
 
 Record a trace in PyTorch (2.1 or later) around a few training steps:
@@ -82,11 +84,13 @@ options:
 
 exit status:
   0  done: cuarena completed the trace at the capacity replayed (with --find-min
-     and no --capacity: a smallest capacity was found)
+     and no --capacity: a smallest capacity was found); or stdout was closed by
+     its reader (`| head`): the command stops there, quietly
   1  cuarena did not complete the trace at --capacity (default 1.0 x peak live),
      or no capacity completes, or a check of the bytes on the GPU failed
   2  bad command line
-  3  the trace cannot be read or parsed, or an output file cannot be written
+  3  the trace cannot be read or parsed, or an output file or stdout cannot be
+     written
   4  --gpu, and no usable CUDA GPU (or a build without the `cuda` feature)
 
 A progress line goes to stderr while the capacities are searched (when stderr

@@ -52,21 +52,21 @@ mod imp {
                 let m = find_min(&ops, align, Allocator::Compacting, peak).map_err(|e| {
                     Failure::Arena(format!("the arena completes the trace at no capacity: {e}"))
                 })?;
-                println!(
+                outln!(
                 "  smallest capacity the metadata search finds: {} ({:.4} x peak live, {} trials)",
                 fmt_bytes(m.capacity_bytes),
                 m.ratio(),
                 m.trials
-            );
+            )?;
                 m.capacity_bytes
             }
         };
         let config = ArenaConfig::new(capacity).with_alignment_bytes(align);
         let trace_wall = trace_wall_time(&trace, device);
-        println!(
+        outln!(
             "  trace wall time {:.3} s (last minus first time_us of device {device})",
             trace_wall.as_secs_f64()
-        );
+        )?;
 
         // The metadata replay: the timeline, and the decisions the GPU
         // replay must repeat.
@@ -78,8 +78,8 @@ mod imp {
                 .with_timeline_points(2000),
         )?;
 
-        println!();
-        println!("cuarena on the GPU at {} ...", fmt_bytes(capacity));
+        outln!()?;
+        outln!("cuarena on the GPU at {} ...", fmt_bytes(capacity))?;
         let options = GpuReplayOptions::default()
             .with_ordinal(args.gpu_ordinal)
             .with_sampling(if args.check_all {
@@ -93,7 +93,7 @@ mod imp {
         let mut rows = Vec::new();
         match &gpu {
             Ok(g) => {
-                print_gpu_details(g);
+                print_gpu_details(g)?;
                 let same = g.warmup.iter().chain([&g.timed]).all(|p| {
                     p.targeted_compactions == meta.targeted_compactions
                         && p.full_compactions == meta.full_compactions
@@ -101,25 +101,25 @@ mod imp {
                         && p.ops_run == meta.ops_run
                         && p.peak_live_bytes == meta.peak_live_bytes
                 });
-                println!(
+                outln!(
                     "  every pass made the metadata replay's decisions (compactions, bytes moved, \
                  ops run, peak): {}",
                     if same { "yes" } else { "NO" }
-                );
+                )?;
                 rows.push(arena_row(g, capacity, peak, trace_wall));
             }
-            Err(e) => println!("  GPU replay error: {e}"),
+            Err(e) => outln!("  GPU replay error: {e}")?,
         }
         if let Some(id) = args.gpu_corrupt {
-            println!();
-            print_table(&rows);
+            outln!()?;
+            print_table(&rows)?;
             let g = gpu.map_err(|e| Failure::Arena(format!("GPU replay: {e}")))?;
             return match &g.outcome {
                 Outcome::Failed { event, error, .. } => {
-                    println!(
+                    outln!(
                         "self-test passed: block {id} was overwritten on purpose, and the replay \
                      failed at event {event}: {error}"
-                    );
+                    )?;
                     Ok(())
                 }
                 Outcome::Completed => Err(Failure::Arena(format!(
@@ -130,8 +130,8 @@ mod imp {
 
         // The pool at the arena's capacity, and its own smallest.
         let ordinal = args.gpu_ordinal;
-        println!();
-        println!("CUDA pool at the arena's capacity ...");
+        outln!()?;
+        outln!("CUDA pool at the arena's capacity ...")?;
         match replay_pool(
             &ops,
             &PoolOptions::default()
@@ -145,20 +145,20 @@ mod imp {
                 r.capacity_bytes,
                 peak,
             )),
-            Err(e) => println!("  error: {e}"),
+            Err(e) => outln!("  error: {e}")?,
         }
-        println!("CUDA pool: smallest capacity that completes (to 0.1% of peak live) ...");
+        outln!("CUDA pool: smallest capacity that completes (to 0.1% of peak live) ...")?;
         let mut pool_min = None;
         match find_min_pool_capacity(&ops, ordinal, peak, peak / 1000) {
             Ok(m) => {
                 for t in &m.trials {
-                    println!(
+                    outln!(
                         "  {:>12} ({:.4}): {}",
                         fmt_bytes(t.capacity_bytes),
                         t.capacity_bytes as f64 / peak.max(1) as f64,
                         t.failed_event
                             .map_or("completed".to_owned(), |e| format!("failed at event {e}"))
-                    );
+                    )?;
                 }
                 rows.push(baseline_row(
                     "CUDA pool, smallest capacity that completes",
@@ -168,9 +168,9 @@ mod imp {
                 ));
                 pool_min = Some(m.capacity_bytes);
             }
-            Err(e) => println!("  error: {e}"),
+            Err(e) => outln!("  error: {e}")?,
         }
-        println!("CUDA pool, uncapped ...");
+        outln!("CUDA pool, uncapped ...")?;
         match replay_pool(
             &ops,
             &PoolOptions::default()
@@ -186,9 +186,9 @@ mod imp {
                 }
                 rows.push(row);
             }
-            Err(e) => println!("  error: {e}"),
+            Err(e) => outln!("  error: {e}")?,
         }
-        println!("cuMemAlloc / cuMemFree ...");
+        outln!("cuMemAlloc / cuMemFree ...")?;
         match replay_cu_mem_alloc(&ops, ordinal) {
             Ok(r) => rows.push(baseline_row(
                 "cuMemAlloc / cuMemFree per tensor",
@@ -196,21 +196,21 @@ mod imp {
                 None,
                 peak,
             )),
-            Err(e) => println!("  error: {e}"),
+            Err(e) => outln!("  error: {e}")?,
         }
 
-        println!();
+        outln!()?;
         let device_name = match &gpu {
             Ok(g) => g.device_name.clone(),
             Err(_) => "the GPU".to_owned(),
         };
-        println!(
+        outln!(
             "{} on {device_name} (peak live {}, trace wall time {:.3} s):",
             file_name(&args.trace),
             fmt_bytes(peak),
             trace_wall.as_secs_f64()
-        );
-        print_table(&rows);
+        )?;
+        print_table(&rows)?;
 
         if args.svg.is_some() || args.map.is_some() {
             if let Some(mut timeline) = meta.timeline.clone() {
@@ -232,7 +232,7 @@ mod imp {
                             .baselines
                             .push(("CUDA pool (uncapped), reserved".to_owned(), r.reserved)),
                         Ok(_) => {}
-                        Err(e) => println!("CUDA pool reserved series: error: {e}"),
+                        Err(e) => outln!("CUDA pool reserved series: error: {e}")?,
                     }
                 }
                 if let (Some(cap), Some(&first), Some(&last)) =

@@ -7,6 +7,7 @@ use cuarena::tools::gpu::baselines::BaselineReport;
 use cuarena::tools::gpu::replay::{GpuReplayReport, PassReport};
 
 use crate::replay::result_cell;
+use crate::Res;
 
 /// One row of the comparison table.
 pub(crate) struct Row {
@@ -122,7 +123,7 @@ pub(crate) fn arena_row(
     }
 }
 
-pub(crate) fn print_table(rows: &[Row]) {
+pub(crate) fn print_table(rows: &[Row]) -> Res<()> {
     let mut widths = HEADER.map(str::len);
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r.cells()) {
@@ -141,7 +142,7 @@ pub(crate) fn print_table(rows: &[Row]) {
         }
         s
     };
-    println!("{}", line(HEADER));
+    outln!("{}", line(HEADER))?;
     let rule: Vec<String> = widths
         .iter()
         .enumerate()
@@ -153,29 +154,30 @@ pub(crate) fn print_table(rows: &[Row]) {
             }
         })
         .collect();
-    println!("| {} |", rule.join(" | "));
+    outln!("| {} |", rule.join(" | "))?;
     for r in rows {
-        println!("{}", line(r.cells()));
+        outln!("{}", line(r.cells()))?;
     }
+    Ok(())
 }
 
-fn print_pass(name: &str, p: &PassReport) {
-    println!(
+fn print_pass(name: &str, p: &PassReport) -> Res<()> {
+    outln!(
         "  {name}: {} ops in {} ({} per op), allocator calls {} ({} per op)",
         p.ops_run,
         ms(p.wall_time),
         ns(p.time_per_op()),
         ms(p.allocator_time),
         ns(p.allocator_time_per_op())
-    );
-    println!(
+    )?;
+    outln!(
         "    patterns {} filled, {} checked ({} tensors in full, {} at their edges)",
         fmt_bytes(p.bytes_filled),
         fmt_bytes(p.bytes_checked),
         p.checked_full,
         p.checked_edges,
-    );
-    println!(
+    )?;
+    outln!(
         "    compactions {} targeted / {} full, {} blocks and {} moved, {} on the device; \
          host planning {}, host compaction {}; settle delays {} (in the wall time)",
         p.targeted_compactions,
@@ -186,7 +188,7 @@ fn print_pass(name: &str, p: &PassReport) {
         ms(p.planning_time),
         ms(p.compaction_time),
         ms(p.delay_time)
-    );
+    )?;
     for c in &p.compactions {
         let secs = c.device_time.as_secs_f64();
         let rate = if secs > 0.0 {
@@ -194,7 +196,7 @@ fn print_pass(name: &str, p: &PassReport) {
         } else {
             0.0
         };
-        println!(
+        outln!(
             "      event {:>7}: {}/{}, {:>10} moved in {:>8} on the device \
              ({:.2} TB/s read + written), alloc call {:>8} on the host{}",
             c.event,
@@ -209,25 +211,26 @@ fn print_pass(name: &str, p: &PassReport) {
             } else {
                 " (device time an upper bound: the GPU may have idled)"
             }
-        );
+        )?;
     }
     if p.untimed_compactions > 0 {
-        println!(
+        outln!(
             "    {} compactions were not predicted and are missing from the device time",
             p.untimed_compactions
-        );
+        )?;
     }
+    Ok(())
 }
 
-pub(crate) fn print_gpu_details(g: &GpuReplayReport) {
-    println!(
+pub(crate) fn print_gpu_details(g: &GpuReplayReport) -> Res<()> {
+    outln!(
         "  device {}; checks: {}; {} mismatching words in all passes",
         g.device_name,
         g.sampling.describe(),
         g.mismatched_words
-    );
+    )?;
     for (k, p) in g.warmup.iter().enumerate() {
-        print_pass(&format!("warm-up pass {}", k + 1), p);
+        print_pass(&format!("warm-up pass {}", k + 1), p)?;
     }
-    print_pass("timed pass", &g.timed);
+    print_pass("timed pass", &g.timed)
 }

@@ -13,6 +13,10 @@
 //! the replay as SVG, and with `--gpu` replays with real bytes on a CUDA
 //! arena against the CUDA memory pool and `cuMemAlloc`. See `--help`.
 
+// First: its `outln!` macro is used by the modules after it.
+#[macro_use]
+mod out;
+
 mod args;
 mod gpu;
 #[cfg(feature = "cuda")]
@@ -35,11 +39,14 @@ pub(crate) enum Failure {
     Arena(String),
     /// Bad command line (exit 2).
     Usage(String),
-    /// The trace cannot be read or parsed, or an output file cannot be
-    /// written (exit 3).
+    /// The trace cannot be read or parsed, or an output file or stdout
+    /// cannot be written (exit 3).
     Io(String),
     /// `--gpu` without a usable CUDA GPU (exit 4).
     NoGpu(String),
+    /// Stdout was closed by its reader (`| head`): stop quietly, exit 0
+    /// (see [`out`]).
+    StdoutClosed,
 }
 
 impl Failure {
@@ -49,6 +56,7 @@ impl Failure {
             Failure::Usage(_) => 2,
             Failure::Io(_) => 3,
             Failure::NoGpu(_) => 4,
+            Failure::StdoutClosed => 0,
         }
     }
 }
@@ -59,6 +67,7 @@ impl fmt::Display for Failure {
             Failure::Arena(m) | Failure::Usage(m) | Failure::Io(m) | Failure::NoGpu(m) => {
                 f.write_str(m)
             }
+            Failure::StdoutClosed => f.write_str("standard output closed"),
         }
     }
 }
@@ -93,26 +102,21 @@ fn main() -> ExitCode {
                 Some(c) if c == "replay" => "cuarena replay --help",
                 _ => "cuarena --help",
             };
-            eprintln!("cuarena: {e}\n(see `{help}`)");
+            out::err_line(format_args!("cuarena: {e}\n(see `{help}`)"));
             return ExitCode::from(e.exit_code());
         }
     };
     let result = match command {
-        Command::Help(text) => {
-            println!("{text}");
-            Ok(())
-        }
-        Command::Version => {
-            println!("cuarena {}", env!("CARGO_PKG_VERSION"));
-            Ok(())
-        }
+        Command::Help(text) => outln!("{text}"),
+        Command::Version => outln!("cuarena {}", env!("CARGO_PKG_VERSION")),
         Command::Replay(a) if a.gpu => gpu::run(&a),
         Command::Replay(a) => replay::run(&a),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    // The command's own failure first; else whether the last output got out.
+    match result.and_then(|()| out::flush()) {
+        Ok(()) | Err(Failure::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cuarena: {e}");
+            out::err_line(format_args!("cuarena: {e}"));
             ExitCode::from(e.exit_code())
         }
     }

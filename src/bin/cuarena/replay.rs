@@ -26,8 +26,8 @@ pub(crate) fn result_cell(o: &Outcome) -> String {
     }
 }
 
-fn print_header() {
-    println!(
+fn print_header() -> Res<()> {
+    outln!(
         "{:<36} {:>12} {:>26} {:>10} {:>12} {:>13} {:>9} {:>9}",
         "allocator",
         "capacity",
@@ -37,11 +37,11 @@ fn print_header() {
         "compactions",
         "time",
         "per op"
-    );
+    )
 }
 
-fn print_row(label: &str, r: &ReplayReport, peak: u64) {
-    println!(
+fn print_row(label: &str, r: &ReplayReport, peak: u64) -> Res<()> {
+    outln!(
         "{:<36} {:>12} {:>26} {:>10.4} {:>12} {:>13} {:>8.1}ms {:>7.0}ns",
         label,
         fmt_bytes(r.capacity_bytes),
@@ -51,7 +51,7 @@ fn print_row(label: &str, r: &ReplayReport, peak: u64) {
         format!("{}/{}", r.targeted_compactions, r.full_compactions),
         r.wall_time.as_secs_f64() * 1e3,
         r.time_per_op().as_secs_f64() * 1e9,
-    );
+    )
 }
 
 /// The capacity `c` means for a trace of `peak` live bytes.
@@ -89,24 +89,28 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
     };
     let ops = trace.ops_with(device, args.free_at);
     let peak = ops.peak_live_rounded(args.align);
-    println!(
+    outln!(
         "trace {}: {} events, device {device} of {devices:?}, read in {:.0} ms",
         args.trace.display(),
         trace.events.len(),
         t0.elapsed().as_secs_f64() * 1e3
-    );
-    println!(
+    )?;
+    outln!(
         "  {} allocs, {} frees, {} frees of blocks allocated before recording (skipped), \
          {} implicit frees, {} live at end",
-        ops.allocs, ops.frees, ops.skipped_frees, ops.implicit_frees, ops.live_at_end
-    );
-    println!(
+        ops.allocs,
+        ops.frees,
+        ops.skipped_frees,
+        ops.implicit_frees,
+        ops.live_at_end
+    )?;
+    outln!(
         "  peak live {} B as recorded, {} B ({}) with sizes rounded to {} B",
         ops.peak_live_bytes,
         peak,
         fmt_bytes(peak),
         args.align
-    );
+    )?;
     if ops.is_empty() {
         return Err(Failure::Io(format!(
             "{}: the trace has no allocations on device {device}",
@@ -114,7 +118,7 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
         )));
     }
     if args.free_at == FreePoint::FirstFree {
-        println!("  blocks are freed at their first free event (--free-at first)");
+        outln!("  blocks are freed at their first free event (--free-at first)")?;
     }
     Ok(Loaded {
         trace,
@@ -184,8 +188,8 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
     let config = ArenaConfig::new(capacity).with_alignment_bytes(args.align);
     let want_timeline = args.svg.is_some() || args.map.is_some();
 
-    println!();
-    print_header();
+    outln!()?;
+    print_header()?;
     let mut arena_at_cap = None;
     for allocator in Allocator::ALL {
         let points = if want_timeline && allocator == Allocator::Compacting && !args.find_min {
@@ -194,7 +198,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
             0
         };
         let r = replay_one(&ops, &config, allocator, points)?;
-        print_row(allocator.label(), &r, peak);
+        print_row(allocator.label(), &r, peak)?;
         if allocator == Allocator::Compacting {
             arena_at_cap = Some(r);
         }
@@ -215,17 +219,17 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
         let min_config = ArenaConfig::new(m.capacity_bytes).with_alignment_bytes(args.align);
         let naive = replay_one(&ops, &min_config, Allocator::NaiveCompacting, 0)?;
         let fixed = find_min(&ops, args.align, Allocator::NonMoving, peak);
-        println!();
-        println!("smallest capacities ({} trials for the arena):", m.trials);
-        print_header();
-        print_row("cuarena (targeted), smallest", &m.report, peak);
-        print_row("naive (full on failure), same cap", &naive, peak);
+        outln!()?;
+        outln!("smallest capacities ({} trials for the arena):", m.trials)?;
+        print_header()?;
+        print_row("cuarena (targeted), smallest", &m.report, peak)?;
+        print_row("naive (full on failure), same cap", &naive, peak)?;
         match &fixed {
-            Ok(f) => print_row("non-moving best fit, smallest", &f.report, peak),
-            Err(e) => println!("non-moving best fit: no capacity completes: {e}"),
+            Ok(f) => print_row("non-moving best fit, smallest", &f.report, peak)?,
+            Err(e) => outln!("non-moving best fit: no capacity completes: {e}")?,
         }
-        println!();
-        println!("smallest capacity / peak live = {:.4}", m.ratio());
+        outln!()?;
+        outln!("smallest capacity / peak live = {:.4}", m.ratio())?;
         non_moving_min = fixed.ok().map(|f| f.capacity_bytes);
         if want_timeline {
             pictured = Some(replay_one(&ops, &min_config, Allocator::Compacting, 2000)?);
@@ -286,7 +290,7 @@ pub(crate) fn arena_verdict(r: &ReplayReport, peak: u64, args: &ReplayArgs) -> R
 pub(crate) fn write_file(path: &Path, text: &str) -> Res<()> {
     std::fs::write(path, text)
         .map_err(|e| Failure::Io(format!("cannot write {}: {e}", path.display())))?;
-    println!("wrote {}", path.display());
+    outln!("wrote {}", path.display())?;
     Ok(())
 }
 
@@ -300,7 +304,7 @@ pub(crate) fn write_map(
     timeline: &Timeline,
 ) -> Res<()> {
     let Some(&(event, full, moved)) = timeline.compactions.iter().max_by_key(|c| c.2) else {
-        println!("no compaction happened; no memory map written");
+        outln!("no compaction happened; no memory map written")?;
         return Ok(());
     };
     let op = ops.event_index.partition_point(|&e| e < event);
