@@ -106,6 +106,7 @@ impl<B: Backend> Arena<B> {
             moves: c.moves,
             bytes_moved: c.bytes_moved,
             planning_time: c.planning,
+            planning_visits: self.pacer.visits(),
             compaction_time: c.compaction,
             evictions: c.evictions,
             restores: c.restores,

@@ -155,7 +155,9 @@ impl<B: Backend> Arena<B> {
             if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
                 let plan = planner::plan_full(&self.live, capacity);
                 self.counters.planning += t0.elapsed();
-                self.pacer.full_ran(plan.move_count());
+                // Two passes: the reach above and the plan.
+                let visits = 2 * self.live.len() as u64;
+                self.pacer.full_ran(plan.move_count(), visits);
                 self.execute(plan, t0)?;
                 if let Some(node) = self.index.alloc(reserved, align) {
                     return Ok(node);

@@ -46,7 +46,8 @@ impl<B: Backend> Arena<B> {
         let t0 = Instant::now();
         let plan = self.plan_full();
         self.counters.planning += t0.elapsed();
-        self.pacer.full_ran(plan.move_count());
+        self.pacer
+            .full_ran(plan.move_count(), self.live.len() as u64);
         self.execute(plan, t0)
     }
 

@@ -45,6 +45,10 @@ pub struct Stats {
     pub bytes_moved: u64,
     /// Host time spent planning compactions.
     pub planning_time: Duration,
+    /// Block visits of compaction planning: live blocks per pass of a
+    /// planner, summed. Deterministic, unlike `planning_time`, and
+    /// proportional to it (each pass is linear in the live blocks).
+    pub planning_visits: u64,
     /// Host time spent in compaction: planning plus executing (on the CUDA
     /// backend, executing means enqueueing: the copies run asynchronously).
     pub compaction_time: Duration,

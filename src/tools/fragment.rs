@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::tools::trace::{replay, Op, Ops};
+use crate::tools::trace::{Op, Ops};
 use crate::tools::{Result, ToolError};
 use crate::{Arena, ArenaConfig};
 
@@ -48,7 +48,8 @@ impl Shape {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct FragmentReport {
-    /// Wall time of the run (arena creation included).
+    /// Wall time of the run (arena creation included, building the
+    /// program not).
     pub wall: Duration,
     /// Allocations and frees run.
     pub ops: usize,
@@ -56,6 +57,9 @@ pub struct FragmentReport {
     pub bytes_moved: u64,
     /// Targeted and full compactions.
     pub compactions: (u64, u64),
+    /// Block visits of planning (see [`crate::Stats::planning_visits`]):
+    /// the deterministic counterpart of `wall`.
+    pub planning_visits: u64,
 }
 
 /// A seeded xorshift.
@@ -110,21 +114,14 @@ pub fn program(shape: Shape, n: usize) -> Ops {
 /// Runs `shape` over `n` blocks on a metadata arena of capacity equal to
 /// the peak live bytes (256 B alignment). Errors if an allocation fails.
 pub fn run(shape: Shape, n: usize) -> Result<FragmentReport> {
-    let ops = program(shape, n);
+    run_program(shape, n, &program(shape, n))
+}
+
+/// Runs `ops`, the [`program`] of `shape` over `n` blocks, as [`run`]
+/// does (for timing the run without building the program).
+pub fn run_program(shape: Shape, n: usize, ops: &Ops) -> Result<FragmentReport> {
     let cap = ops.peak_live_rounded(256).max(256);
     let config = ArenaConfig::new(cap).with_alignment_bytes(256);
-    if shape != Shape::Pinned {
-        let r = replay(&ops, &config)?;
-        if let crate::tools::trace::Outcome::Failed { error, .. } = r.outcome {
-            return Err(error);
-        }
-        return Ok(FragmentReport {
-            wall: r.wall_time,
-            ops: r.ops_run,
-            bytes_moved: r.bytes_moved,
-            compactions: (r.targeted_compactions, r.full_compactions),
-        });
-    }
     let t0 = Instant::now();
     let mut arena = Arena::metadata(config)?;
     let mut handles = Vec::with_capacity(ops.sizes.len());
@@ -132,7 +129,7 @@ pub fn run(shape: Shape, n: usize) -> Result<FragmentReport> {
         match *op {
             Op::Alloc { id, size } => {
                 let h = arena.alloc(size)?;
-                if id % 64 == 0 && (id as usize) < n {
+                if shape == Shape::Pinned && id % 64 == 0 && (id as usize) < n {
                     arena.pin(h)?;
                 }
                 handles.push(Some(h));
@@ -148,11 +145,13 @@ pub fn run(shape: Shape, n: usize) -> Result<FragmentReport> {
             }
         }
     }
+    let wall = t0.elapsed();
     let st = arena.stats();
     Ok(FragmentReport {
-        wall: t0.elapsed(),
+        wall,
         ops: ops.ops.len(),
         bytes_moved: st.bytes_moved,
         compactions: (st.targeted_compactions, st.full_compactions),
+        planning_visits: st.planning_visits,
     })
 }
