@@ -68,7 +68,18 @@ impl<B: Backend> Arena<B> {
             });
         }
         self.drain_reclaim()?;
-        let node = self.place_on_device(reserved, align, &[])?;
+        // With lifetime placement on, blocks that reliably die young go to
+        // the top of their free region, the rest to the bottom. The horizon
+        // is the number of live blocks: by Little's law the mean lifetime in
+        // allocation ticks, so "short" means shorter than the average block.
+        // Only an arena that compacts on its own uses it; a manual one keeps
+        // the plain placement (the naive baseline of the replays).
+        let high = self.config.lifetime_placement
+            && self.config.compaction == CompactionPolicy::Auto
+            && self
+                .lifetimes
+                .short_lived(reserved, self.blocks.len() as u64);
+        let node = self.place_on_device(reserved, align, &[], high)?;
         let (slot, offset) = (node.slot(), node.offset());
         let inserted = self.blocks.insert(Block {
             place: Place::Device(node),
@@ -81,6 +92,7 @@ impl<B: Backend> Arena<B> {
             writer: None,
             readers: smallvec::SmallVec::new(),
             scratch: 0,
+            born: self.counters.allocs,
             last_use: AtomicU64::new(self.tick()),
         });
         let key = match inserted {
@@ -110,15 +122,22 @@ impl<B: Backend> Arena<B> {
         })
     }
 
-    /// Space for `reserved` bytes in the region: a hole, else a compaction,
-    /// else (spilling on) evicting least recently used blocks not in `keep`.
+    /// Space for `reserved` bytes in the region: a hole (carved from its
+    /// top if `high`), else a compaction, else (spilling on) evicting least
+    /// recently used blocks not in `keep`.
     pub(super) fn place_on_device(
         &mut self,
         reserved: u64,
         align: u64,
         keep: &[BlockKey],
+        high: bool,
     ) -> Result<Allocation> {
-        if let Some(node) = self.index.alloc(reserved, align) {
+        let hole = if high {
+            self.index.alloc_high(reserved, align)
+        } else {
+            self.index.alloc(reserved, align)
+        };
+        if let Some(node) = hole {
             return Ok(node);
         }
         match self.alloc_by_compacting(reserved, align) {
@@ -190,6 +209,8 @@ impl<B: Backend> Arena<B> {
             return Err(Error::StaleHandle);
         };
         let size = b.size;
+        self.lifetimes
+            .observe(b.reserved, self.counters.allocs.saturating_sub(b.born));
         let freed = match b.place {
             Place::Device(a) => self.index.free(a),
             Place::Host(a) => match self.tier.as_mut() {

@@ -34,7 +34,7 @@ use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
 use crate::error::{Error, Result};
 use crate::handle::{BlockKey, ElemType, Handle, TableEntry};
-use crate::placement::{Allocation, FreeIndex};
+use crate::placement::{Allocation, FreeIndex, Lifetimes};
 use crate::plan::planner::LiveBlock;
 use crate::plan::policy::Pacer;
 
@@ -71,6 +71,9 @@ struct Block {
     readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
     /// Position in the planner's live list during a compaction.
     scratch: u32,
+    /// `Counters::allocs` when it was allocated: its lifetime at free, in
+    /// allocation ticks, feeds `Arena::lifetimes`.
+    born: u64,
     /// Tick of the last use (resolved for a kernel, a transfer or a pin):
     /// the spill policy evicts the least recently used block first.
     last_use: AtomicU64,
@@ -140,6 +143,9 @@ pub struct Arena<B: Backend = HostBackend> {
     allocations: Vec<Allocation>,
     /// The compaction policy's state (see [`crate::plan::policy`]).
     pacer: Pacer,
+    /// Lifetimes by size: where a new block is carved (see
+    /// [`crate::placement::lifetime`]).
+    lifetimes: Lifetimes,
 }
 
 impl Arena<HostBackend> {
@@ -207,6 +213,7 @@ impl<B: Backend> Arena<B> {
             spans: Vec::new(),
             allocations: Vec::new(),
             pacer: Pacer::new(),
+            lifetimes: Lifetimes::new(),
         })
     }
 

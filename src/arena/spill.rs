@@ -52,7 +52,7 @@ impl<B: Backend> Arena<B> {
                 continue;
             };
             let (host, reserved, align, size) = (t.offset(), b.reserved, b.align, b.size);
-            let node = self.place_on_device(reserved, align, &keep)?;
+            let node = self.place_on_device(reserved, align, &keep, false)?;
             let (dev, slot) = (node.offset(), node.slot());
             // The restore writes on the arena stream: later kernel arguments
             // on other streams must wait for it.

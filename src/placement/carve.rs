@@ -71,14 +71,17 @@ impl FreeIndex {
         Some((node, n.offset))
     }
 
-    /// `take` with front padding (`pad > 0`), off the hot path: only when
-    /// `align` exceeds the alignment of the free regions' offsets.
+    /// `take` with front padding (`pad > 0`): when `align` exceeds the
+    /// alignment of the free regions' offsets, and for every block carved
+    /// from the top of its region (`FreeIndex::alloc_high`), where the
+    /// padding is the rest of the region, left free below the block. Cold:
+    /// the default placement never pads with the arena's alignment, and
+    /// keeping it out of line keeps `take` small.
     #[cold]
     fn take_padded(&mut self, node: u32, bin: u32, pad: u64, size: u64) -> (u32, u64) {
         let n = self.nodes[node as usize];
         let offset = n.offset + pad;
         let tail = n.size - pad - size;
-        // `pad > 0` means `n.offset > 0`, so `node` is not the address head.
         let p = new_node(
             &mut self.nodes,
             &mut self.vacant_head,

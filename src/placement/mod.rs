@@ -53,11 +53,17 @@
 //! That scan is what makes failure exact; it walks only regions that are too
 //! close in size to be sure, and it runs when the index is nearly full or
 //! badly fragmented for this request, which is where the arena compacts.
+//!
+//! [`FreeIndex::alloc_high`] takes the same region with the same exact
+//! failure but carves the block from the region's top; an arena with
+//! lifetime placement ([`crate::ArenaConfig::lifetime_placement`], opt-in)
+//! uses it for sizes that [`Lifetimes`] predicts to die young.
 #![deny(unsafe_code)]
 
 mod bins;
 mod carve;
 mod check;
+pub mod lifetime;
 mod nodes;
 #[cfg(test)]
 mod tests;
@@ -66,6 +72,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bins::{bin_round_down, bin_round_up};
+pub use lifetime::Lifetimes;
 use nodes::{fit, is_free_at, release, Classes, Node, MAX_NODES, NIL, USED};
 
 use crate::error::{Error, Result};
@@ -219,6 +226,52 @@ impl FreeIndex {
             epoch: self.epoch,
             node,
         })
+    }
+
+    /// [`alloc`](Self::alloc), but the block is carved from the *top* of
+    /// the free region that `alloc` would choose (the same good fit, the
+    /// same exact failure): the rest of the region stays free below it.
+    /// The arena places blocks it predicts to die young this way, so that
+    /// short-lived blocks gather at the top of free regions and long-lived
+    /// ones at the bottom (see `lifetime`). O(1) like `alloc`.
+    pub fn alloc_high(&mut self, size: u64, align: u64) -> Option<Allocation> {
+        let (node, offset) = self.alloc_high_node(size, align)?;
+        Some(Allocation {
+            offset,
+            size: size.max(1),
+            epoch: self.epoch,
+            node,
+        })
+    }
+
+    /// `alloc_high`, returning the node and the offset.
+    fn alloc_high_node(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
+        debug_assert!(size > 0, "alloc of zero bytes");
+        let size = size.max(1);
+        let align_mask = if align.is_power_of_two() {
+            align - 1
+        } else {
+            0
+        };
+        // The region `alloc_node` takes first: the head of the good-fit
+        // class if it holds the request, else the head of the class that
+        // surely does. Otherwise (rare: the index is nearly full or badly
+        // fragmented for this request) the exact scan, carved low as usual.
+        let head = |bin: u32| self.classes.first_at_or_above(bin);
+        let mut pick = head(bin_round_up(size))
+            .filter(|&(_, n)| fit(&self.nodes[n as usize], size, align_mask).is_some());
+        if pick.is_none() {
+            pick = head(bin_round_up(size.saturating_add(align_mask)))
+                .filter(|&(_, n)| fit(&self.nodes[n as usize], size, align_mask).is_some());
+        }
+        let Some((bin, node)) = pick else {
+            return self.alloc_scan(size, align_mask);
+        };
+        let n = &self.nodes[node as usize];
+        // The highest aligned offset that holds `size`: at or above the
+        // lowest one, since the region holds the request (`fit`).
+        let top = (n.offset + n.size - size) & !align_mask;
+        self.take(node, bin, top - n.offset, size)
     }
 
     /// `alloc`, returning the node and the offset.

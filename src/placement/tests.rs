@@ -554,3 +554,49 @@ fn invalid_rebuild_layouts_change_nothing() {
     assert!(small.rebuild(&[(50, 50)], &mut out).is_ok());
     check(&small);
 }
+
+/// `alloc_high` takes the region `alloc` would, carved from its top, and
+/// fails exactly when `alloc` does: random requests against one index of
+/// each kind, checked against each other and the invariants.
+#[test]
+fn alloc_high_carves_the_top_and_fails_exactly() {
+    let mut index = FreeIndex::new(1 << 20);
+    let a = index.alloc_high(4096, 256).expect("fits");
+    assert_eq!(a.offset(), (1 << 20) - 4096);
+    let b = index.alloc(4096, 256).expect("fits");
+    assert_eq!(b.offset(), 0);
+    check(&index);
+
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut high, mut live) = (FreeIndex::new(1 << 22), Vec::new());
+    for step in 0..20_000 {
+        if rnd() % 3 == 0 && !live.is_empty() {
+            let i = (rnd() as usize) % live.len();
+            high.free(live.swap_remove(i)).expect("free");
+        } else {
+            let size = 1 + rnd() % (1 << 16);
+            let align = 1 << (rnd() % 12);
+            // Whether any free region holds it (what exact failure means).
+            let mut probe = high.clone();
+            let fits = probe.alloc(size, align).is_some();
+            match high.alloc_high(size, align) {
+                Some(a) => {
+                    assert!(fits, "step {step}");
+                    assert_eq!(a.offset() % align, 0);
+                    live.push(a);
+                }
+                None => assert!(!fits, "step {step}: {size} B at {align} failed"),
+            }
+        }
+        if step % 1000 == 0 {
+            check(&high);
+        }
+    }
+    check(&high);
+}

@@ -16,6 +16,7 @@ mod gpu_skip;
 mod gpu_spill;
 #[cfg(feature = "cuda")]
 mod gpu_streams;
+mod guarantee;
 #[cfg(feature = "tools")]
 mod hostile;
 mod model;

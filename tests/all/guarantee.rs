@@ -1,0 +1,148 @@
+//! The arena's promise under any placement or pacing policy: an allocation
+//! fails only when a full compaction could not make room for it. Random
+//! programs (sizes, alignments, lifetimes with a repeating "step" so the
+//! lifetime predictor learns something) run on metadata arenas at and just
+//! above their peak live bytes, with both placements; every out-of-memory
+//! error is checked against the free bytes and what a full compaction of
+//! the live blocks would reach.
+
+use cuarena::{Arena, ArenaConfig, Error, Handle};
+use proptest::prelude::*;
+
+/// One op of a program: allocate `size` bytes at `2^align_log2` (times the
+/// arena alignment), or free the live block at `victim % live`.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Alloc { size: u64, align_log2: u32 },
+    Free { victim: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (1u64..64 * 1024, 0u32..4).prop_map(|(size, align_log2)| Step::Alloc { size, align_log2 }),
+        // A few sizes repeat, as a training step's do.
+        2 => (prop::sample::select(vec![4096u64, 12_288, 65_536, 1 << 20]), 0u32..2)
+            .prop_map(|(size, align_log2)| Step::Alloc { size, align_log2 }),
+        3 => any::<usize>().prop_map(|victim| Step::Free { victim }),
+    ]
+}
+
+/// Peak of the live reserved bytes of a program (sizes rounded to 256).
+fn peak(program: &[Step]) -> u64 {
+    let (mut live, mut peak) = (Vec::new(), 0u64);
+    for s in program {
+        match *s {
+            Step::Alloc { size, .. } => live.push(size.div_ceil(256) * 256),
+            Step::Free { victim } if !live.is_empty() => {
+                let i = victim % live.len();
+                live.swap_remove(i);
+            }
+            Step::Free { .. } => {}
+        }
+        peak = peak.max(live.iter().sum());
+    }
+    peak
+}
+
+/// Runs `program` (repeated `reps` times, so sizes recur with their
+/// lifetimes) and checks every failure. Allocations that fail are skipped,
+/// as a caller that handles out-of-memory would.
+fn run(program: &[Step], reps: usize, config: ArenaConfig) -> Result<(), TestCaseError> {
+    let mut arena = Arena::metadata(config).expect("arena");
+    let mut live: Vec<(Handle, u64)> = Vec::new();
+    for (k, s) in program
+        .iter()
+        .cycle()
+        .take(program.len() * reps)
+        .enumerate()
+    {
+        match *s {
+            Step::Alloc { size, align_log2 } => {
+                match arena.alloc_aligned(size, 256 << align_log2) {
+                    Ok(h) => live.push((h, 256 << align_log2)),
+                    Err(Error::OutOfMemory {
+                        requested_bytes,
+                        free_bytes,
+                        reachable_bytes,
+                        ..
+                    }) => {
+                        // Not fitting in the free bytes is a fair failure;
+                        // fitting in them, it must be that no full
+                        // compaction makes an aligned hole for it.
+                        prop_assert!(
+                            requested_bytes > free_bytes || reachable_bytes < requested_bytes,
+                            "op {k}: {requested_bytes} B at align {} failed with {free_bytes} B \
+                             free and {reachable_bytes} B reachable by a full compaction",
+                            256u64 << align_log2
+                        );
+                        // And independently of the planner: without pins a
+                        // full compaction packs every block down, losing at
+                        // most each block's extra alignment as padding.
+                        let padding: u64 = live.iter().map(|&(_, a)| a - 256).sum::<u64>()
+                            + (256u64 << align_log2)
+                            - 256;
+                        prop_assert!(
+                            requested_bytes + padding > free_bytes,
+                            "op {k}: {requested_bytes} B failed with {free_bytes} B free \
+                             and at most {padding} B of padding"
+                        );
+                    }
+                    Err(e) => return Err(TestCaseError::fail(format!("op {k}: {e}"))),
+                }
+            }
+            Step::Free { victim } if !live.is_empty() => {
+                let i = victim % live.len();
+                arena.free(live.swap_remove(i).0).expect("free");
+            }
+            Step::Free { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: if cfg!(debug_assertions) { 24 } else { 192 }, ..ProptestConfig::default() })]
+
+    /// At 1.00 to 1.05 times the peak (the tightest capacities, where every
+    /// request near the peak needs a compaction), with both placements.
+    #[test]
+    fn no_allocation_fails_that_a_full_compaction_allows(
+        program in prop::collection::vec(step(), 1..400),
+        slack_pct in 0u64..6,
+        lifetime in any::<bool>(),
+    ) {
+        let peak = peak(&program).max(256);
+        let capacity = (peak + peak * slack_pct / 100).div_ceil(256) * 256;
+        let config = ArenaConfig::new(capacity).with_lifetime_placement(lifetime);
+        run(&program, 3, config)?;
+    }
+}
+
+/// The same check on one long program in which one size lives long and
+/// another dies at once, so that lifetime placement surely carves blocks
+/// from the top: both placements, capacity exactly the peak.
+#[test]
+fn lifetime_placement_keeps_the_guarantee_at_peak() {
+    let mut program = Vec::new();
+    for i in 0..200u64 {
+        program.push(Step::Alloc {
+            size: 8192,
+            align_log2: 0,
+        });
+        program.push(Step::Alloc {
+            size: 3000 + 256 * (i % 7),
+            align_log2: (i % 3) as u32,
+        });
+        program.push(Step::Free { victim: usize::MAX });
+        if i % 5 == 4 {
+            program.push(Step::Free {
+                victim: i as usize * 7,
+            });
+        }
+    }
+    let peak = peak(&program);
+    for lifetime in [false, true] {
+        let config = ArenaConfig::new(peak).with_lifetime_placement(lifetime);
+        run(&program, 4, config).expect("guarantee");
+    }
+}
