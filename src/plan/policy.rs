@@ -7,14 +7,14 @@
 //! 1. **Rent or buy (bytes).** A targeted compaction is rent, a full one a
 //!    purchase: afterwards the free space of each gap is one region and the
 //!    requests that follow fit without moving anything until it is used up.
-//!    The pacer buys when the targeted plan, plus the targeted bytes paid
-//!    since the last full compaction, reaches half of what the full plan
-//!    would move now. So a request that needs nearly all free space, spread
-//!    over many holes (the targeted plan is then almost a full one), gets
-//!    the full compaction at once rather than a near-full compaction now
-//!    and another one at the next request; and a run of small targeted
-//!    compactions never pays more than about the full price before the
-//!    layout is packed. While targeted compactions stay cheap against a full
+//!    The pacer buys when the targeted plan reaches half of what the full
+//!    plan would move now. So a request that needs nearly all free space,
+//!    spread over many holes (the targeted plan is then almost a full one),
+//!    gets the full compaction at once rather than a near-full compaction
+//!    now and another one at the next request. (Counting the targeted bytes
+//!    paid since the last full compaction as well was measured and moved
+//!    more bytes on the shipped traces; the rent is tracked but not used.)
+//!    While targeted compactions stay cheap against a full
 //!    one, nothing changes: they are what keeps bytes moved below a naive
 //!    compact-on-failure allocator.
 //! 2. **Amortised planning (time).** Planning is linear in live blocks:
