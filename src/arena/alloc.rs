@@ -74,11 +74,12 @@ impl<B: Backend> Arena<B> {
         // allocation ticks, so "short" means shorter than the average block.
         // Only an arena that compacts on its own uses it; a manual one keeps
         // the plain placement (the naive baseline of the replays).
-        let high = self.config.lifetime_placement
-            && self.config.compaction == CompactionPolicy::Auto
+        let live = self.blocks.len() as u64;
+        let high = self.config.compaction == CompactionPolicy::Auto
             && self
                 .lifetimes
-                .short_lived(reserved, self.blocks.len() as u64);
+                .as_ref()
+                .is_some_and(|l| l.short_lived(reserved, live));
         let node = self.place_on_device(reserved, align, &[], high)?;
         let (slot, offset) = (node.slot(), node.offset());
         let inserted = self.blocks.insert(Block {
@@ -209,8 +210,9 @@ impl<B: Backend> Arena<B> {
             return Err(Error::StaleHandle);
         };
         let size = b.size;
-        self.lifetimes
-            .observe(b.reserved, self.counters.allocs.saturating_sub(b.born));
+        if let Some(l) = self.lifetimes.as_mut() {
+            l.observe(b.reserved, self.counters.allocs.saturating_sub(b.born));
+        }
         let freed = match b.place {
             Place::Device(a) => self.index.free(a),
             Place::Host(a) => match self.tier.as_mut() {

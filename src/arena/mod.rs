@@ -144,8 +144,9 @@ pub struct Arena<B: Backend = HostBackend> {
     /// The compaction policy's state (see [`crate::plan::policy`]).
     pacer: Pacer,
     /// Lifetimes by size: where a new block is carved (see
-    /// [`crate::placement::lifetime`]).
-    lifetimes: Lifetimes,
+    /// [`crate::placement::lifetime`]); `None` unless lifetime placement is
+    /// on, so the default placement pays nothing for it.
+    lifetimes: Option<Lifetimes>,
 }
 
 impl Arena<HostBackend> {
@@ -179,6 +180,7 @@ impl<B: Backend> Arena<B> {
     /// An arena over `backend`, whose region must hold `config.capacity_bytes`.
     pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
+        let lifetimes = config.lifetime_placement;
         let tier = if config.spill_host_bytes > 0 {
             backend.reserve_host_tier(config.spill_host_bytes)?;
             Some(FreeIndex::new(config.spill_host_bytes))
@@ -213,7 +215,7 @@ impl<B: Backend> Arena<B> {
             spans: Vec::new(),
             allocations: Vec::new(),
             pacer: Pacer::new(),
-            lifetimes: Lifetimes::new(),
+            lifetimes: lifetimes.then(Lifetimes::new),
         })
     }
 

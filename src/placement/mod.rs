@@ -219,7 +219,7 @@ impl FreeIndex {
     /// billion nodes). O(1) unless no region of a surely-fitting class exists
     /// (see the [module docs](self)).
     pub fn alloc(&mut self, size: u64, align: u64) -> Option<Allocation> {
-        let (node, offset) = self.alloc_node(size, align)?;
+        let (node, offset) = self.alloc_node(size, align, false)?;
         Some(Allocation {
             offset,
             size: size.max(1),
@@ -235,7 +235,7 @@ impl FreeIndex {
     /// short-lived blocks gather at the top of free regions and long-lived
     /// ones at the bottom (see `lifetime`). O(1) like `alloc`.
     pub fn alloc_high(&mut self, size: u64, align: u64) -> Option<Allocation> {
-        let (node, offset) = self.alloc_high_node(size, align)?;
+        let (node, offset) = self.alloc_node(size, align, true)?;
         Some(Allocation {
             offset,
             size: size.max(1),
@@ -244,39 +244,9 @@ impl FreeIndex {
         })
     }
 
-    /// `alloc_high`, returning the node and the offset.
-    fn alloc_high_node(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
-        debug_assert!(size > 0, "alloc of zero bytes");
-        let size = size.max(1);
-        let align_mask = if align.is_power_of_two() {
-            align - 1
-        } else {
-            0
-        };
-        // The region `alloc_node` takes first: the head of the good-fit
-        // class if it holds the request, else the head of the class that
-        // surely does. Otherwise (rare: the index is nearly full or badly
-        // fragmented for this request) the exact scan, carved low as usual.
-        let head = |bin: u32| self.classes.first_at_or_above(bin);
-        let mut pick = head(bin_round_up(size))
-            .filter(|&(_, n)| fit(&self.nodes[n as usize], size, align_mask).is_some());
-        if pick.is_none() {
-            pick = head(bin_round_up(size.saturating_add(align_mask)))
-                .filter(|&(_, n)| fit(&self.nodes[n as usize], size, align_mask).is_some());
-        }
-        let Some((bin, node)) = pick else {
-            return self.alloc_scan(size, align_mask);
-        };
-        let n = &self.nodes[node as usize];
-        // The highest aligned offset that holds `size`: at or above the
-        // lowest one, since the region holds the request (`fit`).
-        let top = (n.offset + n.size - size) & !align_mask;
-        self.take(node, bin, top - n.offset, size)
-    }
-
-    /// `alloc`, returning the node and the offset.
+    /// `alloc` (`high`: `alloc_high`), returning the node and the offset.
     #[inline]
-    fn alloc_node(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
+    fn alloc_node(&mut self, size: u64, align: u64, high: bool) -> Option<(u32, u64)> {
         debug_assert!(size > 0, "alloc of zero bytes");
         debug_assert!(
             align.is_power_of_two(),
@@ -289,21 +259,35 @@ impl FreeIndex {
         } else {
             0
         };
+        // Carves from the region's bottom (`pad`, the lowest aligned
+        // offset) or, when `high`, from its top: the highest aligned offset
+        // that holds `size`, at or above the lowest since the region fits.
+        let carve = |this: &mut Self, bin: u32, node: u32, pad: u64| {
+            let pad = if high {
+                let n = &this.nodes[node as usize];
+                ((n.offset + n.size - size) & !align_mask) - n.offset
+            } else {
+                pad
+            };
+            this.take(node, bin, pad, size)
+        };
 
         // Good fit: the smallest class whose regions all hold `size`.
         if let Some((bin, node)) = self.classes.first_at_or_above(bin_round_up(size)) {
             if let Some(pad) = fit(&self.nodes[node as usize], size, align_mask) {
-                return self.take(node, bin, pad, size);
+                return carve(self, bin, node, pad);
             }
             // Padding made the head too short: a class whose regions all hold
             // `size + align - 1` fits at any offset.
             let sure = bin_round_up(size.saturating_add(align_mask));
             if let Some((bin, node)) = self.classes.first_at_or_above(sure) {
                 if let Some(pad) = fit(&self.nodes[node as usize], size, align_mask) {
-                    return self.take(node, bin, pad, size);
+                    return carve(self, bin, node, pad);
                 }
             }
         }
+        // Rare (the index is nearly full or badly fragmented for this
+        // request): the exact scan, carved low either way.
         self.alloc_scan(size, align_mask)
     }
 
