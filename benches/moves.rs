@@ -410,11 +410,13 @@ fn main() -> Result<()> {
 
     let mut shapes = vec![CudaOptions::default()];
     if sweep {
-        for (t, v) in [(512, 8), (256, 8), (512, 4)] {
+        // (threads, vectors per thread, bulk stages; 0 = register kernel)
+        for (t, v, s) in [(256, 16, 0), (128, 16, 6), (256, 8, 6)] {
             shapes.push(
                 CudaOptions::default()
                     .with_threads_per_cta(t)
-                    .with_vectors_per_thread(v),
+                    .with_vectors_per_thread(v)
+                    .with_bulk_stages(s),
             );
         }
     }
@@ -423,15 +425,20 @@ fn main() -> Result<()> {
     for opts in shapes {
         let mut backend = CudaBackend::with_options(0, CudaCapacity::Bytes(capacity), opts)?;
         let info = backend.move_kernel_info().clone();
-        let label = format!("{}x{}", opts.threads_per_cta, opts.vectors_per_thread);
+        let kind = match info.bulk_stages {
+            0 => "r".to_string(),
+            s => format!("b{s}"),
+        };
+        let label = format!("{}x{}{kind}", opts.threads_per_cta, opts.vectors_per_thread);
         println!(
-            "device {} ({}, {} SMs); kernel {label}: tile {} KiB, {} regs, {} B local, {} CTAs/SM, grid {}",
+            "device {} ({}, {} SMs); kernel {label}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
             backend.device_name(),
             backend.arch(),
             backend.sm_count(),
             info.tile_bytes / KIB,
             info.registers,
             info.local_bytes,
+            info.shared_bytes,
             info.ctas_per_sm,
             info.grid
         );

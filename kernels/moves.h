@@ -63,5 +63,5 @@ struct WaveArgs {
     u32 n_moves;
     u32 n_tiles;
     u32 epoch;            // distinct for every launch of cuarena_move on these flags
-    u32 pad;
+    u32 pad;              // cuarena_move_bulk: tiles in flight per CTA (else 0)
 };

@@ -23,7 +23,7 @@ use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use cuarena::backend::cuda::CudaBackend;
+use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan, PlanKind, Wave};
 use cuarena::{Arena, ArenaConfig, Error, Handle};
@@ -168,11 +168,24 @@ impl Checker {
     }
 }
 
-/// A backend of `capacity` bytes on device 0 with its checker.
-fn backend(capacity: u64) -> (CudaBackend, Checker) {
-    let b = CudaBackend::new(0, capacity).expect("CUDA backend");
+/// A backend of `capacity` bytes on device 0 with kernel `options`, and
+/// its checker.
+fn backend(capacity: u64, options: CudaOptions) -> (CudaBackend, Checker) {
+    let b =
+        CudaBackend::with_options(0, CudaCapacity::Bytes(capacity), options).expect("CUDA backend");
     let c = Checker::new(&b);
     (b, c)
+}
+
+/// Runs `test` with each move kernel: the default (registers) and the
+/// bulk kernel (Hopper; elsewhere the register kernel again). Prints which
+/// one runs, so that a failure names it.
+fn each_kernel(mut test: impl FnMut(CudaOptions)) {
+    let default = CudaOptions::default();
+    for (name, options) in [("default", default), ("bulk", default.with_bulk_stages(3))] {
+        println!("move kernel: {name} ({options:?})");
+        test(options);
+    }
 }
 
 /// Runs `plan` (waves in order) on a host copy.
@@ -217,36 +230,38 @@ fn single_blocks_slide_down_by_every_step() {
     if !gpu_available() {
         return;
     }
-    let cap_block = max_block();
-    let sizes: Vec<u64> = [KIB, 64 * KIB, MIB, 64 * MIB, GIB, 4 * GIB]
-        .into_iter()
-        .filter(|&s| s <= cap_block)
-        .collect();
-    let slides = [1u64, 24, 16, 256, 4 * KIB, MIB];
-    let largest = sizes.iter().copied().max().unwrap_or(KIB);
-    let (mut b, c) = backend(largest + 2 * MIB + 4096);
-    for &size in &sizes {
-        for &slide in &slides {
-            // Narrow (1 B, 8 B) slides only on the smaller blocks: they are slow
-            // and the larger ones add nothing new.
-            if slide % 16 != 0 && size > 64 * MIB {
-                continue;
+    each_kernel(|options| {
+        let cap_block = max_block();
+        let sizes: Vec<u64> = [KIB, 64 * KIB, MIB, 64 * MIB, GIB, 4 * GIB]
+            .into_iter()
+            .filter(|&s| s <= cap_block)
+            .collect();
+        let slides = [1u64, 24, 16, 256, 4 * KIB, MIB];
+        let largest = sizes.iter().copied().max().unwrap_or(KIB);
+        let (mut b, c) = backend(largest + 2 * MIB + 4096, options);
+        for &size in &sizes {
+            for &slide in &slides {
+                // Narrow (1 B, 8 B) slides only on the smaller blocks: they are slow
+                // and the larger ones add nothing new.
+                if slide % 16 != 0 && size > 64 * MIB {
+                    continue;
+                }
+                let seed = size ^ (slide << 40);
+                let src = slide + 512;
+                let dst = 512;
+                let hi = src + size + 512;
+                c.fill(0, hi, seed);
+                b.execute(&plan_of(vec![vec![mv(src, dst, size)]]))
+                    .expect("execute");
+                let (bad, first) = c.check(&[(dst, src, size)], 0, hi, seed);
+                assert_eq!(
+                    bad, 0,
+                    "size {size} slide {slide}: {bad} bad bytes, first at {first}"
+                );
             }
-            let seed = size ^ (slide << 40);
-            let src = slide + 512;
-            let dst = 512;
-            let hi = src + size + 512;
-            c.fill(0, hi, seed);
-            b.execute(&plan_of(vec![vec![mv(src, dst, size)]]))
-                .expect("execute");
-            let (bad, first) = c.check(&[(dst, src, size)], 0, hi, seed);
-            assert_eq!(
-                bad, 0,
-                "size {size} slide {slide}: {bad} bad bytes, first at {first}"
-            );
         }
-    }
-    b.synchronize().expect("no kernel error");
+        b.synchronize().expect("no kernel error");
+    });
 }
 
 #[test]
@@ -254,42 +269,44 @@ fn chains_of_adjacent_blocks_slide_down() {
     if !gpu_available() {
         return;
     }
-    let cap_block = max_block().min(64 * MIB);
-    let (mut b, c) = backend(4 * cap_block + 4 * MIB);
-    let mut rng = Rng(11);
-    for &(count, max_len, slide) in &[
-        (2u64, 100 * KIB, 16u64),
-        (50, 64 * KIB, 256),
-        (1000, 8 * KIB, 16),
-        (200, 200 * KIB, 4 * KIB),
-        (8, cap_block / 8, MIB),
-        (300, 40 * KIB, 1),
-        (300, 40 * KIB, 8),
-        // Several chunks: the chain continues across launches.
-        (5000, 2 * KIB, 16),
-    ] {
-        // Adjacent blocks starting at `slide`, all sliding down by `slide`.
-        let mut moves = Vec::new();
-        let mut off = slide;
-        for _ in 0..count {
-            let align = if slide % 16 == 0 { 16 } else { 1 };
-            let len = (rng.range(1, max_len) / align).max(1) * align;
-            moves.push(mv(off, off - slide, len));
-            off += len;
+    each_kernel(|options| {
+        let cap_block = max_block().min(64 * MIB);
+        let (mut b, c) = backend(4 * cap_block + 4 * MIB, options);
+        let mut rng = Rng(11);
+        for &(count, max_len, slide) in &[
+            (2u64, 100 * KIB, 16u64),
+            (50, 64 * KIB, 256),
+            (1000, 8 * KIB, 16),
+            (200, 200 * KIB, 4 * KIB),
+            (8, cap_block / 8, MIB),
+            (300, 40 * KIB, 1),
+            (300, 40 * KIB, 8),
+            // Several chunks: the chain continues across launches.
+            (5000, 2 * KIB, 16),
+        ] {
+            // Adjacent blocks starting at `slide`, all sliding down by `slide`.
+            let mut moves = Vec::new();
+            let mut off = slide;
+            for _ in 0..count {
+                let align = if slide % 16 == 0 { 16 } else { 1 };
+                let len = (rng.range(1, max_len) / align).max(1) * align;
+                moves.push(mv(off, off - slide, len));
+                off += len;
+            }
+            let hi = off + 4096;
+            assert!(hi <= b.capacity_bytes(), "test sizes fit");
+            let seed = count * 7 + slide;
+            c.fill(0, hi, seed);
+            let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
+            b.execute(&plan_of(vec![moves])).expect("execute");
+            let (bad, first) = c.check(&segs, 0, hi, seed);
+            assert_eq!(
+                bad, 0,
+                "chain of {count} sliding by {slide}: {bad} bad bytes, first at {first}"
+            );
         }
-        let hi = off + 4096;
-        assert!(hi <= b.capacity_bytes(), "test sizes fit");
-        let seed = count * 7 + slide;
-        c.fill(0, hi, seed);
-        let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
-        b.execute(&plan_of(vec![moves])).expect("execute");
-        let (bad, first) = c.check(&segs, 0, hi, seed);
-        assert_eq!(
-            bad, 0,
-            "chain of {count} sliding by {slide}: {bad} bad bytes, first at {first}"
-        );
-    }
-    b.synchronize().expect("no kernel error");
+        b.synchronize().expect("no kernel error");
+    });
 }
 
 /// A random valid plan: blocks at `align`-aligned offsets with holes slide
@@ -371,23 +388,25 @@ fn random_waves_match_a_host_copy_at_every_alignment() {
     if !gpu_available() {
         return;
     }
-    let capacity = 32 * MIB;
-    let (mut b, _c) = backend(capacity);
-    let mut rng = Rng(2024);
-    for round in 0..24u64 {
-        let align = [1u64, 2, 4, 8, 16, 256][(round % 6) as usize];
-        let max_len = [3 * KIB, 40 * KIB, 100 * KIB][(round / 6 % 3) as usize];
-        let plan = random_plan(&mut rng, capacity, align, max_len);
-        check_against_host(
-            &mut b,
-            &plan,
-            round,
-            &format!(
-                "round {round} align {align} max_len {max_len} ({} moves)",
-                plan.move_count()
-            ),
-        );
-    }
+    each_kernel(|options| {
+        let capacity = 32 * MIB;
+        let (mut b, _c) = backend(capacity, options);
+        let mut rng = Rng(2024);
+        for round in 0..24u64 {
+            let align = [1u64, 2, 4, 8, 16, 256][(round % 6) as usize];
+            let max_len = [3 * KIB, 40 * KIB, 100 * KIB][(round / 6 % 3) as usize];
+            let plan = random_plan(&mut rng, capacity, align, max_len);
+            check_against_host(
+                &mut b,
+                &plan,
+                round,
+                &format!(
+                    "round {round} align {align} max_len {max_len} ({} moves)",
+                    plan.move_count()
+                ),
+            );
+        }
+    });
 }
 
 #[test]
@@ -395,26 +414,28 @@ fn unaligned_offsets_and_lengths_match_a_host_copy() {
     if !gpu_available() {
         return;
     }
-    let capacity = 8 * MIB;
-    let (mut b, _c) = backend(capacity);
-    let mut rng = Rng(99);
-    for round in 0..40u64 {
-        // One move, arbitrary offsets and length, either sliding down over
-        // itself or into disjoint space above.
-        let len = rng.range(1, 300 * KIB);
-        let src = rng.range(0, MIB);
-        let dst = if round % 2 == 0 {
-            src.saturating_sub(rng.range(1, 5000))
-        } else {
-            src + len + rng.range(0, 5000)
-        };
-        check_against_host(
-            &mut b,
-            &plan_of(vec![vec![mv(src, dst, len)]]),
-            round,
-            &format!("round {round}"),
-        );
-    }
+    each_kernel(|options| {
+        let capacity = 8 * MIB;
+        let (mut b, _c) = backend(capacity, options);
+        let mut rng = Rng(99);
+        for round in 0..40u64 {
+            // One move, arbitrary offsets and length, either sliding down over
+            // itself or into disjoint space above.
+            let len = rng.range(1, 300 * KIB);
+            let src = rng.range(0, MIB);
+            let dst = if round % 2 == 0 {
+                src.saturating_sub(rng.range(1, 5000))
+            } else {
+                src + len + rng.range(0, 5000)
+            };
+            check_against_host(
+                &mut b,
+                &plan_of(vec![vec![mv(src, dst, len)]]),
+                round,
+                &format!("round {round}"),
+            );
+        }
+    });
 }
 
 /// 100,000 blocks of 4-64 KiB slid down into one packed run, in one wave:
@@ -425,30 +446,32 @@ fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
     if !gpu_available() {
         return;
     }
-    let count = if max_block() < 64 * MIB {
-        2_000
-    } else {
-        100_000
-    };
-    for unit in [256u64, 1] {
-        let mut rng = Rng(5 + unit);
-        let mut moves = Vec::with_capacity(count);
-        let (mut src, mut dst) = (0u64, 0u64);
-        for _ in 0..count {
-            src += rng.range(0, 64 * KIB / unit) * unit;
-            let len = rng.range(4 * KIB / unit, 64 * KIB / unit) * unit;
-            moves.push(mv(src, dst, len));
-            src += len;
-            dst += len;
+    each_kernel(|options| {
+        let count = if max_block() < 64 * MIB {
+            2_000
+        } else {
+            100_000
+        };
+        for unit in [256u64, 1] {
+            let mut rng = Rng(5 + unit);
+            let mut moves = Vec::with_capacity(count);
+            let (mut src, mut dst) = (0u64, 0u64);
+            for _ in 0..count {
+                src += rng.range(0, 64 * KIB / unit) * unit;
+                let len = rng.range(4 * KIB / unit, 64 * KIB / unit) * unit;
+                moves.push(mv(src, dst, len));
+                src += len;
+                dst += len;
+            }
+            let (mut b, c) = backend(src + MIB, options);
+            c.fill(0, src, 77);
+            let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
+            b.execute(&plan_of(vec![moves])).expect("execute");
+            let (bad, first) = c.check(&segs, 0, src, 77);
+            assert_eq!(bad, 0, "unit {unit}: {bad} bad bytes, first at {first}");
+            b.synchronize().expect("no kernel error");
         }
-        let (mut b, c) = backend(src + MIB);
-        c.fill(0, src, 77);
-        let segs: Vec<_> = moves.iter().map(|m| (m.dst, m.src, m.len)).collect();
-        b.execute(&plan_of(vec![moves])).expect("execute");
-        let (bad, first) = c.check(&segs, 0, src, 77);
-        assert_eq!(bad, 0, "unit {unit}: {bad} bad bytes, first at {first}");
-        b.synchronize().expect("no kernel error");
-    }
+    });
 }
 
 /// Moves whose source ends on the region's last byte, at every offset
@@ -459,24 +482,26 @@ fn unaligned_moves_ending_at_the_region_end_match_a_host_copy() {
     if !gpu_available() {
         return;
     }
-    let mut rng = Rng(31);
-    for round in 0..16u64 {
-        let capacity = MIB + rng.range(0, 4095);
-        let (mut b, _c) = backend(capacity);
-        let len = rng.range(1, 200 * KIB);
-        let src = capacity - len;
-        let dst = if round % 2 == 0 {
-            src - rng.range(1, 4 * KIB)
-        } else {
-            rng.range(0, src - len)
-        };
-        check_against_host(
-            &mut b,
-            &plan_of(vec![vec![mv(src, dst, len)]]),
-            round,
-            &format!("round {round}: capacity {capacity}, {len} B from {src} to {dst}"),
-        );
-    }
+    each_kernel(|options| {
+        let mut rng = Rng(31);
+        for round in 0..16u64 {
+            let capacity = MIB + rng.range(0, 4095);
+            let (mut b, _c) = backend(capacity, options);
+            let len = rng.range(1, 200 * KIB);
+            let src = capacity - len;
+            let dst = if round % 2 == 0 {
+                src - rng.range(1, 4 * KIB)
+            } else {
+                rng.range(0, src - len)
+            };
+            check_against_host(
+                &mut b,
+                &plan_of(vec![vec![mv(src, dst, len)]]),
+                round,
+                &format!("round {round}: capacity {capacity}, {len} B from {src} to {dst}"),
+            );
+        }
+    });
 }
 
 #[test]
@@ -484,30 +509,32 @@ fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
     if !gpu_available() {
         return;
     }
-    let (mut b, _c) = backend(MIB);
-    // Move 0 writes over the source of move 1 before it is read.
-    let bad = plan_of(vec![vec![
-        mv(0, 150 * KIB, 100 * KIB),
-        mv(200 * KIB, 400 * KIB, 100 * KIB),
-    ]]);
-    assert!(bad.validate(MIB).is_err());
-    b.execute(&bad)
-        .expect("host checks pass: bounds and order are fine");
-    let mut out = [0u8; 16];
-    assert!(matches!(
-        b.read(0, &mut out),
-        Err(Error::DeviceFault { .. })
-    ));
-    // Faults are sticky: every later check reports it again.
-    assert!(matches!(
-        b.read(0, &mut out),
-        Err(Error::DeviceFault { .. })
-    ));
-    assert!(matches!(
-        b.write(0, &[1, 2, 3]),
-        Err(Error::DeviceFault { .. })
-    ));
-    assert!(matches!(b.synchronize(), Err(Error::DeviceFault { .. })));
+    each_kernel(|options| {
+        let (mut b, _c) = backend(MIB, options);
+        // Move 0 writes over the source of move 1 before it is read.
+        let bad = plan_of(vec![vec![
+            mv(0, 150 * KIB, 100 * KIB),
+            mv(200 * KIB, 400 * KIB, 100 * KIB),
+        ]]);
+        assert!(bad.validate(MIB).is_err());
+        b.execute(&bad)
+            .expect("host checks pass: bounds and order are fine");
+        let mut out = [0u8; 16];
+        assert!(matches!(
+            b.read(0, &mut out),
+            Err(Error::DeviceFault { .. })
+        ));
+        // Faults are sticky: every later check reports it again.
+        assert!(matches!(
+            b.read(0, &mut out),
+            Err(Error::DeviceFault { .. })
+        ));
+        assert!(matches!(
+            b.write(0, &[1, 2, 3]),
+            Err(Error::DeviceFault { .. })
+        ));
+        assert!(matches!(b.synchronize(), Err(Error::DeviceFault { .. })));
+    });
 }
 
 #[test]
@@ -515,25 +542,27 @@ fn a_plan_breaking_rule_3_across_chunks_is_reported() {
     if !gpu_available() {
         return;
     }
-    let (mut b, _c) = backend(8 * MIB);
-    // 3000 moves (several chunks) of 512 B from 4 MiB down to 0; the first
-    // one's destination is then pointed at the source of move 2500, which
-    // only a later chunk reads.
-    let base = 4 * MIB;
-    let mut moves: Vec<Move> = (0..3000u64)
-        .map(|i| mv(base + i * 1024, i * 1024, 512))
-        .collect();
-    moves[0].dst = base + 2500 * 1024;
-    b.execute(&plan_of(vec![moves])).expect("host checks pass");
-    let mut out = [0u8; 4];
-    assert!(matches!(
-        b.read(0, &mut out),
-        Err(Error::DeviceFault { .. })
-    ));
-    assert!(
-        matches!(b.read(0, &mut out), Err(Error::DeviceFault { .. })),
-        "sticky"
-    );
+    each_kernel(|options| {
+        let (mut b, _c) = backend(8 * MIB, options);
+        // 3000 moves (several chunks) of 512 B from 4 MiB down to 0; the first
+        // one's destination is then pointed at the source of move 2500, which
+        // only a later chunk reads.
+        let base = 4 * MIB;
+        let mut moves: Vec<Move> = (0..3000u64)
+            .map(|i| mv(base + i * 1024, i * 1024, 512))
+            .collect();
+        moves[0].dst = base + 2500 * 1024;
+        b.execute(&plan_of(vec![moves])).expect("host checks pass");
+        let mut out = [0u8; 4];
+        assert!(matches!(
+            b.read(0, &mut out),
+            Err(Error::DeviceFault { .. })
+        ));
+        assert!(
+            matches!(b.read(0, &mut out), Err(Error::DeviceFault { .. })),
+            "sticky"
+        );
+    });
 }
 
 #[test]
@@ -541,7 +570,7 @@ fn bad_ranges_are_rejected_before_any_launch() {
     if !gpu_available() {
         return;
     }
-    let (mut b, _c) = backend(MIB);
+    let (mut b, _c) = backend(MIB, CudaOptions::default());
     assert!(matches!(
         b.write(MIB - 2, &[0; 4]),
         Err(Error::OutOfBounds { .. })

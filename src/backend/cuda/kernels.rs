@@ -9,6 +9,7 @@
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 
@@ -19,10 +20,15 @@ use crate::error::{Error, Result};
 pub(crate) const MOVES_SOURCE_NAME: &str = "kernels/moves.cu";
 const MOVES_HEADER: &str = include_str!("../../../kernels/moves.h");
 const MOVES_SOURCE: &str = include_str!("../../../kernels/moves.cu");
+const BULK_SOURCE: &str = include_str!("../../../kernels/bulk.cu");
 
-/// The move kernels' source with `moves.h` pasted in (NVRTC sees no files).
+/// The move kernels' source with `moves.h` pasted in (NVRTC sees no
+/// files), followed by the bulk kernel (which uses moves.cu's helpers).
 pub(crate) fn moves_source() -> String {
-    MOVES_SOURCE.replacen("#include \"moves.h\"", MOVES_HEADER, 1)
+    let mut s = MOVES_SOURCE.replacen("#include \"moves.h\"", MOVES_HEADER, 1);
+    s.push('\n');
+    s.push_str(BULK_SOURCE);
+    s
 }
 
 /// Loaded move kernels of one backend.
@@ -32,8 +38,10 @@ pub(crate) struct MoveKernels {
     _module: Arc<CudaModule>,
     /// Per-tile descriptors and wait ranges.
     pub(crate) prep: CudaFunction,
-    /// The tiled, persistent move kernel.
+    /// The tiled, persistent move kernel (registers).
     pub(crate) moves: CudaFunction,
+    /// The same through shared memory by bulk copies (sm_90 and later).
+    pub(crate) bulk: CudaFunction,
     /// Rule 3 over a wave that ran in several chunks.
     pub(crate) check: CudaFunction,
 }
@@ -139,7 +147,78 @@ pub(crate) fn load_move_kernels(
     Ok(MoveKernels {
         prep: function("cuarena_prep")?,
         moves: function("cuarena_move")?,
+        bulk: function("cuarena_move_bulk")?,
         check: function("cuarena_check")?,
         _module: module,
+    })
+}
+
+/// How the move kernel of a backend is launched.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MoveLaunch {
+    /// Tiles in flight per CTA of the bulk kernel; 0: the register kernel.
+    pub(crate) stages: u32,
+    /// Dynamic shared memory per CTA.
+    pub(crate) shared_bytes: u32,
+    /// CTAs resident per multiprocessor.
+    pub(crate) ctas_per_sm: u32,
+}
+
+/// Picks the kernel (bulk on compute capability 9.0 and later when the
+/// options ask for it) and the stages that fit in a CTA's shared memory,
+/// sets the bulk kernel's dynamic shared memory limit, and asks the
+/// driver for the occupancy.
+pub(crate) fn move_launch(
+    ctx: &Arc<CudaContext>,
+    kernels: &MoveKernels,
+    options: &CudaOptions,
+    major: i32,
+) -> Result<MoveLaunch> {
+    // A slot holds a tile and the bytes around it up to 16-byte boundaries
+    // (`CUARENA_SLOT_BYTES` in kernels/bulk.cu).
+    let slot = options.tile_bytes() + 32;
+    let mut stages = if major >= 9 { options.bulk_stages } else { 0 };
+    if stages > 0 {
+        let optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(driver_err("cuDeviceGetAttribute"))?;
+        let fixed = kernels
+            .bulk
+            .shared_size_bytes()
+            .map_err(driver_err("cuFuncGetAttribute"))?;
+        let room = u64::try_from(optin.saturating_sub(fixed)).unwrap_or(0);
+        stages = stages.min(u32::try_from(room / slot).unwrap_or(u32::MAX));
+        if stages < 2 {
+            stages = 0; // tiles too big for two slots: registers
+        }
+    }
+    let shared_bytes = u32::try_from(u64::from(stages) * slot).unwrap_or(0);
+    let function = if stages > 0 {
+        kernels
+            .bulk
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes as i32,
+            )
+            .map_err(driver_err("cuFuncSetAttribute"))?;
+        &kernels.bulk
+    } else {
+        &kernels.moves
+    };
+    let ctas_per_sm = match options.ctas_per_sm {
+        Some(c) => c,
+        None => function
+            .occupancy_max_active_blocks_per_multiprocessor(
+                options.threads_per_cta,
+                shared_bytes as usize,
+                None,
+            )
+            .map_err(driver_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?
+            .max(1),
+    };
+    Ok(MoveLaunch {
+        stages,
+        shared_bytes,
+        ctas_per_sm,
     })
 }

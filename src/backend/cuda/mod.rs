@@ -21,17 +21,23 @@
 //!
 //! A wave runs in chunks of moves (the first of 1024, growing 4x to 65536):
 //! the host checks and lays out the next chunk while the GPU runs the last,
-//! so the host's work hides behind the device's. Each chunk is two launches:
-//! `cuarena_prep` (per tile: its addresses, access width, and the range of
-//! earlier tiles whose source its destination overlaps) and `cuarena_move`,
-//! a persistent kernel whose CTAs take tiles of [`CudaOptions::tile_bytes`]
-//! in list order with an atomic ticket, load a whole tile into registers,
-//! publish it, store the part of it that covers at most its own source, wait
-//! for the earlier tiles the rest overlaps, and store the rest. See
-//! `kernels/moves.cu`. Moves whose source and destination are 16-byte
-//! aligned use 16-byte accesses; others use the widest access both allow (8,
-//! 4, 2 or 1 bytes). Chunks of one wave are ordered by the stream, so a
-//! chunk never waits for another.
+//! so the host's work hides behind the device's. A chunk's per-move arrays
+//! go up on a side stream, so the upload overlaps the kernels of the chunk
+//! before it. Each chunk is two launches: `cuarena_prep` (per tile: its
+//! addresses, whether it must shift, and the range of earlier tiles whose
+//! source its destination overlaps) and `cuarena_move`, a persistent kernel
+//! whose CTAs take tiles of [`CudaOptions::tile_bytes`] in list order with
+//! an atomic ticket, load a whole tile into registers, publish it, store the
+//! part of it that covers at most its own source, wait for the earlier
+//! tiles the rest overlaps, and store the rest. See `kernels/moves.cu`.
+//! Every access is a 16-byte vector: a tile whose source and destination
+//! differ modulo 16 loads aligned source vectors and funnel-shifts them
+//! across lanes into aligned destination vectors (its first and last few
+//! bytes go one by one). Chunks of one wave are ordered by the stream, so a
+//! chunk never waits for another. On Hopper, [`CudaOptions::bulk_stages`]
+//! selects `cuarena_move_bulk` (`kernels/bulk.cu`) instead: the same tiles
+//! and waits, carried through shared memory by bulk asynchronous copies,
+//! several per CTA in flight; measured, not the default (see there).
 //!
 //! # Checks
 //!
@@ -48,13 +54,15 @@
 //! check after that: faults are sticky (the arena poisons itself). Rules 2 and 4 are
 //! the planner's obligation (the arena checks the final layout).
 //!
-//! # Performance (H100 80GB, `benches/moves.rs`)
+//! # Performance (`benches/moves.rs`, BENCHMARKS.md)
 //!
-//! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run: 8 GiB of
-//! 1 MiB-1 GiB blocks at 1.0x its bandwidth; 100,000 blocks of 4-64 KiB
-//! compacted in one wave at about 0.85x one big copy of the same bytes
-//! (about 150x faster than one copy per block); a 4 GiB block sliding down
-//! by 256 B at about 0.88x a non-overlapping copy.
+//! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run, on an
+//! H100 (2026-11-23): 8 GiB of 1 MiB-1 GiB blocks at 1.0x its bandwidth;
+//! 100,000 blocks of 4-64 KiB compacted in one wave at about 0.92x one big
+//! copy of the same bytes (about 160x faster than one copy per block), 0.88x
+//! at 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.95x a
+//! non-overlapping copy. An H200 is harder (its copy engine outruns our
+//! kernels' plain copy by 5%): 0.99, 0.84, 0.75 and 0.90.
 
 mod buffers;
 mod kernels;
@@ -62,14 +70,17 @@ mod launch;
 mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod options;
 mod stage;
 mod streams;
 mod view;
+mod wave;
 
 /// The cudarc this crate is built with (use it for your own kernels so the
 /// types match).
 pub use cudarc;
 pub use launch::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
+pub use options::{CudaOptions, MoveKernelInfo};
 pub use view::{ArenaView, ArenaViewMut, IoViews, ViewSet};
 
 use std::mem::ManuallyDrop;
@@ -116,95 +127,6 @@ pub enum CudaCapacity {
     },
 }
 
-/// Tuning of the move kernel. The defaults were chosen by measurement
-/// (`benches/moves.rs`); other values are for experiments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CudaOptions {
-    /// Threads per CTA (a power of two, 32..=1024).
-    pub threads_per_cta: u32,
-    /// 16-byte vectors each thread holds in registers per tile (a power of
-    /// two, 1..=16).
-    pub vectors_per_thread: u32,
-    /// CTAs per multiprocessor; `None` takes the occupancy the driver
-    /// reports for the kernel.
-    pub ctas_per_sm: Option<u32>,
-}
-
-impl Default for CudaOptions {
-    fn default() -> Self {
-        // 256 threads x 16 vectors (64 KiB tiles, 2 CTAs per SM): best on
-        // an H100 across the move benchmarks in a sweep of four shapes
-        // (2026-11-23, BENCHMARKS.md); a slide pays one flag wait per tile,
-        // so big tiles help it, and 100,000 small blocks lose little.
-        Self {
-            threads_per_cta: 256,
-            vectors_per_thread: 16,
-            ctas_per_sm: None,
-        }
-    }
-}
-
-impl CudaOptions {
-    /// Sets the threads per CTA (a power of two, 32..=1024).
-    pub fn with_threads_per_cta(mut self, threads: u32) -> Self {
-        self.threads_per_cta = threads;
-        self
-    }
-
-    /// Sets the 16-byte vectors each thread holds per tile (a power of two,
-    /// 1..=16).
-    pub fn with_vectors_per_thread(mut self, vectors: u32) -> Self {
-        self.vectors_per_thread = vectors;
-        self
-    }
-
-    /// Sets the CTAs per multiprocessor (`None`: the driver's occupancy).
-    pub fn with_ctas_per_sm(mut self, ctas: Option<u32>) -> Self {
-        self.ctas_per_sm = ctas;
-        self
-    }
-
-    /// Bytes of one tile: `threads_per_cta * vectors_per_thread * 16`.
-    pub fn tile_bytes(&self) -> u64 {
-        u64::from(self.threads_per_cta) * u64::from(self.vectors_per_thread) * 16
-    }
-
-    fn validate(&self) -> Result<()> {
-        let ok = (32..=1024).contains(&self.threads_per_cta)
-            && self.threads_per_cta.is_power_of_two()
-            && (1..=16).contains(&self.vectors_per_thread)
-            && self.vectors_per_thread.is_power_of_two()
-            && self.ctas_per_sm.is_none_or(|c| c >= 1);
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::InvalidConfig {
-                reason: format!(
-                    "CUDA kernel options out of range: {self:?} (threads_per_cta a power of two \
-                     in 32..=1024, vectors_per_thread a power of two in 1..=16, ctas_per_sm >= 1)"
-                ),
-            })
-        }
-    }
-}
-
-/// What the driver reports about the move kernel as loaded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MoveKernelInfo {
-    /// Registers per thread.
-    pub registers: i32,
-    /// Local (stack/spill) bytes per thread; 0 when nothing spills.
-    pub local_bytes: i32,
-    /// CTAs resident per multiprocessor.
-    pub ctas_per_sm: u32,
-    /// CTAs of a full launch (multiprocessors × CTAs per multiprocessor).
-    pub grid: u32,
-    /// Bytes of one tile.
-    pub tile_bytes: u64,
-}
-
 /// Everything plan execution needs besides the region, and the other
 /// buffers the backend owns (host tier, handle table).
 #[derive(Debug)]
@@ -241,6 +163,14 @@ struct Scratch {
     status: PinnedBuf,
     /// Recorded after the uploads from `staging[i]`.
     upload_done: [CudaEvent; 2],
+    /// Per-move uploads run here, so that a chunk's upload overlaps the
+    /// kernels of the chunk before it (on the arena stream they would
+    /// queue behind them: about 0.1 ms per 100,000 moves).
+    upload_stream: Arc<CudaStream>,
+    /// Recorded on the arena stream before a plan's first upload, and on
+    /// the upload stream after each chunk's (the other stream waits).
+    plan_start: CudaEvent,
+    chunk_uploaded: CudaEvent,
     /// Which staging buffer the next plan uses.
     parity: usize,
     /// Recorded after the error word was copied into `status`.
@@ -333,26 +263,24 @@ impl CudaBackend {
         let device_name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
 
         let kernels = kernels::load_move_kernels(&ctx, &arch, &options)?;
-        let ctas_per_sm = match options.ctas_per_sm {
-            Some(c) => c,
-            None => kernels
-                .moves
-                .occupancy_max_active_blocks_per_multiprocessor(options.threads_per_cta, 0, None)
-                .map_err(driver_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?
-                .max(1),
+        let launch = kernels::move_launch(&ctx, &kernels, &options, major)?;
+        let function = if launch.stages > 0 {
+            &kernels.bulk
+        } else {
+            &kernels.moves
         };
         let kernel_info = MoveKernelInfo {
-            registers: kernels
-                .moves
+            registers: function
                 .num_regs()
                 .map_err(driver_err("cuFuncGetAttribute"))?,
-            local_bytes: kernels
-                .moves
+            local_bytes: function
                 .local_size_bytes()
                 .map_err(driver_err("cuFuncGetAttribute"))?,
-            ctas_per_sm,
-            grid: sm_count.saturating_mul(ctas_per_sm),
+            ctas_per_sm: launch.ctas_per_sm,
+            grid: sm_count.saturating_mul(launch.ctas_per_sm),
             tile_bytes: options.tile_bytes(),
+            bulk_stages: launch.stages,
+            shared_bytes: launch.shared_bytes,
         };
 
         let capacity_bytes = match capacity {
@@ -431,6 +359,9 @@ impl CudaBackend {
                 ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             ],
             parity: 0,
+            upload_stream: ctx.new_stream().map_err(driver_err("cuStreamCreate"))?,
+            plan_start: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            chunk_uploaded: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             status_ready: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             status_pending: std::sync::atomic::AtomicBool::new(false),
             epoch: 0,

@@ -3,39 +3,15 @@
 
 use std::sync::atomic::Ordering;
 
-use cudarc::driver::{
-    result, sys, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{result, sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
+use super::wave::WaveArgs;
 use super::{driver_err, stage, CudaBackend};
 use crate::backend::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 use crate::plan::Plan;
 use crate::stream::StreamId;
-
-/// The kernel arguments of one wave; mirrors `struct WaveArgs` in
-/// `kernels/moves.h` field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct WaveArgs {
-    base: u64,
-    src: u64,
-    dst: u64,
-    len: u64,
-    tile_base: u64,
-    tiles: u64,
-    flags: u64,
-    ctl: u64,
-    n_moves: u32,
-    n_tiles: u32,
-    epoch: u32,
-    pad: u32,
-}
-
-// SAFETY: `WaveArgs` is `#[repr(C)]`, made of u64/u32 only, with the same
-// layout as the C struct the kernels take by value.
-unsafe impl DeviceRepr for WaveArgs {}
 
 /// Bit of the kernels' error word (`kernels/moves.h`) for a wait that timed
 /// out; the other bit (1) is a plan breaking rule 3.
@@ -96,21 +72,6 @@ impl CudaBackend {
                  wave (rule 3 of the plan; error bits {bits:#x}); the region's contents are undefined"
             ),
         })
-    }
-
-    fn next_epoch(&mut self) -> Result<u32> {
-        let s = &mut self.scratch;
-        if s.epoch == u32::MAX {
-            // SAFETY: flags holds `bytes` bytes; stream ordered after every
-            // launch that used the old epochs.
-            unsafe {
-                result::memset_d8_async(s.flags.ptr, 0, s.flags.bytes, self.stream.cu_stream())
-            }
-            .map_err(driver_err("cuMemsetD8Async"))?;
-            s.epoch = 0;
-        }
-        s.epoch += 1;
-        Ok(s.epoch)
     }
 }
 
@@ -374,6 +335,15 @@ impl Backend for CudaBackend {
         let grid = self.kernel_info.grid;
         let prep_cap = self.sm_count.saturating_mul(8);
         let stream = self.stream.cu_stream();
+        // Uploads overwrite `moves`, which the last plan's kernels read.
+        let upload = std::sync::Arc::clone(&self.scratch.upload_stream);
+        self.scratch
+            .plan_start
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        upload
+            .wait(&self.scratch.plan_start)
+            .map_err(driver_err("cuStreamWaitEvent"))?;
         let result = (|| -> Result<()> {
             for (w, wave) in plan.waves.iter().enumerate() {
                 let n = wave.moves.len();
@@ -422,18 +392,26 @@ impl Backend for CudaBackend {
                         // SAFETY: `moves` holds the plan's staging words
                         // (reserved above) at the same offsets as the
                         // page-locked staging buffer, and `off + bytes` lies
-                        // inside this wave's area. The staging bytes are not
-                        // written again before `upload_done[p]`, recorded after
-                        // the last upload, has completed.
+                        // inside this wave's area, which no kernel enqueued
+                        // after `plan_start` reads before this chunk. The
+                        // staging bytes are not written again before
+                        // `upload_done[p]`, recorded after the arena stream
+                        // has waited for the last upload, has completed.
                         unsafe {
                             result::memcpy_htod_async(
                                 dev + off as u64,
                                 &staging[off..off + bytes],
-                                stream,
+                                upload.cu_stream(),
                             )
                         }
                         .map_err(driver_err("cuMemcpyHtoDAsync"))?;
                     }
+                    s.chunk_uploaded
+                        .record(&upload)
+                        .map_err(driver_err("cuEventRecord"))?;
+                    self.stream
+                        .wait(&s.chunk_uploaded)
+                        .map_err(driver_err("cuStreamWaitEvent"))?;
                     let epoch = self.next_epoch()?;
                     let args = WaveArgs {
                         base: self.region_ptr,
@@ -485,8 +463,17 @@ impl Backend for CudaBackend {
             }
             Ok(())
         })();
-        // Whatever happened, the uploads enqueued so far read this staging
-        // buffer: the plan after next waits for them.
+        // Whatever happened, the arena stream waits for every upload
+        // enqueued (so synchronising it covers them, as buffer growth and
+        // drop assume), and the uploads read this staging buffer: the plan
+        // after next waits for them.
+        let s = &mut self.scratch;
+        s.chunk_uploaded
+            .record(&upload)
+            .map_err(driver_err("cuEventRecord"))?;
+        self.stream
+            .wait(&s.chunk_uploaded)
+            .map_err(driver_err("cuStreamWaitEvent"))?;
         self.scratch.upload_done[p]
             .record(&self.stream)
             .map_err(driver_err("cuEventRecord"))?;
@@ -530,52 +517,5 @@ impl CudaBackend {
             done += n as u64;
         }
         Ok(())
-    }
-
-    /// Enqueues the prep and move kernels of one chunk.
-    fn launch_chunk(&mut self, args: &WaveArgs, grid: u32, prep_cap: u32) -> Result<()> {
-        if args.n_tiles == 0 {
-            return Ok(());
-        }
-        let prep_cfg = LaunchConfig {
-            grid_dim: (args.n_tiles.div_ceil(256).clamp(1, prep_cap), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let move_cfg = LaunchConfig {
-            grid_dim: (grid.min(args.n_tiles).max(1), 1, 1),
-            block_dim: (self.options.threads_per_cta, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // The region's cudarc events (used by the backend's own transfers
-        // only; views carry none): wait for them, record us.
-        let (_base, _record) = self.region.device_ptr_mut(&self.stream);
-        let mut prep = self.stream.launch_builder(&self.kernels.prep);
-        prep.arg(args);
-        // SAFETY: `args` matches `cuarena_prep(WaveArgs)`; its per-move
-        // pointers address the chunk's uploaded arrays (n_moves entries
-        // each), `tiles` holds n_tiles descriptors and `flags` n_tiles
-        // words (reserved by the caller), `ctl` 2 words; the kernel touches
-        // only those.
-        unsafe { prep.launch(prep_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_prep)"))?;
-        let mut mv = self.stream.launch_builder(&self.kernels.moves);
-        mv.arg(args);
-        // SAFETY: as above for `cuarena_move(WaveArgs)`. `stage_chunk`
-        // checked that every move's source and destination lie in the
-        // region, so the kernel writes only inside it, and the prep kernel
-        // disabled waiting for any tile that breaks rule 3 (no hang).
-        unsafe { mv.launch(move_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_move)"))?;
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wave_args_match_the_c_layout() {
-        assert_eq!(std::mem::size_of::<WaveArgs>(), 80);
-        assert_eq!(std::mem::align_of::<WaveArgs>(), 8);
     }
 }

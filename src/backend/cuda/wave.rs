@@ -1,0 +1,109 @@
+//! One chunk of a wave on the device: the kernels' argument block, the
+//! epoch that tells this launch's flags from older ones, and the launches.
+
+use cudarc::driver::{result, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::{driver_err, CudaBackend};
+use crate::error::Result;
+
+/// The kernel arguments of one wave; mirrors `struct WaveArgs` in
+/// `kernels/moves.h` field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WaveArgs {
+    pub(super) base: u64,
+    pub(super) src: u64,
+    pub(super) dst: u64,
+    pub(super) len: u64,
+    pub(super) tile_base: u64,
+    pub(super) tiles: u64,
+    pub(super) flags: u64,
+    pub(super) ctl: u64,
+    pub(super) n_moves: u32,
+    pub(super) n_tiles: u32,
+    pub(super) epoch: u32,
+    pub(super) pad: u32,
+}
+
+// SAFETY: `WaveArgs` is `#[repr(C)]`, made of u64/u32 only, with the same
+// layout as the C struct the kernels take by value.
+unsafe impl DeviceRepr for WaveArgs {}
+
+impl CudaBackend {
+    pub(super) fn next_epoch(&mut self) -> Result<u32> {
+        let s = &mut self.scratch;
+        if s.epoch == u32::MAX {
+            // SAFETY: flags holds `bytes` bytes; stream ordered after every
+            // launch that used the old epochs.
+            unsafe {
+                result::memset_d8_async(s.flags.ptr, 0, s.flags.bytes, self.stream.cu_stream())
+            }
+            .map_err(driver_err("cuMemsetD8Async"))?;
+            s.epoch = 0;
+        }
+        s.epoch += 1;
+        Ok(s.epoch)
+    }
+
+    /// Enqueues the prep and move kernels of one chunk.
+    pub(super) fn launch_chunk(&mut self, args: &WaveArgs, grid: u32, prep_cap: u32) -> Result<()> {
+        if args.n_tiles == 0 {
+            return Ok(());
+        }
+        let prep_cfg = LaunchConfig {
+            grid_dim: (args.n_tiles.div_ceil(256).clamp(1, prep_cap), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let info = &self.kernel_info;
+        let move_cfg = LaunchConfig {
+            grid_dim: (grid.min(args.n_tiles).max(1), 1, 1),
+            block_dim: (self.options.threads_per_cta, 1, 1),
+            shared_mem_bytes: info.shared_bytes,
+        };
+        // The bulk kernel takes its stage count in the spare word.
+        let args = &WaveArgs {
+            pad: info.bulk_stages,
+            ..*args
+        };
+        let function = if info.bulk_stages > 0 {
+            &self.kernels.bulk
+        } else {
+            &self.kernels.moves
+        };
+        // The region's cudarc events (used by the backend's own transfers
+        // only; views carry none): wait for them, record us.
+        let (_base, _record) = self.region.device_ptr_mut(&self.stream);
+        let mut prep = self.stream.launch_builder(&self.kernels.prep);
+        prep.arg(args);
+        // SAFETY: `args` matches `cuarena_prep(WaveArgs)`; its per-move
+        // pointers address the chunk's uploaded arrays (n_moves entries
+        // each), `tiles` holds n_tiles descriptors and `flags` n_tiles
+        // words (reserved by the caller), `ctl` 2 words; the kernel touches
+        // only those.
+        unsafe { prep.launch(prep_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_prep)"))?;
+        let mut mv = self.stream.launch_builder(function);
+        mv.arg(args);
+        // SAFETY: as above for `cuarena_move(WaveArgs)` and
+        // `cuarena_move_bulk(WaveArgs)`. `stage_chunk` checked that every
+        // move's source and destination lie in the region, so the kernel
+        // writes only inside it (the bulk kernel's aligned loads read at
+        // most 15 bytes past a source, inside the allocation's slack), and
+        // the prep kernel disabled waiting for any tile that breaks rule 3
+        // (no hang). The bulk kernel's dynamic shared memory is what
+        // `move_launch` allowed it (`shared_bytes`), `pad` its stages.
+        unsafe { mv.launch(move_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_move)"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wave_args_match_the_c_layout() {
+        assert_eq!(std::mem::size_of::<WaveArgs>(), 80);
+        assert_eq!(std::mem::align_of::<WaveArgs>(), 8);
+    }
+}
