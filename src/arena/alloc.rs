@@ -86,15 +86,14 @@ impl<B: Backend> Arena<B> {
             place: Place::Device(node),
             size: bytes,
             reserved,
-            align,
-            elem,
-            pins: 0,
-            uses: smallvec::SmallVec::new(),
-            writer: None,
-            readers: smallvec::SmallVec::new(),
-            scratch: 0,
+            elem: elem.map(ElemType::interned),
+            streams: None,
             born: self.counters.allocs,
             last_use: AtomicU64::new(self.tick()),
+            // `align <= MAX_ALIGN < 2^32`, checked above.
+            align: u32::try_from(align).unwrap_or(u32::MAX),
+            pins: 0,
+            scratch: 0,
         });
         let key = match inserted {
             Ok(key) => key,

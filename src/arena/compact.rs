@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{Arena, CompactionReport, Place};
+use super::{set_owner, Arena, CompactionReport, Place};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::BlockKey;
@@ -13,6 +13,10 @@ impl<B: Backend> Arena<B> {
     /// Fills `self.live` with the live blocks in address order.
     pub(super) fn collect_live(&mut self) {
         self.live.clear();
+        // Exact sizes up front, here and for the other per-compaction
+        // tables: growing them by doubling copies them and leaves freed
+        // chunks behind (fresh pages, page faults, on large arenas).
+        self.live.reserve(self.blocks.len());
         for r in self.index.regions() {
             let Some(slot) = r.slot else { continue };
             let Some(&key) = self.owners.get(slot as usize) else {
@@ -25,7 +29,7 @@ impl<B: Backend> Arena<B> {
                     offset: r.offset,
                     len: b.reserved,
                     copy_len: b.size,
-                    align: b.align,
+                    align: b.align(),
                     pinned: b.pins > 0,
                 });
             }
@@ -77,23 +81,31 @@ impl<B: Backend> Arena<B> {
             }
         }
         self.spans.clear();
-        self.spans.extend(self.layout.iter().map(|e| (e.0, e.1)));
-        let mut allocations = std::mem::take(&mut self.allocations);
-        if let Err(e) = self.index.rebuild(&self.spans, &mut allocations) {
+        self.spans
+            .extend(self.live.iter().map(|l| (l.offset, l.len)));
+        // Each block's new allocation goes straight to its owner and block.
+        let Self {
+            index,
+            spans,
+            live,
+            owners,
+            blocks,
+            ..
+        } = self;
+        let rebuilt = index.rebuild_with(spans, |i, a| {
+            let key = BlockKey::from_bits(live[i].key);
+            set_owner(owners, a.slot(), key);
+            if let Some(b) = blocks.get_mut(key) {
+                b.place = Place::Device(a);
+            }
+        });
+        if let Err(e) = rebuilt {
             // Unreachable: the layout was checked above.
             self.poison(format!(
                 "rebuilding the index after a compaction failed: {e}"
             ));
             return Err(e);
         }
-        for (i, a) in allocations.drain(..).enumerate() {
-            let key = self.layout[i].2;
-            self.set_owner(a.slot(), key);
-            if let Some(b) = self.blocks.get_mut(key) {
-                b.place = Place::Device(a);
-            }
-        }
-        self.allocations = allocations;
         // The table's new offsets follow the moves in stream order.
         if let Err(e) = self.flush_table() {
             self.poison(format!(
@@ -119,43 +131,37 @@ impl<B: Backend> Arena<B> {
         })
     }
 
-    /// Fills `self.layout` with the layout after `plan` (sorted by offset)
-    /// and checks it; see [`Self::execute`]. O(blocks + moves).
+    /// Turns `self.live` into the layout after `plan` (offsets moved,
+    /// sorted by offset; it is scratch, recollected before every plan) and
+    /// checks it; see [`Self::execute`]. O(blocks + moves).
     pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<()> {
         let invalid = |reason: String| Err(Error::InvalidPlan { reason });
-        self.layout.clear();
-        self.layout.extend(
-            self.live
-                .iter()
-                .map(|l| (l.offset, l.len, BlockKey::from_bits(l.key))),
-        );
         for m in plan.moves() {
             let key = BlockKey::from_bits(m.key);
             let i = match self.blocks.get(key) {
                 Some(b) => b.scratch as usize,
                 None => return invalid(format!("move {m:?} names no live block")),
             };
-            let Some(l) = self.live.get(i).filter(|l| l.key == m.key) else {
+            let Some(l) = self.live.get_mut(i).filter(|l| l.key == m.key) else {
                 return invalid(format!(
                     "move {m:?} names a block outside the plan's live set"
                 ));
             };
-            if l.pinned || self.layout[i].0 != m.src || m.len != l.copy_len || m.dst % l.align != 0
-            {
+            if l.pinned || l.offset != m.src || m.len != l.copy_len || m.dst % l.align != 0 {
                 return invalid(format!(
                     "move {m:?} does not match its block (pinned {}, at {}, {} B to copy, \
                      alignment {})",
-                    l.pinned, self.layout[i].0, l.copy_len, l.align
+                    l.pinned, l.offset, l.copy_len, l.align
                 ));
             }
-            self.layout[i].0 = m.dst;
+            l.offset = m.dst;
         }
-        if !self.layout.windows(2).all(|w| w[0].0 <= w[1].0) {
-            self.layout.sort_unstable_by_key(|e| e.0);
+        if !self.live.windows(2).all(|w| w[0].offset <= w[1].offset) {
+            self.live.sort_unstable_by_key(|l| l.offset);
         }
         let capacity = self.config.capacity_bytes;
         let mut cursor = 0u64;
-        for &(offset, len, _) in &self.layout {
+        for &LiveBlock { offset, len, .. } in &self.live {
             let end = offset.checked_add(len).filter(|&e| e <= capacity);
             match end {
                 Some(end) if offset >= cursor => cursor = end,

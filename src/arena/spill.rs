@@ -51,7 +51,7 @@ impl<B: Backend> Arena<B> {
             let Place::Host(t) = &b.place else {
                 continue;
             };
-            let (host, reserved, align, size) = (t.offset(), b.reserved, b.align, b.size);
+            let (host, reserved, align, size) = (t.offset(), b.reserved, b.align(), b.size);
             let node = self.place_on_device(reserved, align, &keep, false)?;
             let (dev, slot) = (node.offset(), node.slot());
             // The restore writes on the arena stream: later kernel arguments
