@@ -57,7 +57,7 @@ impl<B: Backend> Arena<B> {
             .regions()
             .filter_map(|r| r.slot)
             .filter_map(|slot| {
-                let key = *self.owners.get(slot as usize)?;
+                let key = self.owners.get(slot as usize)?.key;
                 let b = self.blocks.get(key)?;
                 Some(self.info_of(
                     Handle {

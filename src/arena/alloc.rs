@@ -93,7 +93,6 @@ impl<B: Backend> Arena<B> {
             // `align <= MAX_ALIGN < 2^32`, checked above.
             align: u32::try_from(align).unwrap_or(u32::MAX),
             pins: 0,
-            scratch: 0,
         });
         let key = match inserted {
             Ok(key) => key,
@@ -249,6 +248,7 @@ impl<B: Backend> Arena<B> {
         let pins = b.pins;
         if pins == 1 {
             self.counters.pinned_blocks += 1;
+            self.sync_pinned(h.key);
         }
         Ok(pins)
     }
@@ -263,6 +263,7 @@ impl<B: Backend> Arena<B> {
         let pins = b.pins;
         if pins == 0 {
             self.counters.pinned_blocks -= 1;
+            self.sync_pinned(h.key);
         }
         Ok(pins)
     }

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{set_owner, Arena, CompactionReport, Place};
+use super::{set_owner, Arena, CompactionReport, Owner, Place};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::BlockKey;
@@ -17,22 +17,28 @@ impl<B: Backend> Arena<B> {
         // tables: growing them by doubling copies them and leaves freed
         // chunks behind (fresh pages, page faults, on large arenas).
         self.live.reserve(self.blocks.len());
+        if self.live_pos.len() < self.blocks.slot_count() {
+            self.live_pos.resize(self.blocks.slot_count(), 0);
+        }
         for r in self.index.regions() {
             let Some(slot) = r.slot else { continue };
-            let Some(&key) = self.owners.get(slot as usize) else {
+            // A used node's owner is its live block (see `Owner`), and the
+            // node's size is the block's reservation.
+            let Some(o) = self.owners.get(slot as usize) else {
                 continue;
             };
-            if let Some(b) = self.blocks.get_mut(key) {
-                b.scratch = self.live.len() as u32;
-                self.live.push(LiveBlock {
-                    key: key.to_bits(),
-                    offset: r.offset,
-                    len: b.reserved,
-                    copy_len: b.size,
-                    align: b.align(),
-                    pinned: b.pins > 0,
-                });
+            debug_assert!(self.blocks.contains_key(o.key), "stale owner {o:?}");
+            if let Some(p) = self.live_pos.get_mut(o.key.slot() as usize) {
+                *p = self.live.len() as u32;
             }
+            self.live.push(LiveBlock {
+                key: o.key.to_bits(),
+                offset: r.offset,
+                len: r.size,
+                copy_len: o.size,
+                align: u64::from(o.align),
+                pinned: o.pinned,
+            });
         }
     }
 
@@ -62,10 +68,12 @@ impl<B: Backend> Arena<B> {
     /// refused with [`Error::InvalidPlan`] and nothing changes.
     pub(super) fn execute(&mut self, plan: Plan, t0: Instant) -> Result<CompactionReport> {
         let planning = t0.elapsed();
-        self.check_final_layout(&plan)?;
+        let used_on_streams = self.check_final_layout(&plan)?;
         // Nothing moves under a kernel still using it on another stream.
-        for m in plan.moves() {
-            self.wait_uses(BlockKey::from_bits(m.key))?;
+        if used_on_streams {
+            for m in plan.moves() {
+                self.wait_uses(BlockKey::from_bits(m.key))?;
+            }
         }
         self.epoch += 1;
         let t1 = Instant::now();
@@ -74,11 +82,9 @@ impl<B: Backend> Arena<B> {
             return Err(e);
         }
         let execution = t1.elapsed();
+        // The check matched every move to its block: `m.len` is its size.
         for m in plan.moves() {
-            let key = BlockKey::from_bits(m.key);
-            if let Some(size) = self.blocks.get(key).map(|b| b.size) {
-                self.set_entry(key, Some((m.dst, size)));
-            }
+            self.set_entry(BlockKey::from_bits(m.key), Some((m.dst, m.len)));
         }
         self.spans.clear();
         self.spans
@@ -93,8 +99,16 @@ impl<B: Backend> Arena<B> {
             ..
         } = self;
         let rebuilt = index.rebuild_with(spans, |i, a| {
-            let key = BlockKey::from_bits(live[i].key);
-            set_owner(owners, a.slot(), key);
+            let l = &live[i];
+            let key = BlockKey::from_bits(l.key);
+            let owner = Owner {
+                key,
+                size: l.copy_len,
+                // The live list took these from the owner entries.
+                align: u32::try_from(l.align).unwrap_or(u32::MAX),
+                pinned: l.pinned,
+            };
+            set_owner(owners, a.slot(), owner);
             if let Some(b) = blocks.get_mut(key) {
                 b.place = Place::Device(a);
             }
@@ -133,15 +147,23 @@ impl<B: Backend> Arena<B> {
 
     /// Turns `self.live` into the layout after `plan` (offsets moved,
     /// sorted by offset; it is scratch, recollected before every plan) and
-    /// checks it; see [`Self::execute`]. O(blocks + moves).
-    pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<()> {
+    /// checks it; see [`Self::execute`]. O(blocks + moves). Returns whether
+    /// a moved block was used on other streams (so that execution reads
+    /// each moved block's records once, here, in the common case).
+    pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<bool> {
         let invalid = |reason: String| Err(Error::InvalidPlan { reason });
+        let mut used_on_streams = false;
         for m in plan.moves() {
             let key = BlockKey::from_bits(m.key);
-            let i = match self.blocks.get(key) {
-                Some(b) => b.scratch as usize,
+            // A key whose position holds that very key (version included)
+            // names a block of the live list, so a live block.
+            let i = match self.live_pos.get(key.slot() as usize) {
+                Some(&i) => i as usize,
                 None => return invalid(format!("move {m:?} names no live block")),
             };
+            if self.other_streams {
+                used_on_streams |= self.blocks.get(key).is_some_and(|b| !b.uses().is_empty());
+            }
             let Some(l) = self.live.get_mut(i).filter(|l| l.key == m.key) else {
                 return invalid(format!(
                     "move {m:?} names a block outside the plan's live set"
@@ -173,6 +195,6 @@ impl<B: Backend> Arena<B> {
                 }
             }
         }
-        Ok(())
+        Ok(used_on_streams)
     }
 }

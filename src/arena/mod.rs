@@ -38,13 +38,37 @@ use crate::placement::{Allocation, FreeIndex, Lifetimes};
 use crate::plan::planner::LiveBlock;
 use crate::plan::policy::Pacer;
 
-/// Records `key` as the owner of placement node `slot` in `owners`.
-fn set_owner(owners: &mut Vec<BlockKey>, slot: u32, key: BlockKey) {
+/// The block on a used placement node, with what compaction planning needs
+/// of it. Kept beside the nodes (indexed like them, so in address order
+/// after a compaction) that collecting the live blocks reads two dense
+/// tables and never the block table: at ~100 bytes a block, reading that
+/// once per block per compaction made replays slow down per op as it
+/// outgrew the caches.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    key: BlockKey,
+    /// Bytes to copy when it moves (its size).
+    size: u64,
+    align: u32,
+    pinned: bool,
+}
+
+impl Owner {
+    const NONE: Owner = Owner {
+        key: BlockKey::NULL,
+        size: 0,
+        align: 1,
+        pinned: false,
+    };
+}
+
+/// Records `owner` as the block on placement node `slot` in `owners`.
+fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
     let i = slot as usize;
     if owners.len() <= i {
-        owners.resize(i + 1, BlockKey::NULL);
+        owners.resize(i + 1, Owner::NONE);
     }
-    owners[i] = key;
+    owners[i] = owner;
 }
 
 /// Ids of arenas, so handles of one are rejected by another.
@@ -88,8 +112,6 @@ struct Block {
     /// [`crate::config::MAX_ALIGN`], so it fits).
     align: u32,
     pins: u32,
-    /// Position in the planner's live list during a compaction.
-    scratch: u32,
 }
 
 impl Block {
@@ -158,8 +180,9 @@ pub struct Arena<B: Backend = HostBackend> {
     backend: B,
     index: FreeIndex,
     blocks: Slots<Block>,
-    /// Owner of each used placement node (entries of free nodes are stale).
-    owners: Vec<BlockKey>,
+    /// Owner of each used placement node (entries of free nodes are stale);
+    /// kept in step with the block's pins.
+    owners: Vec<Owner>,
     counters: Counters,
     /// Set once, by the first failure that leaves device memory and the
     /// table in doubt (a fault the GPU found included); never cleared.
@@ -184,6 +207,12 @@ pub struct Arena<B: Backend = HostBackend> {
     dirty: Option<(usize, usize)>,
     // Reused between compactions.
     live: Vec<LiveBlock>,
+    /// Per block slot, its position in `live` during a compaction.
+    live_pos: Vec<u32>,
+    /// Whether a block may have been used on a stream other than the
+    /// arena's ([`Arena::record_stream`], kernel arguments): until then a
+    /// compaction need not look up the moved blocks' stream records.
+    other_streams: bool,
     spans: Vec<(u64, u64)>,
     /// The compaction policy's state (see [`crate::plan::policy`]).
     pacer: Pacer,
@@ -255,6 +284,8 @@ impl<B: Backend> Arena<B> {
             table: Vec::new(),
             dirty: None,
             live: Vec::new(),
+            live_pos: Vec::new(),
+            other_streams: false,
             spans: Vec::new(),
             pacer: Pacer::new(),
             lifetimes: lifetimes.then(Lifetimes::new),
@@ -399,8 +430,30 @@ impl<B: Backend> Arena<B> {
         Ok(())
     }
 
+    /// Records block `key` (live) as the owner of placement node `slot`.
     fn set_owner(&mut self, slot: u32, key: BlockKey) {
-        set_owner(&mut self.owners, slot, key);
+        let Some(b) = self.blocks.get(key) else {
+            return;
+        };
+        let owner = Owner {
+            key,
+            size: b.size,
+            align: b.align,
+            pinned: b.pins > 0,
+        };
+        set_owner(&mut self.owners, slot, owner);
+    }
+
+    /// Copies block `key`'s pin state to its node's owner entry (a block
+    /// in the host tier has none).
+    fn sync_pinned(&mut self, key: BlockKey) {
+        if let Some(b) = self.blocks.get(key) {
+            if let Place::Device(a) = &b.place {
+                if let Some(o) = self.owners.get_mut(a.slot() as usize) {
+                    o.pinned = b.pins > 0;
+                }
+            }
+        }
     }
 
     fn tick(&self) -> u64 {

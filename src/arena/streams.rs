@@ -28,6 +28,7 @@ impl<B: Backend> Arena<B> {
         let b = self.block_mut(h)?;
         if stream != StreamId::ARENA && !b.uses().contains(&stream) {
             b.streams_mut().uses.push(stream);
+            self.other_streams = true;
         }
         Ok(())
     }

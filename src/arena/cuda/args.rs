@@ -172,6 +172,10 @@ impl Arena<CudaBackend> {
         let r = self.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
+        if stream != StreamId::ARENA {
+            // Blocks may get stream uses (see `Arena::other_streams`).
+            self.other_streams = true;
+        }
         let Arena {
             backend,
             blocks,
