@@ -181,6 +181,16 @@ impl<T> Slots<T> {
         entry.value.as_mut()
     }
 
+    /// The value in `slot` if it is live, whatever the key's version: for
+    /// a caller that holds a key it knows is live (a compaction's live
+    /// list) and should not pay for reading the version, which may lie on
+    /// another cache line than the part of the value it writes.
+    pub(crate) fn get_mut_live_slot(&mut self, key: SlotKey) -> Option<&mut T> {
+        let entry = self.entry_mut(key.slot)?;
+        debug_assert_eq!(entry.version, key.version, "stale key {key:?}");
+        entry.value.as_mut()
+    }
+
     /// True for a live key.
     pub(crate) fn contains_key(&self, key: SlotKey) -> bool {
         self.get(key).is_some()
@@ -258,6 +268,23 @@ mod tests {
             s.get(SlotKey::from_bits(u64::from(u32::MAX - 1) << 32)),
             None
         );
+    }
+
+    #[test]
+    fn slots_past_a_chunk_work_like_the_first() {
+        let mut s = Slots::default();
+        let keys: Vec<_> = (0..3 * CHUNK + 5).map(|i| s.insert(i).unwrap()).collect();
+        assert_eq!(s.slot_count(), 3 * CHUNK + 5);
+        for k in keys.iter().skip(CHUNK - 2).step_by(CHUNK) {
+            assert_eq!(s.remove(*k), Some(k.slot() as usize));
+        }
+        let again = s.insert(7).unwrap();
+        assert_eq!(again.slot() as usize, 3 * CHUNK - 2, "the last freed slot");
+        assert_eq!(s.get(again), Some(&7));
+        assert_eq!(s.get(keys[3 * CHUNK - 2]), None, "stale");
+        assert_eq!(s.get(keys[3 * CHUNK + 4]), Some(&(3 * CHUNK + 4)));
+        assert_eq!(s.iter().count(), s.len());
+        assert_eq!(s.slot_count(), 3 * CHUNK + 5);
     }
 
     #[test]

@@ -24,7 +24,7 @@ impl<B: Backend> Arena<B> {
             offset,
             resident,
             size_bytes: b.size,
-            reserved_bytes: b.reserved,
+            reserved_bytes: b.reserved(),
             align_bytes: b.align(),
             elem: b.elem.copied(),
             pins: b.pins,

@@ -85,7 +85,6 @@ impl<B: Backend> Arena<B> {
         let inserted = self.blocks.insert(Block {
             place: Place::Device(node),
             size: bytes,
-            reserved,
             elem: elem.map(ElemType::interned),
             streams: None,
             born: self.counters.allocs,
@@ -209,7 +208,7 @@ impl<B: Backend> Arena<B> {
         };
         let size = b.size;
         if let Some(l) = self.lifetimes.as_mut() {
-            l.observe(b.reserved, self.counters.allocs.saturating_sub(b.born));
+            l.observe(b.reserved(), self.counters.allocs.saturating_sub(b.born));
         }
         let freed = match b.place {
             Place::Device(a) => self.index.free(a),

@@ -109,7 +109,8 @@ impl<B: Backend> Arena<B> {
                 pinned: l.pinned,
             };
             set_owner(owners, a.slot(), owner);
-            if let Some(b) = blocks.get_mut(key) {
+            // Live: the list was collected from the live blocks just now.
+            if let Some(b) = blocks.get_mut_live_slot(key) {
                 b.place = Place::Device(a);
             }
         });
@@ -153,6 +154,7 @@ impl<B: Backend> Arena<B> {
     pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<bool> {
         let invalid = |reason: String| Err(Error::InvalidPlan { reason });
         let mut used_on_streams = false;
+        self.moved.0.clear();
         for m in plan.moves() {
             let key = BlockKey::from_bits(m.key);
             // A key whose position holds that very key (version included)
@@ -177,9 +179,11 @@ impl<B: Backend> Arena<B> {
                 ));
             }
             l.offset = m.dst;
+            self.moved.0.push(i as u32);
         }
         if !self.live.windows(2).all(|w| w[0].offset <= w[1].offset) {
-            self.live.sort_unstable_by_key(|l| l.offset);
+            let (positions, entries) = &mut self.moved;
+            sort_moved(&mut self.live, positions, entries);
         }
         let capacity = self.config.capacity_bytes;
         let mut cursor = 0u64;
@@ -196,5 +200,85 @@ impl<B: Backend> Arena<B> {
             }
         }
         Ok(used_on_streams)
+    }
+}
+
+/// Sorts `live` by offset when only the entries at `moved` (positions in
+/// any order, maybe repeated) can be out of order, the rest ascending: the
+/// moved entries are taken out (into `out`), sorted, and merged back.
+/// O(n + k log k) for k moves, where sorting the whole list is O(n log n)
+/// on every targeted evacuation (its few evacuees land out of order).
+fn sort_moved(live: &mut Vec<LiveBlock>, moved: &mut Vec<u32>, out: &mut Vec<LiveBlock>) {
+    moved.sort_unstable();
+    moved.dedup();
+    out.clear();
+    let mut next = moved.iter().copied().peekable();
+    let mut kept = 0;
+    for r in 0..live.len() {
+        if next.peek() == Some(&(r as u32)) {
+            next.next();
+            out.push(live[r]);
+        } else {
+            live[kept] = live[r];
+            kept += 1;
+        }
+    }
+    out.sort_unstable_by_key(|l| l.offset);
+    // Merge from the top down into the room the moved entries left.
+    let (mut i, mut j) = (kept, out.len());
+    for k in (0..live.len()).rev() {
+        let take_kept = j == 0 || (i > 0 && live[i - 1].offset > out[j - 1].offset);
+        if take_kept {
+            live[k] = live[i - 1];
+            i -= 1;
+        } else {
+            live[k] = out[j - 1];
+            j -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blk(offset: u64) -> LiveBlock {
+        LiveBlock {
+            key: offset,
+            offset,
+            len: 1,
+            copy_len: 1,
+            align: 1,
+            pinned: false,
+        }
+    }
+
+    /// Moving any few blocks anywhere and merging them back gives what a
+    /// full sort gives.
+    #[test]
+    fn merging_the_moved_blocks_back_sorts_the_list() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..200 {
+            let n = 1 + case % 40;
+            let mut live: Vec<LiveBlock> = (0..n as u64).map(|i| blk(10 * i)).collect();
+            let mut moved = Vec::new();
+            for _ in 0..rnd() % 6 {
+                let i = (rnd() % n as u64) as usize;
+                live[i].offset = rnd() % (10 * n as u64 + 20);
+                moved.push(i as u32);
+            }
+            let mut want = live.clone();
+            want.sort_by_key(|l| l.offset);
+            sort_moved(&mut live, &mut moved, &mut Vec::new());
+            let got: Vec<u64> = live.iter().map(|l| l.offset).collect();
+            let want: Vec<u64> = want.iter().map(|l| l.offset).collect();
+            assert_eq!(got, want, "case {case}");
+        }
     }
 }

@@ -94,7 +94,6 @@ enum Place {
 struct Block {
     place: Place,
     size: u64,
-    reserved: u64,
     /// Interned (see [`ElemType::interned`]): 8 bytes rather than 40.
     elem: Option<&'static ElemType>,
     /// Streams that used the block; `None` until kernel arguments or
@@ -115,6 +114,14 @@ struct Block {
 }
 
 impl Block {
+    /// Bytes reserved: the size rounded up to the arena's alignment, which
+    /// is what its placement (in the region or the host tier) holds.
+    fn reserved(&self) -> u64 {
+        match &self.place {
+            Place::Device(a) | Place::Host(a) => a.size(),
+        }
+    }
+
     /// Alignment of the offset in bytes.
     fn align(&self) -> u64 {
         u64::from(self.align)
@@ -209,6 +216,9 @@ pub struct Arena<B: Backend = HostBackend> {
     live: Vec<LiveBlock>,
     /// Per block slot, its position in `live` during a compaction.
     live_pos: Vec<u32>,
+    /// The positions in `live` of a plan's moved blocks, and room to sort
+    /// them (see `compact::sort_moved`).
+    moved: (Vec<u32>, Vec<LiveBlock>),
     /// Whether a block may have been used on a stream other than the
     /// arena's ([`Arena::record_stream`], kernel arguments): until then a
     /// compaction need not look up the moved blocks' stream records.
@@ -285,6 +295,7 @@ impl<B: Backend> Arena<B> {
             dirty: None,
             live: Vec::new(),
             live_pos: Vec::new(),
+            moved: (Vec::new(), Vec::new()),
             other_streams: false,
             spans: Vec::new(),
             pacer: Pacer::new(),
