@@ -208,7 +208,7 @@ impl<B: Backend> Arena<B> {
 /// moved entries are taken out (into `out`), sorted, and merged back.
 /// O(n + k log k) for k moves, where sorting the whole list is O(n log n)
 /// on every targeted evacuation (its few evacuees land out of order).
-fn sort_moved(live: &mut Vec<LiveBlock>, moved: &mut Vec<u32>, out: &mut Vec<LiveBlock>) {
+fn sort_moved(live: &mut [LiveBlock], moved: &mut Vec<u32>, out: &mut Vec<LiveBlock>) {
     moved.sort_unstable();
     moved.dedup();
     out.clear();

@@ -99,7 +99,6 @@ struct Block {
     /// Streams that used the block; `None` until kernel arguments or
     /// [`Arena::record_stream`] name it (one small allocation then, beside
     /// a kernel launch; plain alloc and free never make one).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     streams: Option<Box<StreamUses>>,
     /// `Counters::allocs` when it was allocated: its lifetime at free, in
     /// allocation ticks, feeds `Arena::lifetimes`.
@@ -133,7 +132,6 @@ impl Block {
     }
 
     /// The stream-use records, created on first use.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn streams_mut(&mut self) -> &mut StreamUses {
         self.streams.get_or_insert_with(Default::default)
     }
