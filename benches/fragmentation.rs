@@ -15,6 +15,24 @@
 //! `cargo bench --bench fragmentation` (table only: `-- --table`, rounds:
 //! `-- --table --rounds 9`; a criterion filter such as `-- checkerboard`
 //! also works).
+//!
+//! # Page faults
+//!
+//! A replay needs about 300 bytes of host memory per block (the arena's
+//! tables and the planner's), ~100 MB at 320k blocks. Each run builds a
+//! fresh arena, so whether its pages are already mapped depends on glibc:
+//! after a run it keeps the freed heap for the next one unless the free
+//! space at the top of the heap passes its trim threshold (adjusted at run
+//! time, at most 64 MiB), and then returns it to the kernel. Here that
+//! happens after the 320k runs only, so those runs fault their memory back
+//! in (about 3 µs per 4 KiB page on the test VM, a third of their time)
+//! while smaller runs reuse mapped pages: a step in the time per op that is
+//! glibc's, not the replay's. The `faults` column shows the minor page
+//! faults of each best run. Two options make every size run alike:
+//! `--keep-heap` raises the trim threshold (and fixes the mmap threshold)
+//! so that no run faults in memory an earlier run used, and `--trim-heap`
+//! returns all free memory to the kernel before every run, so that every
+//! run faults in all its memory.
 
 use std::time::Duration;
 
@@ -48,15 +66,78 @@ fn naive(shape: Shape, ops: &Ops) -> Option<(f64, u64)> {
     Some((r.wall_time.as_secs_f64() * 1e3, r.bytes_moved))
 }
 
+/// Minor page faults of this process so far (0 where unknown).
+fn minor_faults() -> i64 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `getrusage` fills the struct it is given; all-zero bytes
+        // are a valid `rusage`.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+            return ru.ru_minflt;
+        }
+    }
+    0
+}
+
+/// How the C heap is treated between runs; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heap {
+    /// glibc's defaults.
+    Default,
+    /// Freed memory stays mapped (`--keep-heap`).
+    Keep,
+    /// Free memory goes back to the kernel before every run (`--trim-heap`).
+    Trim,
+}
+
+impl Heap {
+    fn label(self) -> &'static str {
+        match self {
+            Heap::Default => "glibc default heap",
+            Heap::Keep => "heap kept mapped between runs (--keep-heap)",
+            Heap::Trim => "heap trimmed before every run (--trim-heap)",
+        }
+    }
+
+    /// Applies the setting once, at the start.
+    fn setup(self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if self == Heap::Keep {
+            // SAFETY: plain setters of allocator parameters. A fixed mmap
+            // threshold (32 MiB, glibc's largest) also stops glibc from
+            // adjusting the trim threshold.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+            }
+        }
+    }
+
+    /// Before each timed run.
+    fn before_run(self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if self == Heap::Trim {
+            // SAFETY: returns free heap memory to the kernel; no pointers.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    }
+}
+
 struct Case {
     shape: Shape,
     n: usize,
     ops: Ops,
     best: f64,
+    /// Minor page faults of the best run.
+    faults: i64,
     last: Option<FragmentReport>,
 }
 
-fn table(rounds: usize) {
+fn table(rounds: usize, heap: Heap) {
+    heap.setup();
     let mut cases: Vec<Case> = SIZES
         .iter()
         .flat_map(|&n| Shape::ALL.map(|shape| (shape, n)))
@@ -65,6 +146,7 @@ fn table(rounds: usize) {
             n,
             ops: program(shape, n),
             best: f64::INFINITY,
+            faults: 0,
             last: None,
         })
         .collect();
@@ -77,19 +159,29 @@ fn table(rounds: usize) {
         };
         for i in order {
             let c = &mut cases[i];
+            heap.before_run();
+            let f0 = minor_faults();
             let r = run_program(c.shape, c.n, &c.ops).expect("fragmentation run");
-            c.best = c.best.min(r.wall.as_secs_f64());
+            let faults = minor_faults() - f0;
+            if r.wall.as_secs_f64() < c.best {
+                c.best = r.wall.as_secs_f64();
+                c.faults = faults;
+            }
             c.last = Some(r);
         }
     }
-    println!("best of {rounds} rounds, sizes interleaved");
     println!(
-        "{:<13} {:>7} {:>9} {:>6} {:>7} {:>9} {:>6} {:>9} {:>12} {:>9} {:>12}",
+        "best of {rounds} rounds, sizes interleaved, {}",
+        heap.label()
+    );
+    println!(
+        "{:<13} {:>7} {:>9} {:>6} {:>7} {:>7} {:>9} {:>6} {:>9} {:>12} {:>9} {:>12}",
         "shape",
         "n",
         "ms",
         "ratio",
         "ns/op",
+        "faults",
         "targ/full",
         "vis/op",
         "vis ratio",
@@ -117,12 +209,13 @@ fn table(rounds: usize) {
                     (format!("{ms:.1}"), b.to_string())
                 });
             println!(
-                "{:<13} {:>7} {:>9.1} {:>6} {:>7.0} {:>9} {:>6.2} {:>9} {:>12} {nms:>9} {nbytes:>12}",
+                "{:<13} {:>7} {:>9.1} {:>6} {:>7.0} {:>7} {:>9} {:>6.2} {:>9} {:>12} {nms:>9} {nbytes:>12}",
                 shape.label(),
                 c.n,
                 c.best * 1e3,
                 f(ratio),
                 c.best * 1e9 / r.ops as f64,
+                c.faults,
                 format!("{}/{}", r.compactions.0, r.compactions.1),
                 r.planning_visits as f64 / r.ops as f64,
                 f(vis_ratio),
@@ -178,11 +271,18 @@ fn main() {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(5);
+    let heap = if args.iter().any(|a| a == "--keep-heap") {
+        Heap::Keep
+    } else if args.iter().any(|a| a == "--trim-heap") {
+        Heap::Trim
+    } else {
+        Heap::Default
+    };
     if args.iter().any(|a| a == "--table") {
-        table(rounds);
+        table(rounds, heap);
         return;
     }
-    table(rounds);
+    table(rounds, heap);
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -7,6 +7,7 @@
 //! arena are all detected and rejected.
 
 use std::any::TypeId;
+use std::sync::{Mutex, PoisonError};
 
 /// Slot key of a block in its arena's table (generational; see
 /// [`crate::slots`] for the encoding kernels rely on).
@@ -61,6 +62,22 @@ impl ElemType {
             size_bytes: std::mem::size_of::<T>(),
             id: TypeId::of::<T>(),
         }
+    }
+
+    /// A `'static` copy of this type, one per distinct type in the process
+    /// (leaked once: the set of element types a program uses is fixed by
+    /// its code). Blocks keep this pointer rather than the 40-byte value, so
+    /// that the arena's per-block table stays small; a typed allocation
+    /// pays one uncontended lock and a scan of the few types seen so far.
+    pub(crate) fn interned(self) -> &'static ElemType {
+        static TYPES: Mutex<Vec<&'static ElemType>> = Mutex::new(Vec::new());
+        let mut types = TYPES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = types.iter().find(|t| ***t == self) {
+            return t;
+        }
+        let t: &'static ElemType = Box::leak(Box::new(self));
+        types.push(t);
+        t
     }
 }
 

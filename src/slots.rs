@@ -57,11 +57,24 @@ struct Entry<T> {
     value: Option<T>,
 }
 
-/// The table. Invariant: `entries[i].value.is_some()` exactly when
-/// `entries[i].version` is odd; `free` holds the even, unretired slots.
+/// Slots per chunk of [`Slots`] (a power of two).
+const CHUNK_BITS: u32 = 10;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// The table. Invariant: `entry(i).value.is_some()` exactly when
+/// `entry(i).version` is odd; `free` holds the even, unretired slots.
+///
+/// Entries live in chunks of [`CHUNK`] slots, never moved once made: one
+/// flat `Vec` would copy the whole table at every doubling (tens of MiB
+/// for a few hundred thousand blocks, a tenth of a replay's time) and, past
+/// the C allocator's mmap threshold, take fresh pages from the kernel for
+/// every arena (a page fault per 4 KiB on first touch). Chunks of about
+/// 100 KiB grow the table by one allocation per thousand slots and reuse
+/// memory that earlier arenas freed. A lookup costs one more load (the
+/// chunk pointers, a few KiB, stay in cache).
 #[derive(Debug)]
 pub(crate) struct Slots<T> {
-    entries: Vec<Entry<T>>,
+    chunks: Vec<Vec<Entry<T>>>,
     free: Vec<u32>,
     len: usize,
 }
@@ -69,7 +82,7 @@ pub(crate) struct Slots<T> {
 impl<T> Default for Slots<T> {
     fn default() -> Self {
         Self {
-            entries: Vec::new(),
+            chunks: Vec::new(),
             free: Vec::new(),
             len: 0,
         }
@@ -84,7 +97,21 @@ impl<T> Slots<T> {
 
     /// Slots ever used (occupied, free or retired): the device table's size.
     pub(crate) fn slot_count(&self) -> usize {
-        self.entries.len()
+        self.chunks
+            .last()
+            .map_or(0, |last| (self.chunks.len() - 1) * CHUNK + last.len())
+    }
+
+    fn entry(&self, slot: u32) -> Option<&Entry<T>> {
+        let i = slot as usize;
+        self.chunks.get(i >> CHUNK_BITS)?.get(i & (CHUNK - 1))
+    }
+
+    fn entry_mut(&mut self, slot: u32) -> Option<&mut Entry<T>> {
+        let i = slot as usize;
+        self.chunks
+            .get_mut(i >> CHUNK_BITS)?
+            .get_mut(i & (CHUNK - 1))
     }
 
     /// Stores `value`; gives it back when every one of the 2^32 slots is
@@ -93,32 +120,35 @@ impl<T> Slots<T> {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
-                let Ok(slot) = u32::try_from(self.entries.len()) else {
+                let Ok(slot) = u32::try_from(self.slot_count()) else {
                     return Err(value);
                 };
-                self.entries.push(Entry {
-                    version: 0,
-                    value: None,
-                });
+                if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
+                    self.chunks.push(Vec::with_capacity(CHUNK));
+                }
+                if let Some(chunk) = self.chunks.last_mut() {
+                    chunk.push(Entry {
+                        version: 0,
+                        value: None,
+                    });
+                }
                 slot
             }
         };
-        let Some(entry) = self.entries.get_mut(slot as usize) else {
+        let Some(entry) = self.entry_mut(slot) else {
             return Err(value);
         };
         entry.version += 1; // even -> odd; retired slots are never in `free`
         entry.value = Some(value);
+        let version = entry.version;
         self.len += 1;
-        Ok(SlotKey {
-            slot,
-            version: entry.version,
-        })
+        Ok(SlotKey { slot, version })
     }
 
     /// Removes and returns the value of a live key; `None` for a stale or
     /// made-up key (the table is unchanged).
     pub(crate) fn remove(&mut self, key: SlotKey) -> Option<T> {
-        let entry = self.entries.get_mut(key.slot as usize)?;
+        let entry = self.entry_mut(key.slot)?;
         if entry.version != key.version {
             return None;
         }
@@ -136,7 +166,7 @@ impl<T> Slots<T> {
 
     /// The value of a live key.
     pub(crate) fn get(&self, key: SlotKey) -> Option<&T> {
-        let entry = self.entries.get(key.slot as usize)?;
+        let entry = self.entry(key.slot)?;
         (entry.version == key.version)
             .then_some(entry.value.as_ref())
             .flatten()
@@ -144,10 +174,20 @@ impl<T> Slots<T> {
 
     /// The value of a live key, mutably.
     pub(crate) fn get_mut(&mut self, key: SlotKey) -> Option<&mut T> {
-        let entry = self.entries.get_mut(key.slot as usize)?;
+        let entry = self.entry_mut(key.slot)?;
         if entry.version != key.version {
             return None;
         }
+        entry.value.as_mut()
+    }
+
+    /// The value in `slot` if it is live, whatever the key's version: for
+    /// a caller that holds a key it knows is live (a compaction's live
+    /// list) and should not pay for reading the version, which may lie on
+    /// another cache line than the part of the value it writes.
+    pub(crate) fn get_mut_live_slot(&mut self, key: SlotKey) -> Option<&mut T> {
+        let entry = self.entry_mut(key.slot)?;
+        debug_assert_eq!(entry.version, key.version, "stale key {key:?}");
         entry.value.as_mut()
     }
 
@@ -158,16 +198,20 @@ impl<T> Slots<T> {
 
     /// Live keys and values, in slot order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SlotKey, &T)> {
-        self.entries.iter().enumerate().filter_map(|(slot, e)| {
-            let value = e.value.as_ref()?;
-            Some((
-                SlotKey {
-                    slot: slot as u32,
-                    version: e.version,
-                },
-                value,
-            ))
-        })
+        self.chunks
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(slot, e)| {
+                let value = e.value.as_ref()?;
+                Some((
+                    SlotKey {
+                        slot: slot as u32,
+                        version: e.version,
+                    },
+                    value,
+                ))
+            })
     }
 }
 
@@ -213,7 +257,7 @@ mod tests {
         let k = s.insert(()).unwrap();
         s.remove(k);
         // Jump to the last odd version.
-        s.entries[0].version = u32::MAX - 1;
+        s.chunks[0][0].version = u32::MAX - 1;
         let last = s.insert(()).unwrap();
         assert_eq!(last.version(), u32::MAX);
         s.remove(last);
@@ -224,6 +268,23 @@ mod tests {
             s.get(SlotKey::from_bits(u64::from(u32::MAX - 1) << 32)),
             None
         );
+    }
+
+    #[test]
+    fn slots_past_a_chunk_work_like_the_first() {
+        let mut s = Slots::default();
+        let keys: Vec<_> = (0..3 * CHUNK + 5).map(|i| s.insert(i).unwrap()).collect();
+        assert_eq!(s.slot_count(), 3 * CHUNK + 5);
+        for k in keys.iter().skip(CHUNK - 2).step_by(CHUNK) {
+            assert_eq!(s.remove(*k), Some(k.slot() as usize));
+        }
+        let again = s.insert(7).unwrap();
+        assert_eq!(again.slot() as usize, 3 * CHUNK - 2, "the last freed slot");
+        assert_eq!(s.get(again), Some(&7));
+        assert_eq!(s.get(keys[3 * CHUNK - 2]), None, "stale");
+        assert_eq!(s.get(keys[3 * CHUNK + 4]), Some(&(3 * CHUNK + 4)));
+        assert_eq!(s.iter().count(), s.len());
+        assert_eq!(s.slot_count(), 3 * CHUNK + 5);
     }
 
     #[test]

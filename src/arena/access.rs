@@ -24,9 +24,9 @@ impl<B: Backend> Arena<B> {
             offset,
             resident,
             size_bytes: b.size,
-            reserved_bytes: b.reserved,
-            align_bytes: b.align,
-            elem: b.elem,
+            reserved_bytes: b.reserved(),
+            align_bytes: b.align(),
+            elem: b.elem.copied(),
             pins: b.pins,
         }
     }
@@ -38,12 +38,12 @@ impl<B: Backend> Arena<B> {
 
     /// Alignment of the block's offset.
     pub fn align_bytes(&self, h: Handle) -> Result<u64> {
-        Ok(self.block(h)?.align)
+        Ok(self.block(h)?.align())
     }
 
     /// Element type, for blocks from [`alloc_elems`](Arena::alloc_elems).
     pub fn elem_type(&self, h: Handle) -> Result<Option<ElemType>> {
-        Ok(self.block(h)?.elem)
+        Ok(self.block(h)?.elem.copied())
     }
 
     /// True if the handle names a live block of this arena.
@@ -57,7 +57,7 @@ impl<B: Backend> Arena<B> {
             .regions()
             .filter_map(|r| r.slot)
             .filter_map(|slot| {
-                let key = *self.owners.get(slot as usize)?;
+                let key = self.owners.get(slot as usize)?.key;
                 let b = self.blocks.get(key)?;
                 Some(self.info_of(
                     Handle {

@@ -85,16 +85,13 @@ impl<B: Backend> Arena<B> {
         let inserted = self.blocks.insert(Block {
             place: Place::Device(node),
             size: bytes,
-            reserved,
-            align,
-            elem,
-            pins: 0,
-            uses: smallvec::SmallVec::new(),
-            writer: None,
-            readers: smallvec::SmallVec::new(),
-            scratch: 0,
+            elem: elem.map(ElemType::interned),
+            streams: None,
             born: self.counters.allocs,
             last_use: AtomicU64::new(self.tick()),
+            // `align <= MAX_ALIGN < 2^32`, checked above.
+            align: u32::try_from(align).unwrap_or(u32::MAX),
+            pins: 0,
         });
         let key = match inserted {
             Ok(key) => key,
@@ -211,7 +208,7 @@ impl<B: Backend> Arena<B> {
         };
         let size = b.size;
         if let Some(l) = self.lifetimes.as_mut() {
-            l.observe(b.reserved, self.counters.allocs.saturating_sub(b.born));
+            l.observe(b.reserved(), self.counters.allocs.saturating_sub(b.born));
         }
         let freed = match b.place {
             Place::Device(a) => self.index.free(a),
@@ -250,6 +247,7 @@ impl<B: Backend> Arena<B> {
         let pins = b.pins;
         if pins == 1 {
             self.counters.pinned_blocks += 1;
+            self.sync_pinned(h.key);
         }
         Ok(pins)
     }
@@ -264,6 +262,7 @@ impl<B: Backend> Arena<B> {
         let pins = b.pins;
         if pins == 0 {
             self.counters.pinned_blocks -= 1;
+            self.sync_pinned(h.key);
         }
         Ok(pins)
     }

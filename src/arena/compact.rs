@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{Arena, CompactionReport, Place};
+use super::{set_owner, Arena, CompactionReport, Owner, Place};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::BlockKey;
@@ -13,22 +13,32 @@ impl<B: Backend> Arena<B> {
     /// Fills `self.live` with the live blocks in address order.
     pub(super) fn collect_live(&mut self) {
         self.live.clear();
+        // Exact sizes up front, here and for the other per-compaction
+        // tables: growing them by doubling copies them and leaves freed
+        // chunks behind (fresh pages, page faults, on large arenas).
+        self.live.reserve(self.blocks.len());
+        if self.live_pos.len() < self.blocks.slot_count() {
+            self.live_pos.resize(self.blocks.slot_count(), 0);
+        }
         for r in self.index.regions() {
             let Some(slot) = r.slot else { continue };
-            let Some(&key) = self.owners.get(slot as usize) else {
+            // A used node's owner is its live block (see `Owner`), and the
+            // node's size is the block's reservation.
+            let Some(o) = self.owners.get(slot as usize) else {
                 continue;
             };
-            if let Some(b) = self.blocks.get_mut(key) {
-                b.scratch = self.live.len() as u32;
-                self.live.push(LiveBlock {
-                    key: key.to_bits(),
-                    offset: r.offset,
-                    len: b.reserved,
-                    copy_len: b.size,
-                    align: b.align,
-                    pinned: b.pins > 0,
-                });
+            debug_assert!(self.blocks.contains_key(o.key), "stale owner {o:?}");
+            if let Some(p) = self.live_pos.get_mut(o.key.slot() as usize) {
+                *p = self.live.len() as u32;
             }
+            self.live.push(LiveBlock {
+                key: o.key.to_bits(),
+                offset: r.offset,
+                len: r.size,
+                copy_len: o.size,
+                align: u64::from(o.align),
+                pinned: o.pinned,
+            });
         }
     }
 
@@ -58,10 +68,12 @@ impl<B: Backend> Arena<B> {
     /// refused with [`Error::InvalidPlan`] and nothing changes.
     pub(super) fn execute(&mut self, plan: Plan, t0: Instant) -> Result<CompactionReport> {
         let planning = t0.elapsed();
-        self.check_final_layout(&plan)?;
+        let used_on_streams = self.check_final_layout(&plan)?;
         // Nothing moves under a kernel still using it on another stream.
-        for m in plan.moves() {
-            self.wait_uses(BlockKey::from_bits(m.key))?;
+        if used_on_streams {
+            for m in plan.moves() {
+                self.wait_uses(BlockKey::from_bits(m.key))?;
+            }
         }
         self.epoch += 1;
         let t1 = Instant::now();
@@ -70,30 +82,45 @@ impl<B: Backend> Arena<B> {
             return Err(e);
         }
         let execution = t1.elapsed();
+        // The check matched every move to its block: `m.len` is its size.
         for m in plan.moves() {
-            let key = BlockKey::from_bits(m.key);
-            if let Some(size) = self.blocks.get(key).map(|b| b.size) {
-                self.set_entry(key, Some((m.dst, size)));
-            }
+            self.set_entry(BlockKey::from_bits(m.key), Some((m.dst, m.len)));
         }
         self.spans.clear();
-        self.spans.extend(self.layout.iter().map(|e| (e.0, e.1)));
-        let mut allocations = std::mem::take(&mut self.allocations);
-        if let Err(e) = self.index.rebuild(&self.spans, &mut allocations) {
+        self.spans
+            .extend(self.live.iter().map(|l| (l.offset, l.len)));
+        // Each block's new allocation goes straight to its owner and block.
+        let Self {
+            index,
+            spans,
+            live,
+            owners,
+            blocks,
+            ..
+        } = self;
+        let rebuilt = index.rebuild_with(spans, |i, a| {
+            let l = &live[i];
+            let key = BlockKey::from_bits(l.key);
+            let owner = Owner {
+                key,
+                size: l.copy_len,
+                // The live list took these from the owner entries.
+                align: u32::try_from(l.align).unwrap_or(u32::MAX),
+                pinned: l.pinned,
+            };
+            set_owner(owners, a.slot(), owner);
+            // Live: the list was collected from the live blocks just now.
+            if let Some(b) = blocks.get_mut_live_slot(key) {
+                b.place = Place::Device(a);
+            }
+        });
+        if let Err(e) = rebuilt {
             // Unreachable: the layout was checked above.
             self.poison(format!(
                 "rebuilding the index after a compaction failed: {e}"
             ));
             return Err(e);
         }
-        for (i, a) in allocations.drain(..).enumerate() {
-            let key = self.layout[i].2;
-            self.set_owner(a.slot(), key);
-            if let Some(b) = self.blocks.get_mut(key) {
-                b.place = Place::Device(a);
-            }
-        }
-        self.allocations = allocations;
         // The table's new offsets follow the moves in stream order.
         if let Err(e) = self.flush_table() {
             self.poison(format!(
@@ -119,43 +146,48 @@ impl<B: Backend> Arena<B> {
         })
     }
 
-    /// Fills `self.layout` with the layout after `plan` (sorted by offset)
-    /// and checks it; see [`Self::execute`]. O(blocks + moves).
-    pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<()> {
+    /// Turns `self.live` into the layout after `plan` (offsets moved,
+    /// sorted by offset; it is scratch, recollected before every plan) and
+    /// checks it; see [`Self::execute`]. O(blocks + moves). Returns whether
+    /// a moved block was used on other streams (so that execution reads
+    /// each moved block's records once, here, in the common case).
+    pub(super) fn check_final_layout(&mut self, plan: &Plan) -> Result<bool> {
         let invalid = |reason: String| Err(Error::InvalidPlan { reason });
-        self.layout.clear();
-        self.layout.extend(
-            self.live
-                .iter()
-                .map(|l| (l.offset, l.len, BlockKey::from_bits(l.key))),
-        );
+        let mut used_on_streams = false;
+        self.moved.0.clear();
         for m in plan.moves() {
             let key = BlockKey::from_bits(m.key);
-            let i = match self.blocks.get(key) {
-                Some(b) => b.scratch as usize,
+            // A key whose position holds that very key (version included)
+            // names a block of the live list, so a live block.
+            let i = match self.live_pos.get(key.slot() as usize) {
+                Some(&i) => i as usize,
                 None => return invalid(format!("move {m:?} names no live block")),
             };
-            let Some(l) = self.live.get(i).filter(|l| l.key == m.key) else {
+            if self.other_streams {
+                used_on_streams |= self.blocks.get(key).is_some_and(|b| !b.uses().is_empty());
+            }
+            let Some(l) = self.live.get_mut(i).filter(|l| l.key == m.key) else {
                 return invalid(format!(
                     "move {m:?} names a block outside the plan's live set"
                 ));
             };
-            if l.pinned || self.layout[i].0 != m.src || m.len != l.copy_len || m.dst % l.align != 0
-            {
+            if l.pinned || l.offset != m.src || m.len != l.copy_len || m.dst % l.align != 0 {
                 return invalid(format!(
                     "move {m:?} does not match its block (pinned {}, at {}, {} B to copy, \
                      alignment {})",
-                    l.pinned, self.layout[i].0, l.copy_len, l.align
+                    l.pinned, l.offset, l.copy_len, l.align
                 ));
             }
-            self.layout[i].0 = m.dst;
+            l.offset = m.dst;
+            self.moved.0.push(i as u32);
         }
-        if !self.layout.windows(2).all(|w| w[0].0 <= w[1].0) {
-            self.layout.sort_unstable_by_key(|e| e.0);
+        if !self.live.windows(2).all(|w| w[0].offset <= w[1].offset) {
+            let (positions, entries) = &mut self.moved;
+            sort_moved(&mut self.live, positions, entries);
         }
         let capacity = self.config.capacity_bytes;
         let mut cursor = 0u64;
-        for &(offset, len, _) in &self.layout {
+        for &LiveBlock { offset, len, .. } in &self.live {
             let end = offset.checked_add(len).filter(|&e| e <= capacity);
             match end {
                 Some(end) if offset >= cursor => cursor = end,
@@ -167,6 +199,86 @@ impl<B: Backend> Arena<B> {
                 }
             }
         }
-        Ok(())
+        Ok(used_on_streams)
+    }
+}
+
+/// Sorts `live` by offset when only the entries at `moved` (positions in
+/// any order, maybe repeated) can be out of order, the rest ascending: the
+/// moved entries are taken out (into `out`), sorted, and merged back.
+/// O(n + k log k) for k moves, where sorting the whole list is O(n log n)
+/// on every targeted evacuation (its few evacuees land out of order).
+fn sort_moved(live: &mut [LiveBlock], moved: &mut Vec<u32>, out: &mut Vec<LiveBlock>) {
+    moved.sort_unstable();
+    moved.dedup();
+    out.clear();
+    let mut next = moved.iter().copied().peekable();
+    let mut kept = 0;
+    for r in 0..live.len() {
+        if next.peek() == Some(&(r as u32)) {
+            next.next();
+            out.push(live[r]);
+        } else {
+            live[kept] = live[r];
+            kept += 1;
+        }
+    }
+    out.sort_unstable_by_key(|l| l.offset);
+    // Merge from the top down into the room the moved entries left.
+    let (mut i, mut j) = (kept, out.len());
+    for k in (0..live.len()).rev() {
+        let take_kept = j == 0 || (i > 0 && live[i - 1].offset > out[j - 1].offset);
+        if take_kept {
+            live[k] = live[i - 1];
+            i -= 1;
+        } else {
+            live[k] = out[j - 1];
+            j -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blk(offset: u64) -> LiveBlock {
+        LiveBlock {
+            key: offset,
+            offset,
+            len: 1,
+            copy_len: 1,
+            align: 1,
+            pinned: false,
+        }
+    }
+
+    /// Moving any few blocks anywhere and merging them back gives what a
+    /// full sort gives.
+    #[test]
+    fn merging_the_moved_blocks_back_sorts_the_list() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..200 {
+            let n = 1 + case % 40;
+            let mut live: Vec<LiveBlock> = (0..n as u64).map(|i| blk(10 * i)).collect();
+            let mut moved = Vec::new();
+            for _ in 0..rnd() % 6 {
+                let i = (rnd() % n as u64) as usize;
+                live[i].offset = rnd() % (10 * n as u64 + 20);
+                moved.push(i as u32);
+            }
+            let mut want = live.clone();
+            want.sort_by_key(|l| l.offset);
+            sort_moved(&mut live, &mut moved, &mut Vec::new());
+            let got: Vec<u64> = live.iter().map(|l| l.offset).collect();
+            let want: Vec<u64> = want.iter().map(|l| l.offset).collect();
+            assert_eq!(got, want, "case {case}");
+        }
     }
 }

@@ -38,6 +38,39 @@ use crate::placement::{Allocation, FreeIndex, Lifetimes};
 use crate::plan::planner::LiveBlock;
 use crate::plan::policy::Pacer;
 
+/// The block on a used placement node, with what compaction planning needs
+/// of it. Kept beside the nodes (indexed like them, so in address order
+/// after a compaction) that collecting the live blocks reads two dense
+/// tables and never the block table: at ~100 bytes a block, reading that
+/// once per block per compaction made replays slow down per op as it
+/// outgrew the caches.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    key: BlockKey,
+    /// Bytes to copy when it moves (its size).
+    size: u64,
+    align: u32,
+    pinned: bool,
+}
+
+impl Owner {
+    const NONE: Owner = Owner {
+        key: BlockKey::NULL,
+        size: 0,
+        align: 1,
+        pinned: false,
+    };
+}
+
+/// Records `owner` as the block on placement node `slot` in `owners`.
+fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
+    let i = slot as usize;
+    if owners.len() <= i {
+        owners.resize(i + 1, Owner::NONE);
+    }
+    owners[i] = owner;
+}
+
 /// Ids of arenas, so handles of one are rejected by another.
 static NEXT_ARENA_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
@@ -51,16 +84,64 @@ enum Place {
     Host(Allocation),
 }
 
+/// A live block's metadata: one entry of the slot table per live block,
+/// touched by every alloc and free and by every compaction's passes over
+/// the live blocks. Kept small (rarely used state lives behind pointers)
+/// so that a table of hundreds of thousands of blocks stays in cache and
+/// takes few fresh pages: at ~200 bytes an entry, replay time per op grew
+/// by 40 % from 80k to 160k blocks.
 #[derive(Debug)]
 struct Block {
     place: Place,
     size: u64,
-    reserved: u64,
-    align: u64,
-    elem: Option<ElemType>,
+    /// Interned (see [`ElemType::interned`]): 8 bytes rather than 40.
+    elem: Option<&'static ElemType>,
+    /// Streams that used the block; `None` until kernel arguments or
+    /// [`Arena::record_stream`] name it (one small allocation then, beside
+    /// a kernel launch; plain alloc and free never make one).
+    streams: Option<Box<StreamUses>>,
+    /// `Counters::allocs` when it was allocated: its lifetime at free, in
+    /// allocation ticks, feeds `Arena::lifetimes`.
+    born: u64,
+    /// Tick of the last use (resolved for a kernel, a transfer or a pin):
+    /// the spill policy evicts the least recently used block first.
+    last_use: AtomicU64,
+    /// Alignment of the offset (a power of two up to
+    /// [`crate::config::MAX_ALIGN`], so it fits).
+    align: u32,
     pins: u32,
+}
+
+impl Block {
+    /// Bytes reserved: the size rounded up to the arena's alignment, which
+    /// is what its placement (in the region or the host tier) holds.
+    fn reserved(&self) -> u64 {
+        match &self.place {
+            Place::Device(a) | Place::Host(a) => a.size(),
+        }
+    }
+
+    /// Alignment of the offset in bytes.
+    fn align(&self) -> u64 {
+        u64::from(self.align)
+    }
+
+    /// The streams that used the block since it was allocated.
+    fn uses(&self) -> &[crate::stream::StreamId] {
+        self.streams.as_ref().map_or(&[], |s| &s.uses)
+    }
+
+    /// The stream-use records, created on first use.
+    fn streams_mut(&mut self) -> &mut StreamUses {
+        self.streams.get_or_insert_with(Default::default)
+    }
+}
+
+/// Which streams used a block (see [`crate::stream`]).
+#[derive(Debug, Default)]
+struct StreamUses {
     /// Registered streams other than the arena's that used the block since
-    /// it was allocated (see [`crate::stream`]).
+    /// it was allocated.
     uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
     /// The stream whose kernel arguments last wrote the block, and the
     /// streams that read it since: what later work on another stream must
@@ -69,14 +150,6 @@ struct Block {
     writer: Option<crate::stream::StreamId>,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
-    /// Position in the planner's live list during a compaction.
-    scratch: u32,
-    /// `Counters::allocs` when it was allocated: its lifetime at free, in
-    /// allocation ticks, feeds `Arena::lifetimes`.
-    born: u64,
-    /// Tick of the last use (resolved for a kernel, a transfer or a pin):
-    /// the spill policy evicts the least recently used block first.
-    last_use: AtomicU64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -112,8 +185,9 @@ pub struct Arena<B: Backend = HostBackend> {
     backend: B,
     index: FreeIndex,
     blocks: Slots<Block>,
-    /// Owner of each used placement node (entries of free nodes are stale).
-    owners: Vec<BlockKey>,
+    /// Owner of each used placement node (entries of free nodes are stale);
+    /// kept in step with the block's pins.
+    owners: Vec<Owner>,
     counters: Counters,
     /// Set once, by the first failure that leaves device memory and the
     /// table in doubt (a fault the GPU found included); never cleared.
@@ -138,9 +212,16 @@ pub struct Arena<B: Backend = HostBackend> {
     dirty: Option<(usize, usize)>,
     // Reused between compactions.
     live: Vec<LiveBlock>,
-    layout: Vec<(u64, u64, BlockKey)>,
+    /// Per block slot, its position in `live` during a compaction.
+    live_pos: Vec<u32>,
+    /// The positions in `live` of a plan's moved blocks, and room to sort
+    /// them (see `compact::sort_moved`).
+    moved: (Vec<u32>, Vec<LiveBlock>),
+    /// Whether a block may have been used on a stream other than the
+    /// arena's ([`Arena::record_stream`], kernel arguments): until then a
+    /// compaction need not look up the moved blocks' stream records.
+    other_streams: bool,
     spans: Vec<(u64, u64)>,
-    allocations: Vec<Allocation>,
     /// The compaction policy's state (see [`crate::plan::policy`]).
     pacer: Pacer,
     /// Lifetimes by size: where a new block is carved (see
@@ -211,9 +292,10 @@ impl<B: Backend> Arena<B> {
             table: Vec::new(),
             dirty: None,
             live: Vec::new(),
-            layout: Vec::new(),
+            live_pos: Vec::new(),
+            moved: (Vec::new(), Vec::new()),
+            other_streams: false,
             spans: Vec::new(),
-            allocations: Vec::new(),
             pacer: Pacer::new(),
             lifetimes: lifetimes.then(Lifetimes::new),
         })
@@ -357,12 +439,30 @@ impl<B: Backend> Arena<B> {
         Ok(())
     }
 
+    /// Records block `key` (live) as the owner of placement node `slot`.
     fn set_owner(&mut self, slot: u32, key: BlockKey) {
-        let i = slot as usize;
-        if self.owners.len() <= i {
-            self.owners.resize(i + 1, BlockKey::NULL);
+        let Some(b) = self.blocks.get(key) else {
+            return;
+        };
+        let owner = Owner {
+            key,
+            size: b.size,
+            align: b.align,
+            pinned: b.pins > 0,
+        };
+        set_owner(&mut self.owners, slot, owner);
+    }
+
+    /// Copies block `key`'s pin state to its node's owner entry (a block
+    /// in the host tier has none).
+    fn sync_pinned(&mut self, key: BlockKey) {
+        if let Some(b) = self.blocks.get(key) {
+            if let Place::Device(a) = &b.place {
+                if let Some(o) = self.owners.get_mut(a.slot() as usize) {
+                    o.pinned = b.pins > 0;
+                }
+            }
         }
-        self.owners[i] = key;
     }
 
     fn tick(&self) -> u64 {

@@ -51,7 +51,7 @@ impl<B: Backend> Arena<B> {
             let Place::Host(t) = &b.place else {
                 continue;
             };
-            let (host, reserved, align, size) = (t.offset(), b.reserved, b.align, b.size);
+            let (host, reserved, align, size) = (t.offset(), b.reserved(), b.align(), b.size);
             let node = self.place_on_device(reserved, align, &keep, false)?;
             let (dev, slot) = (node.offset(), node.slot());
             // The restore writes on the arena stream: later kernel arguments
@@ -159,7 +159,7 @@ impl<B: Backend> Arena<B> {
             .filter(|(k, b)| {
                 matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
             })
-            .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved))
+            .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved()))
             .collect();
         candidates.sort_unstable_by_key(|c| c.0);
         let mut victims: Vec<(BlockKey, Allocation)> = Vec::new();
@@ -181,7 +181,7 @@ impl<B: Backend> Arena<B> {
                         keep.iter()
                             .filter_map(|k| self.blocks.get(*k))
                             .filter(|b| b.pins == 0 && matches!(b.place, Place::Device(_)))
-                            .map(|b| b.reserved),
+                            .map(|b| b.reserved()),
                     )
                     .fold(reserved, u64::saturating_add);
                 break Err(Error::WorkingSetTooLarge {

@@ -26,8 +26,9 @@ impl<B: Backend> Arena<B> {
             return Ok(()); // an empty storage uses nothing
         };
         let b = self.block_mut(h)?;
-        if stream != StreamId::ARENA && !b.uses.contains(&stream) {
-            b.uses.push(stream);
+        if stream != StreamId::ARENA && !b.uses().contains(&stream) {
+            b.streams_mut().uses.push(stream);
+            self.other_streams = true;
         }
         Ok(())
     }
@@ -46,7 +47,7 @@ impl<B: Backend> Arena<B> {
     /// Makes the arena stream wait for the streams that used block `key`.
     pub(super) fn wait_uses(&self, key: BlockKey) -> Result<()> {
         if let Some(b) = self.blocks.get(key) {
-            for &s in &b.uses {
+            for &s in b.uses() {
                 self.backend.wait_stream(s)?;
             }
         }

@@ -62,7 +62,8 @@
 //! size is at most the free bytes).
 
 use super::planner::{
-    full_bytes_moved, largest_hole_after_full, plan_full, plan_targeted, LiveBlock, Request,
+    full_bytes_moved, largest_hole_after_full_in, plan_full, plan_targeted_in, LiveBlock, Request,
+    Scratch,
 };
 use super::Plan;
 
@@ -92,6 +93,8 @@ pub struct Pacer {
     escalations: u64,
     /// Plans over at most this many blocks are free ([`SMALL_PLAN`]).
     small_plan: u64,
+    /// The planners' tables, reused from one compaction to the next.
+    scratch: Scratch,
 }
 
 impl Default for Pacer {
@@ -103,6 +106,7 @@ impl Default for Pacer {
             moved: 0,
             escalations: 0,
             small_plan: SMALL_PLAN,
+            scratch: Scratch::default(),
         }
     }
 }
@@ -175,10 +179,13 @@ impl Pacer {
         // A full plan is only a candidate if it moves something and leaves
         // a hole for the request (with pins it may not, where a targeted
         // evacuation across gaps would).
-        let full_serves =
-            || full_bytes > 0 && largest_hole_after_full(blocks, capacity, req.align) >= req.size;
+        let full_serves = |scratch: &mut Scratch| {
+            full_bytes > 0
+                && largest_hole_after_full_in(blocks, capacity, req.align, scratch) >= req.size
+        };
         // The targeted pass would charge as much as the one above.
-        if charge > 0 && self.work.saturating_add(charge) > budget && full_serves() {
+        if charge > 0 && self.work.saturating_add(charge) > budget && full_serves(&mut self.scratch)
+        {
             self.escalations += 1;
             self.rent = 0;
             let full = plan_full(blocks, capacity);
@@ -188,9 +195,9 @@ impl Pacer {
             return Some((full, Reason::Budget));
         }
         self.pass(n);
-        let targeted = plan_targeted(blocks, capacity, req)?;
+        let targeted = plan_targeted_in(blocks, capacity, req, &mut self.scratch)?;
         let t = targeted.bytes_moved();
-        if t.saturating_mul(2) >= full_bytes && full_serves() {
+        if t.saturating_mul(2) >= full_bytes && full_serves(&mut self.scratch) {
             self.rent = 0;
             let full = plan_full(blocks, capacity);
             self.moved = self.moved.saturating_add(full.move_count() as u64);

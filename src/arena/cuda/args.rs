@@ -106,9 +106,11 @@ impl<'a> KernelArgs<'a> {
         // The waits first: if one fails, the block's records are unchanged.
         let b = self.blocks.get(key).ok_or(Error::StaleHandle)?;
         let mut after: smallvec::SmallVec<[StreamId; 4]> = smallvec::SmallVec::new();
-        after.extend(b.writer.filter(|&w| w != s));
-        if write {
-            after.extend(b.readers.iter().copied().filter(|&r| r != s));
+        if let Some(u) = &b.streams {
+            after.extend(u.writer.filter(|&w| w != s));
+            if write {
+                after.extend(u.readers.iter().copied().filter(|&r| r != s));
+            }
         }
         for w in after {
             if !self.waited.contains(&w) {
@@ -119,14 +121,15 @@ impl<'a> KernelArgs<'a> {
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         let b = self.blocks.get_mut(key).ok_or(Error::StaleHandle)?;
         b.last_use.store(tick, Ordering::Relaxed);
-        if s != StreamId::ARENA && !b.uses.contains(&s) {
-            b.uses.push(s);
+        let u = b.streams_mut();
+        if s != StreamId::ARENA && !u.uses.contains(&s) {
+            u.uses.push(s);
         }
         if write {
-            b.writer = Some(s);
-            b.readers.clear();
-        } else if !b.readers.contains(&s) {
-            b.readers.push(s);
+            u.writer = Some(s);
+            u.readers.clear();
+        } else if !u.readers.contains(&s) {
+            u.readers.push(s);
         }
         Ok(())
     }
@@ -169,6 +172,10 @@ impl Arena<CudaBackend> {
         let r = self.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
+        if stream != StreamId::ARENA {
+            // Blocks may get stream uses (see `Arena::other_streams`).
+            self.other_streams = true;
+        }
         let Arena {
             backend,
             blocks,

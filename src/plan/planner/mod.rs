@@ -101,10 +101,25 @@ fn align_up(x: u64, align: u64) -> Option<u64> {
     x.checked_add(mask).map(|v| v & !mask)
 }
 
-/// Where [`plan_full`] puts each unpinned block, and the plan.
-fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
+/// Scratch tables of the planners, kept by a caller that plans again and
+/// again ([`crate::plan::policy::Pacer`] keeps one per arena): a plan over
+/// n blocks needs several tables of n entries, and allocating them afresh
+/// for every compaction (growing them by doubling) costs, on arenas of
+/// hundreds of thousands of blocks, fresh pages and copies on the order of
+/// filling them.
+#[derive(Debug, Clone, Default)]
+pub struct Scratch {
+    holes: Holes,
+    /// Prefix sums over blocks for the slide: copied bytes and pin counts.
+    copied: Vec<u64>,
+    pins: Vec<u32>,
+    /// The layout after a full compaction, `(offset, len)`.
+    layout: Vec<(u64, u64)>,
+}
+
+/// The plan of [`plan_full`].
+fn pack_full(blocks: &[LiveBlock], capacity: u64) -> Plan {
     let mut moves = Vec::new();
-    let mut layout = Vec::with_capacity(blocks.len()); // final (offset, len), unsorted
     pack_full_with(blocks, capacity, |b, dst| {
         if dst != b.offset {
             moves.push(Move {
@@ -114,13 +129,12 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> (Plan, Vec<(u64, u64)>) {
                 len: b.copy_len,
             });
         }
-        layout.push((dst, b.len));
     });
     let mut plan = Plan::empty(PlanKind::Full);
     if !moves.is_empty() {
         plan.waves.push(Wave { moves });
     }
-    (plan, layout)
+    plan
 }
 
 /// Bytes a full compaction would move now, without building its plan
@@ -194,15 +208,31 @@ fn pack_full_with(blocks: &[LiveBlock], capacity: u64, mut place: impl FnMut(&Li
 /// region in all), except for padding that blocks aligned above their
 /// neighbours need. One wave.
 pub fn plan_full(blocks: &[LiveBlock], capacity: u64) -> Plan {
-    pack_full(blocks, capacity).0
+    pack_full(blocks, capacity)
 }
 
 /// Largest free region (in bytes) after a full compaction, and whether a
 /// request would fit in it. Used to report what compaction could reach.
 pub fn largest_hole_after_full(blocks: &[LiveBlock], capacity: u64, align: u64) -> u64 {
-    let (_, mut layout) = pack_full(blocks, capacity);
-    layout.sort_unstable();
-    largest_aligned_hole(&layout, capacity, align)
+    largest_hole_after_full_in(blocks, capacity, align, &mut Scratch::default())
+}
+
+/// [`largest_hole_after_full`] with its table in `scratch`.
+pub fn largest_hole_after_full_in(
+    blocks: &[LiveBlock],
+    capacity: u64,
+    align: u64,
+    scratch: &mut Scratch,
+) -> u64 {
+    let layout = &mut scratch.layout;
+    layout.clear();
+    layout.reserve(blocks.len());
+    pack_full_with(blocks, capacity, |b, dst| layout.push((dst, b.len)));
+    // Already sorted without pins (every block packs in address order).
+    if !layout.windows(2).all(|w| w[0] <= w[1]) {
+        layout.sort_unstable();
+    }
+    largest_aligned_hole(layout, capacity, align)
 }
 
 /// Largest `align`-aligned free span in a sorted, non-overlapping layout.
@@ -225,14 +255,30 @@ fn largest_aligned_hole(layout: &[(u64, u64)], capacity: u64, align: u64) -> u64
 /// sliding a run of holes can make room (pins in the way, or holes too
 /// small to take the evacuees); the caller then tries [`plan_full`].
 pub fn plan_targeted(blocks: &[LiveBlock], capacity: u64, req: Request) -> Option<Plan> {
+    plan_targeted_in(blocks, capacity, req, &mut Scratch::default())
+}
+
+/// [`plan_targeted`] with its tables in `scratch`.
+pub fn plan_targeted_in(
+    blocks: &[LiveBlock],
+    capacity: u64,
+    req: Request,
+    scratch: &mut Scratch,
+) -> Option<Plan> {
     if req.size == 0 || req.size > capacity {
         return None;
     }
-    let holes = holes_of(blocks, capacity);
-    let slide = plan_slide(blocks, &holes, req);
+    let Scratch {
+        holes,
+        copied,
+        pins,
+        ..
+    } = scratch;
+    holes_of(blocks, capacity, holes);
+    let slide = plan_slide(blocks, holes, req, copied, pins);
     let evac = plan_evacuate(
         blocks,
-        &holes,
+        holes,
         capacity,
         req,
         slide.as_ref().map(|p| p.bytes_moved()),
@@ -249,14 +295,17 @@ pub fn plan_targeted(blocks: &[LiveBlock], capacity: u64, req: Request) -> Optio
 
 /// Free regions `(start, end)` in address order; `before[i]` is the number
 /// of blocks that lie below hole `i`.
+#[derive(Debug, Clone, Default)]
 struct Holes {
     spans: Vec<(u64, u64)>,
     before: Vec<usize>,
 }
 
-fn holes_of(blocks: &[LiveBlock], capacity: u64) -> Holes {
-    let mut spans = Vec::new();
-    let mut before = Vec::new();
+/// Fills `holes` with the holes of `blocks`.
+fn holes_of(blocks: &[LiveBlock], capacity: u64, holes: &mut Holes) {
+    let Holes { spans, before } = holes;
+    spans.clear();
+    before.clear();
     let mut cursor = 0;
     for (i, b) in blocks.iter().enumerate() {
         if b.offset > cursor {
@@ -269,20 +318,27 @@ fn holes_of(blocks: &[LiveBlock], capacity: u64) -> Holes {
         spans.push((cursor, capacity));
         before.push(blocks.len());
     }
-    Holes { spans, before }
 }
 
 /// Slide: pick holes `a..=b` (no pinned block between them) whose sizes sum
 /// to the request with the fewest block bytes between them; those blocks
 /// slide down to the start of hole `a`, merging the holes at the top.
-fn plan_slide(blocks: &[LiveBlock], holes: &Holes, req: Request) -> Option<Plan> {
+fn plan_slide(
+    blocks: &[LiveBlock],
+    holes: &Holes,
+    req: Request,
+    copied: &mut Vec<u64>,
+    pins: &mut Vec<u32>,
+) -> Option<Plan> {
     let n = holes.spans.len();
     if n == 0 {
         return None;
     }
     // Prefix sums over blocks: copied bytes and pin counts.
-    let mut copied = Vec::with_capacity(blocks.len() + 1);
-    let mut pins = Vec::with_capacity(blocks.len() + 1);
+    copied.clear();
+    pins.clear();
+    copied.reserve(blocks.len() + 1);
+    pins.reserve(blocks.len() + 1);
     copied.push(0u64);
     pins.push(0u32);
     for b in blocks {
