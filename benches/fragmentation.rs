@@ -28,11 +28,13 @@
 //! in (about 3 µs per 4 KiB page on the test VM, a third of their time)
 //! while smaller runs reuse mapped pages: a step in the time per op that is
 //! glibc's, not the replay's. The `faults` column shows the minor page
-//! faults of each best run. Two options make every size run alike:
-//! `--keep-heap` raises the trim threshold (and fixes the mmap threshold)
-//! so that no run faults in memory an earlier run used, and `--trim-heap`
-//! returns all free memory to the kernel before every run, so that every
-//! run faults in all its memory.
+//! faults of each best run. By default the bench returns all free memory
+//! to the kernel before every run, so that every run faults in all the
+//! memory it needs, as a fresh process would: each size runs alike, and
+//! the time is the whole cost of a replay. `--keep-heap` instead raises the
+//! trim threshold (and fixes the mmap threshold) so that no run faults in
+//! memory an earlier run used; `--glibc-heap` leaves glibc's defaults (the
+//! step above shows).
 
 use std::time::Duration;
 
@@ -87,16 +89,16 @@ enum Heap {
     Default,
     /// Freed memory stays mapped (`--keep-heap`).
     Keep,
-    /// Free memory goes back to the kernel before every run (`--trim-heap`).
+    /// Free memory goes back to the kernel before every run (the default).
     Trim,
 }
 
 impl Heap {
     fn label(self) -> &'static str {
         match self {
-            Heap::Default => "glibc default heap",
+            Heap::Default => "glibc default heap (--glibc-heap)",
             Heap::Keep => "heap kept mapped between runs (--keep-heap)",
-            Heap::Trim => "heap trimmed before every run (--trim-heap)",
+            Heap::Trim => "heap trimmed before every run (the default)",
         }
     }
 
@@ -273,10 +275,10 @@ fn main() {
         .unwrap_or(5);
     let heap = if args.iter().any(|a| a == "--keep-heap") {
         Heap::Keep
-    } else if args.iter().any(|a| a == "--trim-heap") {
-        Heap::Trim
-    } else {
+    } else if args.iter().any(|a| a == "--glibc-heap") {
         Heap::Default
+    } else {
+        Heap::Trim
     };
     if args.iter().any(|a| a == "--table") {
         table(rounds, heap);

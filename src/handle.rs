@@ -7,6 +7,7 @@
 //! arena are all detected and rejected.
 
 use std::any::TypeId;
+use std::cell::Cell;
 use std::sync::{Mutex, PoisonError};
 
 /// Slot key of a block in its arena's table (generational; see
@@ -65,18 +66,30 @@ impl ElemType {
     }
 
     /// A `'static` copy of this type, one per distinct type in the process
-    /// (leaked once: the set of element types a program uses is fixed by
-    /// its code). Blocks keep this pointer rather than the 40-byte value, so
-    /// that the arena's per-block table stays small; a typed allocation
-    /// pays one uncontended lock and a scan of the few types seen so far.
+    /// (leaked once: `ElemType` comes only from [`ElemType::of`], so the set
+    /// is fixed by the program's code). Blocks keep this pointer rather than
+    /// the 40-byte value, so that the arena's per-block table stays small.
+    /// Each thread remembers the last type it interned, so a run of typed
+    /// allocations of one type takes no lock; a miss takes one process-wide
+    /// lock and scans the few types seen so far.
     pub(crate) fn interned(self) -> &'static ElemType {
-        static TYPES: Mutex<Vec<&'static ElemType>> = Mutex::new(Vec::new());
-        let mut types = TYPES.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(t) = types.iter().find(|t| ***t == self) {
+        thread_local! {
+            static LAST: Cell<Option<&'static ElemType>> = const { Cell::new(None) };
+        }
+        if let Some(t) = LAST.with(Cell::get).filter(|t| **t == self) {
             return t;
         }
-        let t: &'static ElemType = Box::leak(Box::new(self));
-        types.push(t);
+        static TYPES: Mutex<Vec<&'static ElemType>> = Mutex::new(Vec::new());
+        let mut types = TYPES.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = match types.iter().find(|t| ***t == self) {
+            Some(t) => *t,
+            None => {
+                let t: &'static ElemType = Box::leak(Box::new(self));
+                types.push(t);
+                t
+            }
+        };
+        LAST.with(|last| last.set(Some(t)));
         t
     }
 }

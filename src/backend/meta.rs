@@ -78,7 +78,8 @@ impl Backend for MetaBackend {
             check_range(m.src, m.len, self.capacity_bytes)?;
             check_range(m.dst, m.len, self.capacity_bytes)?;
         }
-        self.bytes_moved += plan.bytes_moved();
+        // A counter: saturates rather than overflow on arenas near 2^64 bytes.
+        self.bytes_moved = self.bytes_moved.saturating_add(plan.bytes_moved());
         self.waves += plan.waves.len() as u64;
         Ok(())
     }

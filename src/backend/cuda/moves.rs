@@ -73,6 +73,17 @@ impl CudaBackend {
             ),
         })
     }
+
+    /// Orders the arena stream after every upload enqueued so far.
+    fn arena_waits_for_uploads(&self) -> Result<()> {
+        let s = &self.scratch;
+        s.chunk_uploaded
+            .record(&s.upload_stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        self.stream
+            .wait(&s.chunk_uploaded)
+            .map_err(driver_err("cuStreamWaitEvent"))
+    }
 }
 
 impl Backend for CudaBackend {
@@ -406,12 +417,7 @@ impl Backend for CudaBackend {
                         }
                         .map_err(driver_err("cuMemcpyHtoDAsync"))?;
                     }
-                    s.chunk_uploaded
-                        .record(&upload)
-                        .map_err(driver_err("cuEventRecord"))?;
-                    self.stream
-                        .wait(&s.chunk_uploaded)
-                        .map_err(driver_err("cuStreamWaitEvent"))?;
+                    self.arena_waits_for_uploads()?;
                     let epoch = self.next_epoch()?;
                     let args = WaveArgs {
                         base: self.region_ptr,
@@ -467,13 +473,7 @@ impl Backend for CudaBackend {
         // enqueued (so synchronising it covers them, as buffer growth and
         // drop assume), and the uploads read this staging buffer: the plan
         // after next waits for them.
-        let s = &mut self.scratch;
-        s.chunk_uploaded
-            .record(&upload)
-            .map_err(driver_err("cuEventRecord"))?;
-        self.stream
-            .wait(&s.chunk_uploaded)
-            .map_err(driver_err("cuStreamWaitEvent"))?;
+        self.arena_waits_for_uploads()?;
         self.scratch.upload_done[p]
             .record(&self.stream)
             .map_err(driver_err("cuEventRecord"))?;
