@@ -19,7 +19,7 @@
 //!
 //! # The move kernel
 //!
-//! A wave runs in chunks of moves (the first of 1024, growing 4x to 65536):
+//! A wave runs in chunks of moves (the first of 1024, growing 2x to 65536):
 //! the host checks and lays out the next chunk while the GPU runs the last,
 //! so the host's work hides behind the device's. A chunk's per-move arrays
 //! go up on a side stream, so the upload overlaps the kernels of the chunk
