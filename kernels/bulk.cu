@@ -192,22 +192,11 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(
                 phase ^= 1u << slot;
                 if (!shifted && s_abort == 0) bulk_store(d, buf, w, d.n);
             }
-            bool gave_up = false;
-            for (u32 x = d.lo + lane; x <= d.hi; x += 32u) {
-                u32 spins = 0;
-                while (ld_acquire(&a.flags[x]) != a.epoch) {
-                    if (++spins > CUARENA_SPIN_LIMIT) {
-                        atomicOr(&a.ctl[1], CUARENA_ERR_TIMEOUT);
-                        gave_up = true;
-                        break;
-                    }
-                    // Publish the later slots that have landed meanwhile:
-                    // other CTAs' tiles may be waiting for them.
-                    if (tid == 0) pubmask |= publish_landed(a, stages, slot, pubmask, phase, s_bar, s_ticket);
-                    if (spins > 16) __nanosleep(64);
-                }
-                if (gave_up) break;
-            }
+            // While waiting, thread 0 publishes the later slots that have
+            // landed: other CTAs' tiles may be waiting for them.
+            const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [&] {
+                if (tid == 0) pubmask |= publish_landed(a, stages, slot, pubmask, phase, s_bar, s_ticket);
+            });
             // The lanes' acquires come before every store of the CTA (warp
             // barrier, then the CTA barrier below).
             __syncwarp();

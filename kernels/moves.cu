@@ -196,6 +196,25 @@ __device__ __forceinline__ bool has_lower(const TileDesc& d, bool shifted, const
            (tid == TAIL_THREAD && g.t && g.h + 16u * g.b < wait);
 }
 
+// Waits, spread over the lanes of a warp, until tiles lo..=hi are
+// published (acquire), calling `poll` between spins; returns true when this
+// lane gave up (the watchdog: the error word then says so).
+template <class Poll>
+__device__ __forceinline__ bool wait_tiles(const WaveArgs& a, u32 lo, u32 hi, u32 lane, Poll poll) {
+    for (u32 x = lo + lane; x <= hi; x += 32u) {
+        u32 spins = 0;
+        while (ld_acquire(&a.flags[x]) != a.epoch) {
+            if (++spins > CUARENA_SPIN_LIMIT) {
+                atomicOr(&a.ctl[1], CUARENA_ERR_TIMEOUT);
+                return true;
+            }
+            poll();
+            if (spins > 16) __nanosleep(64);
+        }
+    }
+    return false;
+}
+
 // Per tile: where it is, whether it takes the shifting path, and the range of
 // earlier tiles whose source overlaps its destination (a contiguous range,
 // since sources ascend and are disjoint). One thread per tile, all
@@ -352,19 +371,7 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move(WaveA
             else store_aligned(r, reinterpret_cast<unsigned char*>(d.dst), d.n, tid, wait, true);
         }
         if (d.lo <= d.hi && __any_sync(FULL_MASK, has_lower(d, shifted, g, tid, wait))) {
-            bool gave_up = false;
-            for (u32 x = d.lo + lane; x <= d.hi; x += 32u) {
-                u32 spins = 0;
-                while (ld_acquire(&a.flags[x]) != a.epoch) {
-                    if (++spins > CUARENA_SPIN_LIMIT) {
-                        atomicOr(&a.ctl[1], CUARENA_ERR_TIMEOUT);
-                        gave_up = true;
-                        break;
-                    }
-                    if (spins > 16) __nanosleep(64);
-                }
-                if (gave_up) break;
-            }
+            const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [] {});
             // Every lane's wait is over, and the warp barrier orders the
             // lanes' acquires before every lane's stores. If one gave up,
             // the earlier tile may not have loaded the bytes this part would

@@ -667,7 +667,11 @@ fn bytes_moved_never_exceed_naive() {
     );
     for (name, ops) in &traces {
         let peak = ops.peak_live_rounded(256);
-        for ratio in [1.0, 1.01, 1.05] {
+        // 1.001: the issue's capacities are 1.00, 1.01 and 1.05; 1.001 is
+        // printed beside them, since at exactly 1.00 the first compaction
+        // comes at the peak, where the request equals all free bytes and
+        // no plan can move less than the full one (BENCHMARKS.md).
+        for ratio in [1.0, 1.001, 1.01, 1.05] {
             let cap = ((peak as f64 * ratio) as u64).div_ceil(256) * 256;
             let run_with = |allocator, cfg: &ArenaConfig| {
                 replay_with(
@@ -695,7 +699,7 @@ fn bytes_moved_never_exceed_naive() {
             assert!(n.completed(), "{name} at {ratio}: {:?}", n.outcome);
             let r = a.bytes_moved as f64 / n.bytes_moved.max(1) as f64;
             println!(
-                "{name:<34} {ratio:>5.2} {:>14} {:>14} {r:>7.3} {:>14} {rl:>8.3}",
+                "{name:<34} {ratio:>5.3} {:>14} {:>14} {r:>7.3} {:>14} {rl:>8.3}",
                 a.bytes_moved, n.bytes_moved, l.bytes_moved
             );
             ratios.push((r, name.clone(), ratio, a.bytes_moved, n.bytes_moved));
@@ -703,19 +707,25 @@ fn bytes_moved_never_exceed_naive() {
     }
     // The median over the runs where naive moved anything (0 / 0 runs say
     // nothing), over the shipped traces alone and over all.
-    let median = |real_only: bool| {
+    let median = |real_only: bool, caps: &[f64]| {
         let mut v: Vec<f64> = ratios
             .iter()
-            .filter(|r| r.4 > 0 && (!real_only || !r.1.contains(' ')))
+            .filter(|r| r.4 > 0 && (!real_only || !r.1.contains(' ')) && caps.contains(&r.2))
             .map(|r| r.0)
             .collect();
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
+    let issue = [1.0, 1.01, 1.05];
     println!(
-        "median ratio where naive moves: {:.3} over shipped traces, {:.3} over all",
-        median(true),
-        median(false)
+        "median ratio where naive moves, at 1.00/1.01/1.05: {:.3} over shipped traces, {:.3} over all",
+        median(true, &issue),
+        median(false, &issue)
+    );
+    println!(
+        "median ratio where naive moves, at 1.001: {:.3} over shipped traces, {:.3} over all",
+        median(true, &[1.001]),
+        median(false, &[1.001])
     );
     // Known exceedances, each with the bound it must stay under (measured
     // 2026-11-23; the issue on compaction cost stays open for them): on the
