@@ -253,32 +253,26 @@ mod tests {
         }
     }
 
-    /// Moving any few blocks anywhere and merging them back gives what a
-    /// full sort gives.
-    #[test]
-    fn merging_the_moved_blocks_back_sorts_the_list() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for case in 0..200 {
-            let n = 1 + case % 40;
+    proptest::proptest! {
+        /// Moving any few blocks anywhere and merging them back gives what a
+        /// full sort gives.
+        #[test]
+        fn merging_the_moved_blocks_back_sorts_the_list(
+            n in 1usize..40,
+            picks in proptest::collection::vec((0usize..40, 0u64..420), 0..6),
+        ) {
             let mut live: Vec<LiveBlock> = (0..n as u64).map(|i| blk(10 * i)).collect();
             let mut moved = Vec::new();
-            for _ in 0..rnd() % 6 {
-                let i = (rnd() % n as u64) as usize;
-                live[i].offset = rnd() % (10 * n as u64 + 20);
+            for (i, offset) in picks {
+                let i = i % n;
+                live[i].offset = offset % (10 * n as u64 + 20);
                 moved.push(i as u32);
             }
-            let mut want = live.clone();
-            want.sort_by_key(|l| l.offset);
+            let mut want: Vec<u64> = live.iter().map(|l| l.offset).collect();
+            want.sort_unstable();
             sort_moved(&mut live, &mut moved, &mut Vec::new());
             let got: Vec<u64> = live.iter().map(|l| l.offset).collect();
-            let want: Vec<u64> = want.iter().map(|l| l.offset).collect();
-            assert_eq!(got, want, "case {case}");
+            proptest::prop_assert_eq!(got, want);
         }
     }
 }
