@@ -181,13 +181,16 @@ impl<T> Slots<T> {
         entry.value.as_mut()
     }
 
-    /// The value in `slot` if it is live, whatever the key's version: for
-    /// a caller that holds a key it knows is live (a compaction's live
-    /// list) and should not pay for reading the version, which may lie on
-    /// another cache line than the part of the value it writes.
+    /// The value of a key the caller knows is live (a compaction's live
+    /// list); a stale key, which would be a bug there, gives `None` in
+    /// release builds (the version sits in the same entry, so checking it
+    /// costs no extra cache line) and panics in debug builds.
     pub(crate) fn get_mut_live_slot(&mut self, key: SlotKey) -> Option<&mut T> {
         let entry = self.entry_mut(key.slot)?;
         debug_assert_eq!(entry.version, key.version, "stale key {key:?}");
+        if entry.version != key.version {
+            return None;
+        }
         entry.value.as_mut()
     }
 

@@ -148,6 +148,8 @@ impl<B: Backend> Arena<B> {
 
     /// The slow path: compact (if allowed and useful), then place.
     pub(super) fn alloc_by_compacting(&mut self, reserved: u64, align: u64) -> Result<Allocation> {
+        // Compaction trusts the layout, which a poisoned arena does not.
+        self.check_usable()?;
         let capacity = self.config.capacity_bytes;
         if self.config.compaction == CompactionPolicy::Auto && reserved <= self.index.free_bytes() {
             let req = Request {

@@ -38,6 +38,8 @@ impl<B: Backend> Arena<B> {
     /// valid and their bytes intact). With one handle, a failure changes
     /// nothing.
     pub fn make_resident(&mut self, handles: &[Handle]) -> Result<()> {
+        // A poisoned arena's layout is not trusted: placing may compact.
+        self.check_usable()?;
         let mut keep = smallvec::SmallVec::<[BlockKey; 8]>::new();
         for &h in handles {
             self.block(h)?;
@@ -58,6 +60,9 @@ impl<B: Backend> Arena<B> {
             // on other streams must wait for it.
             self.epoch += 1;
             if let Err(e) = self.backend.restore(host, dev, size) {
+                // Give the node back: left used without an owner, a later
+                // compaction would read a stale owner entry.
+                let _ = self.index.free(node);
                 self.poison(format!("restoring a spilled block failed: {e}"));
                 return Err(e);
             }

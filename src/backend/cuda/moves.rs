@@ -473,7 +473,13 @@ impl Backend for CudaBackend {
         // enqueued (so synchronising it covers them, as buffer growth and
         // drop assume), and the uploads read this staging buffer: the plan
         // after next waits for them.
-        self.arena_waits_for_uploads()?;
+        if let Err(e) = self.arena_waits_for_uploads() {
+            // The arena stream may not wait for the uploads: wait here, so
+            // that neither the staging buffer nor `moves` is reused under
+            // them (both only wait for the arena stream).
+            let _ = self.scratch.upload_stream.synchronize();
+            return Err(e);
+        }
         self.scratch.upload_done[p]
             .record(&self.stream)
             .map_err(driver_err("cuEventRecord"))?;

@@ -15,13 +15,14 @@ use crate::error::{Error, Result};
 use crate::plan::{Move, Plan};
 
 /// The most tiles one chunk may have: the kernel indexes tiles with `u32`
-/// and its ticket counter overshoots by up to one ticket per CTA.
+/// and its ticket counter overshoots by up to one ticket per CTA (the bulk
+/// kernel: one per slot of each CTA's ring, at most 16).
 pub(crate) const MAX_CHUNK_TILES: u64 = (u32::MAX as u64) - (1 << 24);
 
 /// Moves of the first chunk of a wave: small, so that the GPU starts soon.
 pub(crate) const FIRST_CHUNK_MOVES: usize = 1024;
 
-/// Moves of the largest chunk. Chunks grow 4x from the first up to this.
+/// Moves of the largest chunk. Chunks grow 2x from the first up to this.
 pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 
 /// Bytes of one `TileDesc` (kernels/moves.h).
