@@ -120,3 +120,24 @@ pub struct MoveKernelInfo {
     /// Dynamic shared memory per CTA (the bulk kernel's slots), bytes.
     pub shared_bytes: u32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bulk_stages_are_zero_or_two_to_sixteen() {
+        let base = CudaOptions::default();
+        for ok in [0, 2, 3, MAX_BULK_STAGES] {
+            assert!(base.with_bulk_stages(ok).validate().is_ok(), "{ok}");
+        }
+        for bad in [1, MAX_BULK_STAGES + 1, u32::MAX] {
+            match base.with_bulk_stages(bad).validate() {
+                Err(Error::InvalidConfig { reason }) => {
+                    assert!(reason.contains("bulk_stages"), "{reason}")
+                }
+                other => panic!("{bad} stages: {other:?}"),
+            }
+        }
+    }
+}
