@@ -68,18 +68,22 @@ impl<B: Backend> Arena<B> {
             });
         }
         self.drain_reclaim()?;
-        // With lifetime placement on, blocks that reliably die young go to
-        // the top of their free region, the rest to the bottom. The horizon
-        // is the number of live blocks: by Little's law the mean lifetime in
-        // allocation ticks, so "short" means shorter than the average block.
-        // Only an arena that compacts on its own uses it; a manual one keeps
-        // the plain placement (the naive baseline of the replays).
+        // Large blocks, and with lifetime placement on blocks that reliably
+        // die young, go to the top of their free region, the rest to the
+        // bottom (`ArenaConfig`). The lifetime horizon is the number of
+        // live blocks: by Little's law the mean lifetime in allocation
+        // ticks, so "short" means shorter than the average block. Only an
+        // arena that compacts on its own does this; a manual one keeps the
+        // plain placement (the naive baseline of the replays).
         let live = self.blocks.len() as u64;
+        let divisor = self.config.large_block_divisor;
+        let large = divisor > 0 && reserved.saturating_mul(divisor) >= self.config.capacity_bytes;
         let high = self.config.compaction == CompactionPolicy::Auto
-            && self
-                .lifetimes
-                .as_ref()
-                .is_some_and(|l| l.short_lived(reserved, live));
+            && (large
+                || self
+                    .lifetimes
+                    .as_ref()
+                    .is_some_and(|l| l.short_lived(reserved, live)));
         let node = self.place_on_device(reserved, align, &[], high)?;
         let (slot, offset) = (node.slot(), node.offset());
         let inserted = self.blocks.insert(Block {

@@ -469,3 +469,26 @@ fn stats_and_reports_display() {
     assert_eq!(table, a.summary());
     assert!(table.contains("cuarena memory summary"));
 }
+
+/// Large blocks (at least capacity / `large_block_divisor`) stack down from
+/// the end of the arena and smaller ones up from the start; with the
+/// divisor 0, and under the manual policy, every block goes to the bottom.
+#[test]
+fn large_blocks_stack_from_the_top() {
+    let cap = 1024 * KIB;
+    let mut a = arena(cap);
+    let big = a.alloc(cap / 32).expect("large");
+    let small = a.alloc(4 * KIB).expect("small");
+    let big2 = a.alloc(cap / 16).expect("large");
+    assert_eq!(a.info(big).unwrap().offset, cap - cap / 32);
+    assert_eq!(a.info(big2).unwrap().offset, cap - cap / 32 - cap / 16);
+    assert_eq!(a.info(small).unwrap().offset, 0);
+    for config in [
+        ArenaConfig::new(cap).with_large_block_divisor(0),
+        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
+    ] {
+        let mut a = Arena::host(config).expect("arena");
+        let big = a.alloc(cap / 32).expect("large");
+        assert_eq!(a.info(big).unwrap().offset, 0);
+    }
+}

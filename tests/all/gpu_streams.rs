@@ -235,7 +235,10 @@ fn three_streams_with_compactions_between_launches_match_a_host_model() {
 /// use is not recorded, so the compaction moves the block before the
 /// kernel writes it. Returns how many elements the download got wrong.
 fn slow_write_then_compact(use_kernel_args: bool) -> usize {
-    let mut arena = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
+    // Large-block placement off: the filler must sit below z, so that
+    // freeing it leaves a hole z moves into.
+    let config = ArenaConfig::new(64 * MIB).with_large_block_divisor(0);
+    let mut arena = Arena::cuda(config, 0).expect("CUDA arena");
     let k = kernels(&arena);
     let other = new_stream(&arena);
     let s = arena.register_stream(other.clone()).expect("register");

@@ -2,7 +2,7 @@
 //! fails only when a full compaction could not make room for it. Random
 //! programs (sizes, alignments, lifetimes with a repeating "step" so the
 //! lifetime predictor learns something) run on metadata arenas at and just
-//! above their peak live bytes, with both placements; every out-of-memory
+//! above their peak live bytes, with every placement; every out-of-memory
 //! error is checked against the free bytes and what a full compaction of
 //! the live blocks would reach.
 
@@ -110,10 +110,15 @@ proptest! {
         program in prop::collection::vec(step(), 1..400),
         slack_pct in 0u64..6,
         lifetime in any::<bool>(),
+        // Large-block placement off, on for a quarter of the arena, and the
+        // default (many blocks of these programs are large).
+        divisor in prop::sample::select(vec![0u64, 4, 32]),
     ) {
         let peak = peak(&program).max(256);
         let capacity = (peak + peak * slack_pct / 100).div_ceil(256) * 256;
-        let config = ArenaConfig::new(capacity).with_lifetime_placement(lifetime);
+        let config = ArenaConfig::new(capacity)
+            .with_lifetime_placement(lifetime)
+            .with_large_block_divisor(divisor);
         run(&program, 3, config)?;
     }
 }

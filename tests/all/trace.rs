@@ -727,6 +727,12 @@ fn bytes_moved_never_exceed_naive() {
         median(true, &[1.001]),
         median(false, &[1.001])
     );
+    // The issue's target for the median trace.
+    assert!(
+        median(true, &issue) <= 0.4,
+        "median ratio {:.3} over the shipped traces at 1.00/1.01/1.05 is above 0.4",
+        median(true, &issue)
+    );
     // Known exceedances, each with the bound it must stay under (measured
     // 2026-11-23; the issue on compaction cost stays open for them): on the
     // BERT trace at 1.00x a cheap targeted compaction (9 MiB) is followed
