@@ -393,6 +393,29 @@ fn print_rows(rows: &[Row]) {
     }
 }
 
+/// `TxV[cN][bS]`: threads per CTA, vectors per thread, CTAs per SM, bulk
+/// stages (the backend validates the values).
+fn parse_shape(spec: &str) -> Option<CudaOptions> {
+    let (t, rest) = spec.split_once('x')?;
+    let end = rest.find(['c', 'b']).unwrap_or(rest.len());
+    let mut o = CudaOptions::default()
+        .with_threads_per_cta(t.parse().ok()?)
+        .with_vectors_per_thread(rest[..end].parse().ok()?);
+    let mut tail = &rest[end..];
+    while !tail.is_empty() {
+        let (tag, num) = tail.split_at(1);
+        let end = num.find(['c', 'b']).unwrap_or(num.len());
+        let n: u32 = num[..end].parse().ok()?;
+        o = match tag {
+            "c" => o.with_ctas_per_sm(Some(n)),
+            "b" => o.with_bulk_stages(n),
+            _ => return None,
+        };
+        tail = &num[end..];
+    }
+    Some(o)
+}
+
 fn main() -> Result<()> {
     if std::env::args().any(|a| a == "--list") {
         return Ok(());
@@ -409,6 +432,16 @@ fn main() -> Result<()> {
     let sweep = std::env::var("CUARENA_BENCH_SWEEP").is_ok_and(|s| s == "1");
 
     let mut shapes = vec![CudaOptions::default()];
+    // `CUARENA_BENCH_SHAPES="256x8,512x8c2,256x16b3"`: other shapes to time
+    // (threads x vectors, `cN` CTAs per SM, `bS` bulk stages).
+    if let Ok(list) = std::env::var("CUARENA_BENCH_SHAPES") {
+        for spec in list.split(',').filter(|s| !s.is_empty()) {
+            match parse_shape(spec) {
+                Some(o) => shapes.push(o),
+                None => println!("CUARENA_BENCH_SHAPES: '{spec}' is not TxV[cN][bS]; skipped"),
+            }
+        }
+    }
     if sweep {
         // (threads, vectors per thread, bulk stages; 0 = register kernel)
         for (t, v, s) in [(256, 16, 0), (128, 16, 6), (256, 8, 6)] {
@@ -429,7 +462,14 @@ fn main() -> Result<()> {
             0 => "r".to_string(),
             s => format!("b{s}"),
         };
-        let label = format!("{}x{}{kind}", opts.threads_per_cta, opts.vectors_per_thread);
+        let ctas = opts
+            .ctas_per_sm
+            .map(|c| format!("c{c}"))
+            .unwrap_or_default();
+        let label = format!(
+            "{}x{}{ctas}{kind}",
+            opts.threads_per_cta, opts.vectors_per_thread
+        );
         println!(
             "device {} ({}, {} SMs); kernel {label}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
             backend.device_name(),

@@ -55,9 +55,10 @@
 //! badly fragmented for this request, which is where the arena compacts.
 //!
 //! [`FreeIndex::alloc_high`] takes the same region with the same exact
-//! failure but carves the block from the region's top; an arena with
-//! lifetime placement ([`crate::ArenaConfig::lifetime_placement`], opt-in)
-//! uses it for sizes that [`Lifetimes`] predicts to die young.
+//! failure but carves the block from the region's top; the arena uses it
+//! for large blocks ([`crate::ArenaConfig::large_block_divisor`]) and, with
+//! lifetime placement ([`crate::ArenaConfig::lifetime_placement`], opt-in),
+//! for sizes that [`Lifetimes`] predicts to die young.
 #![deny(unsafe_code)]
 
 mod bins;
