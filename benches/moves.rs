@@ -29,7 +29,9 @@
 //! before the call. Context creation and NVRTC stay out.
 //!
 //! Environment: `CUARENA_BENCH_REPS` (default 10), `CUARENA_BENCH_SWEEP=1`
-//! also times other kernel shapes (threads x vectors per thread).
+//! also times other kernel shapes (threads x vectors per thread),
+//! `CUARENA_BENCH_SHAPES="256x8,128x16c2,256x16b3"` the shapes listed
+//! (`cN`: CTAs per SM, `bS`: bulk stages), `CUARENA_BENCH_CASES` some cases.
 
 use std::sync::Arc;
 
