@@ -31,7 +31,7 @@
 //! Environment: `CUARENA_BENCH_REPS` (default 10), `CUARENA_BENCH_SWEEP=1`
 //! also times other kernel shapes (threads x vectors per thread),
 //! `CUARENA_BENCH_SHAPES="256x8,128x16c2,256x16b3"` the shapes listed
-//! (`cN`: CTAs per SM, `bS`: bulk stages), `CUARENA_BENCH_CASES` some cases.
+//! (`cN`: CTAs per SM, `bS`: bulk stages).
 
 use std::sync::Arc;
 
