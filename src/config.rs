@@ -45,16 +45,21 @@ pub struct ArenaConfig {
     pub lifetime_placement: bool,
     /// Large blocks from the top (only under [`CompactionPolicy::Auto`]; 0
     /// turns it off): a block of at least `capacity_bytes /
-    /// large_block_divisor` is carved from the top of its free region
-    /// rather than the bottom, so large blocks stack down from the end of
-    /// the arena and smaller ones up from the start. A large block with a
+    /// large_block_divisor` bytes (rounded up) that fits in a hole is
+    /// carved from the top of that free region rather than the bottom, so
+    /// large blocks gather at the top of free space, in an empty arena from
+    /// its end down, and smaller ones at the bottom. A large block with a
     /// hole below it costs at least its size to move when the holes must
     /// merge; kept apart, the holes that the churn of small blocks leaves
-    /// lie among small blocks, which are cheap to move. Default 32: on the
-    /// shipped traces every divisor from 16 to 48 moves the same bytes
-    /// within a few percent, 8 and 128 move more (BENCHMARKS.md). Like any
-    /// placement, it never makes an allocation fail that the free bytes
-    /// allow.
+    /// lie among small blocks, which are cheap to move. A block placed by
+    /// a compaction or brought back from the spill tier goes to the bottom
+    /// of its hole (carving it high after a compaction moved more bytes).
+    /// Default 32: on the shipped traces 32 and 48 move the same bytes, 16
+    /// and 24 trade the ResNet trace against LLM decoding, and 64 and above
+    /// compact where naive compact-on-failure does not (BENCHMARKS.md). A
+    /// divisor of 1, or one so large that every block counts as large,
+    /// keeps no blocks apart. Like any placement, it never makes an
+    /// allocation fail that the free bytes allow.
     pub large_block_divisor: u64,
 }
 
@@ -116,6 +121,18 @@ impl ArenaConfig {
     pub fn with_spill_host_bytes(mut self, bytes: u64) -> Self {
         self.spill_host_bytes = bytes;
         self
+    }
+
+    /// Whether this config keeps large blocks apart from the rest: some
+    /// block sizes count as large and some do not.
+    pub(crate) fn keeps_large_apart(&self) -> bool {
+        let d = self.large_block_divisor;
+        let threshold = if d == 0 {
+            0
+        } else {
+            self.capacity_bytes.div_ceil(d)
+        };
+        threshold > self.alignment_bytes && threshold < self.capacity_bytes
     }
 
     /// Checks the config: alignment a power of two up to [`MAX_ALIGN`],

@@ -262,6 +262,7 @@ impl<B: Backend> Arena<B> {
     pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
         let lifetimes = config.lifetime_placement;
+        let large_apart = config.keeps_large_apart();
         let tier = if config.spill_host_bytes > 0 {
             backend.reserve_host_tier(config.spill_host_bytes)?;
             Some(FreeIndex::new(config.spill_host_bytes))
@@ -296,7 +297,7 @@ impl<B: Backend> Arena<B> {
             moved: (Vec::new(), Vec::new()),
             other_streams: false,
             spans: Vec::new(),
-            pacer: Pacer::new(),
+            pacer: Pacer::for_placement(large_apart),
             lifetimes: lifetimes.then(Lifetimes::new),
         })
     }

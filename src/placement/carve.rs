@@ -74,10 +74,11 @@ impl FreeIndex {
     /// `take` with front padding (`pad > 0`): when `align` exceeds the
     /// alignment of the free regions' offsets, and for every block carved
     /// from the top of its region (`FreeIndex::alloc_high`), where the
-    /// padding is the rest of the region, left free below the block. Cold:
-    /// the default placement never pads with the arena's alignment, and
-    /// keeping it out of line keeps `take` small.
-    #[cold]
+    /// padding is the rest of the region, left free below the block. Out
+    /// of line, which keeps `take` small: most blocks are carved from the
+    /// bottom (large ones and, with lifetime placement, short-lived ones
+    /// come here).
+    #[inline(never)]
     fn take_padded(&mut self, node: u32, bin: u32, pad: u64, size: u64) -> (u32, u64) {
         let n = self.nodes[node as usize];
         let offset = n.offset + pad;

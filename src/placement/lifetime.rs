@@ -6,8 +6,9 @@
 //! running mean of the lifetimes seen at free (in allocation ticks) and of
 //! their deviation from it; a size whose blocks reliably die young is
 //! *short-lived*, and the arena carves those from the top of the free
-//! region it picks ([`super::FreeIndex::alloc_high`]) while everything else
-//! is carved from the bottom, as before. Short-lived blocks thus gather at
+//! region it picks ([`super::FreeIndex::alloc_high`]), like large blocks
+//! (`ArenaConfig::large_block_divisor`), while everything else is carved
+//! from the bottom. Short-lived blocks thus gather at
 //! the top of free space, where their deaths leave holes next to the free
 //! space rather than between long-lived blocks, and a compaction finds
 //! fewer live bytes between the holes.

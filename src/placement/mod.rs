@@ -232,9 +232,11 @@ impl FreeIndex {
     /// [`alloc`](Self::alloc), but the block is carved from the *top* of
     /// the free region that `alloc` would choose (the same good fit, the
     /// same exact failure): the rest of the region stays free below it.
-    /// The arena places blocks it predicts to die young this way, so that
-    /// short-lived blocks gather at the top of free regions and long-lived
-    /// ones at the bottom (see `lifetime`). O(1) like `alloc`.
+    /// The arena places large blocks this way
+    /// ([`crate::ArenaConfig::large_block_divisor`]), and with lifetime
+    /// placement the blocks it predicts to die young (see `lifetime`), so
+    /// that those gather at the top of free regions and the rest at the
+    /// bottom. O(1) like `alloc`.
     pub fn alloc_high(&mut self, size: u64, align: u64) -> Option<Allocation> {
         let (node, offset) = self.alloc_node(size, align, true)?;
         Some(Allocation {

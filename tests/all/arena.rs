@@ -470,9 +470,10 @@ fn stats_and_reports_display() {
     assert!(table.contains("cuarena memory summary"));
 }
 
-/// Large blocks (at least capacity / `large_block_divisor`) stack down from
-/// the end of the arena and smaller ones up from the start; with the
-/// divisor 0, and under the manual policy, every block goes to the bottom.
+/// Large blocks (at least capacity / `large_block_divisor`) are carved from
+/// the top of their free region, in an empty arena from its end down, and
+/// smaller ones from the bottom; with the divisor 0, and under the manual
+/// policy, every block goes to the bottom.
 #[test]
 fn large_blocks_stack_from_the_top() {
     let cap = 1024 * KIB;
@@ -480,9 +481,22 @@ fn large_blocks_stack_from_the_top() {
     let big = a.alloc(cap / 32).expect("large");
     let small = a.alloc(4 * KIB).expect("small");
     let big2 = a.alloc(cap / 16).expect("large");
+    // Just below the threshold: from the bottom.
+    let below = a.alloc(cap / 32 - 256).expect("not large");
     assert_eq!(a.info(big).unwrap().offset, cap - cap / 32);
     assert_eq!(a.info(big2).unwrap().offset, cap - cap / 32 - cap / 16);
     assert_eq!(a.info(small).unwrap().offset, 0);
+    assert_eq!(a.info(below).unwrap().offset, 4 * KIB);
+    // In a hole among small blocks that fits it best, a large block goes to
+    // the top of that hole.
+    let mut b = arena(cap);
+    let hole: Vec<_> = (0..3).map(|_| b.alloc(24 * KIB).expect("small")).collect();
+    let _keep = b.alloc(4 * KIB).expect("keep");
+    for h in hole {
+        b.free(h).expect("free");
+    }
+    let big = b.alloc(cap / 16).expect("large");
+    assert_eq!(b.info(big).unwrap().offset, 72 * KIB - cap / 16);
     for config in [
         ArenaConfig::new(cap).with_large_block_divisor(0),
         ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),

@@ -612,11 +612,7 @@ fn launch_cfg(n: usize) -> LaunchConfig {
 /// An arena whose tensor `x` (N f32s) sits above freed space, so that a
 /// compaction moves it; returns the arena, `x` and a live block below it.
 fn arena_with_a_movable_tensor() -> (Arena<CudaBackend>, Handle, Handle) {
-    // Large-block placement off: the fillers (and the 4 MiB one of
-    // `work_on_a_second_stream_is_joined_before_the_compaction`) must sit
-    // below the tensor, so that freeing them leaves a hole it moves into.
-    let config = ArenaConfig::new(64 * MIB).with_large_block_divisor(0);
-    let mut a = Arena::cuda(config, 0).expect("CUDA arena");
+    let mut a = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
     let low = a.alloc(MIB).expect("low");
     let fillers: Vec<Handle> = (0..8).map(|_| a.alloc(MIB).expect("filler")).collect();
     let x = a.alloc_elems::<f32>(N).expect("x");
@@ -692,9 +688,13 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
 
     // Kernel arguments for the other stream record the use themselves.
     let y = a.alloc_elems::<f32>(N).expect("y");
-    let filler = a.alloc(4 * MIB).expect("filler");
+    // Fillers below the large-block size (1/32 of the arena), so that they
+    // sit below z and freeing them leaves a hole z moves into.
+    let fillers: Vec<Handle> = (0..4).map(|_| a.alloc(MIB).expect("filler")).collect();
     let z = a.alloc_elems::<f32>(N).expect("z");
-    a.free(filler).expect("free");
+    for f in fillers {
+        a.free(f).expect("free");
+    }
     {
         let mut args = a.kernel_args(s).expect("args");
         let mut out = args.output::<f32>(&z).expect("view");

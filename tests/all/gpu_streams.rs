@@ -235,19 +235,20 @@ fn three_streams_with_compactions_between_launches_match_a_host_model() {
 /// use is not recorded, so the compaction moves the block before the
 /// kernel writes it. Returns how many elements the download got wrong.
 fn slow_write_then_compact(use_kernel_args: bool) -> usize {
-    // Large-block placement off: the filler must sit below z, so that
-    // freeing it leaves a hole z moves into.
-    let config = ArenaConfig::new(64 * MIB).with_large_block_divisor(0);
-    let mut arena = Arena::cuda(config, 0).expect("CUDA arena");
+    let mut arena = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
     let k = kernels(&arena);
     let other = new_stream(&arena);
     let s = arena.register_stream(other.clone()).expect("register");
     let n = 1usize << 18;
     let low = arena.alloc(MIB).expect("low");
-    let filler = arena.alloc(8 * MIB).expect("filler");
+    // Fillers below the large-block size (1/32 of the arena), so that they
+    // sit below z and freeing them leaves a hole z moves into.
+    let fillers: Vec<_> = (0..8).map(|_| arena.alloc(MIB).expect("filler")).collect();
     let z = arena.alloc_elems::<f32>(n).expect("z");
     arena.upload(z, &vec![-1.0f32; n]).expect("upload");
-    arena.free(filler).expect("free");
+    for f in fillers {
+        arena.free(f).expect("free");
+    }
     let spin = 200_000_000i64; // ~100 ms before the kernel writes
     let (nu, start) = (n as u32, 5.0f32);
     // Few blocks, so the spinning kernel leaves the GPU's multiprocessors

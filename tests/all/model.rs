@@ -1343,8 +1343,8 @@ fn seeded_programs_on_the_metadata_backend() {
 
 /// Many small blocks and frequent requests for a share of the free bytes:
 /// programs where the compaction pacer's rules (a full compaction when a
-/// targeted one would cost half as much, or when planning outruns its
-/// budget) fire, checked against the model at every step. With no pins and
+/// targeted one would cost as much, or when planning outruns its budget)
+/// fire, checked against the model at every step. With no pins and
 /// the default alignment, the model asserts the guarantee: an allocation
 /// whose rounded size is at most the free bytes succeeds.
 fn small_block_strategy() -> impl Strategy<Value = Op> {

@@ -655,25 +655,40 @@ fn all_traces() -> Vec<(String, Ops)> {
 /// 1.00, 1.01 and 1.05 x peak live (the shipped traces and two synthetic
 /// programs): never more. Prints the table and the median ratio
 /// (`--nocapture`).
+///
+/// Twice: with the default placement, which must also reach the issue's
+/// median, and with large-block placement off (divisor 0), where the pacer
+/// buys full compactions at half price. `CUARENA_TEST_LARGE_DIVISOR=N`
+/// replays once with another divisor instead (the sensitivity table of
+/// BENCHMARKS.md; the assertions hold for the default and for 0).
 #[test]
 fn bytes_moved_never_exceed_naive() {
     let mut traces = all_traces();
     traces.push(("synthetic training 100k".into(), synthetic(100_000)));
     traces.push(("steady 100k".into(), steady(100_000, 1 << 30)));
-    let mut ratios = Vec::new();
-    // `CUARENA_TEST_LARGE_DIVISOR=N` replays with another large-block
-    // divisor (the sensitivity table of BENCHMARKS.md; the assertions below
-    // hold for the default).
-    let divisor = std::env::var("CUARENA_TEST_LARGE_DIVISOR")
+    match std::env::var("CUARENA_TEST_LARGE_DIVISOR")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(ArenaConfig::default().large_block_divisor);
+    {
+        Some(divisor) => bytes_moved_against_naive(&traces, divisor, false),
+        None => {
+            let default = ArenaConfig::default().large_block_divisor;
+            bytes_moved_against_naive(&traces, default, true);
+            bytes_moved_against_naive(&traces, 0, false);
+        }
+    }
+}
+
+/// The table of [`bytes_moved_never_exceed_naive`] for one large-block
+/// divisor, and its checks (the median one if `median_target`).
+fn bytes_moved_against_naive(traces: &[(String, Ops)], divisor: u64, median_target: bool) {
+    let mut ratios = Vec::new();
     println!("large-block divisor {divisor}");
     println!(
         "{:<34} {:>5} {:>14} {:>14} {:>7} {:>14} {:>8}",
         "trace", "cap", "arena B", "naive B", "ratio", "lifetime B", "ratio"
     );
-    for (name, ops) in &traces {
+    for (name, ops) in traces {
         let peak = ops.peak_live_rounded(256);
         // 1.001: the issue's capacities are 1.00, 1.01 and 1.05; 1.001 is
         // printed beside them, since at exactly 1.00 the first compaction
@@ -737,7 +752,7 @@ fn bytes_moved_never_exceed_naive() {
     );
     // The issue's target for the median trace.
     assert!(
-        median(true, &issue) <= 0.4,
+        !median_target || median(true, &issue) <= 0.4,
         "median ratio {:.3} over the shipped traces at 1.00/1.01/1.05 is above 0.4",
         median(true, &issue)
     );
