@@ -107,6 +107,7 @@ impl<B: Backend> Arena<B> {
             bytes_moved: c.bytes_moved,
             planning_time: c.planning,
             planning_visits: self.pacer.visits(),
+            budget_compactions: self.pacer.escalations(),
             compaction_time: c.compaction,
             evictions: c.evictions,
             restores: c.restores,

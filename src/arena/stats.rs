@@ -49,6 +49,10 @@ pub struct Stats {
     /// planner, summed. Deterministic, unlike `planning_time`, and
     /// proportional to it (each pass is linear in the live blocks).
     pub planning_visits: u64,
+    /// Full compactions the pacer chose because planning would have
+    /// overdrawn its budget of work per op (rule 2 of
+    /// [`crate::plan::policy`]; counted in `full_compactions` too).
+    pub budget_compactions: u64,
     /// Host time spent in compaction: planning plus executing (on the CUDA
     /// backend, executing means enqueueing: the copies run asynchronously).
     pub compaction_time: Duration,
