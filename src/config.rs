@@ -123,16 +123,19 @@ impl ArenaConfig {
         self
     }
 
+    /// The size from which a block counts as large
+    /// ([`ArenaConfig::large_block_divisor`]): `capacity / divisor` rounded
+    /// up; `None` with the divisor 0.
+    pub(crate) fn large_block_bytes(&self) -> Option<u64> {
+        (self.large_block_divisor > 0)
+            .then(|| self.capacity_bytes.div_ceil(self.large_block_divisor))
+    }
+
     /// Whether this config keeps large blocks apart from the rest: some
     /// block sizes count as large and some do not.
     pub(crate) fn keeps_large_apart(&self) -> bool {
-        let d = self.large_block_divisor;
-        let threshold = if d == 0 {
-            0
-        } else {
-            self.capacity_bytes.div_ceil(d)
-        };
-        threshold > self.alignment_bytes && threshold < self.capacity_bytes
+        self.large_block_bytes()
+            .is_some_and(|t| t > self.alignment_bytes && t < self.capacity_bytes)
     }
 
     /// Checks the config: alignment a power of two up to [`MAX_ALIGN`],

@@ -76,8 +76,7 @@ impl<B: Backend> Arena<B> {
         // arena that compacts on its own does this; a manual one keeps the
         // plain placement (the naive baseline of the replays).
         let live = self.blocks.len() as u64;
-        let divisor = self.config.large_block_divisor;
-        let large = divisor > 0 && reserved.saturating_mul(divisor) >= self.config.capacity_bytes;
+        let large = reserved >= self.large_block_bytes;
         let high = self.config.compaction == CompactionPolicy::Auto
             && (large
                 || self

@@ -228,6 +228,9 @@ pub struct Arena<B: Backend = HostBackend> {
     /// [`crate::placement::lifetime`]); `None` unless lifetime placement is
     /// on, so the default placement pays nothing for it.
     lifetimes: Option<Lifetimes>,
+    /// Blocks of at least this many bytes are carved from the top of their
+    /// region (`ArenaConfig::large_block_divisor`; `u64::MAX`: none).
+    large_block_bytes: u64,
 }
 
 impl Arena<HostBackend> {
@@ -263,6 +266,7 @@ impl<B: Backend> Arena<B> {
         config.validate()?;
         let lifetimes = config.lifetime_placement;
         let large_apart = config.keeps_large_apart();
+        let large_block_bytes = config.large_block_bytes().unwrap_or(u64::MAX);
         let tier = if config.spill_host_bytes > 0 {
             backend.reserve_host_tier(config.spill_host_bytes)?;
             Some(FreeIndex::new(config.spill_host_bytes))
@@ -299,6 +303,7 @@ impl<B: Backend> Arena<B> {
             spans: Vec::new(),
             pacer: Pacer::for_placement(large_apart),
             lifetimes: lifetimes.then(Lifetimes::new),
+            large_block_bytes,
         })
     }
 
