@@ -68,21 +68,21 @@ impl<B: Backend> Arena<B> {
             });
         }
         self.drain_reclaim()?;
-        // Large blocks, and with lifetime placement on blocks that reliably
-        // die young, go to the top of their free region, the rest to the
-        // bottom (`ArenaConfig`). The lifetime horizon is the number of
-        // live blocks: by Little's law the mean lifetime in allocation
-        // ticks, so "short" means shorter than the average block. Only an
-        // arena that compacts on its own does this; a manual one keeps the
-        // plain placement (the naive baseline of the replays).
+        // Large blocks and blocks of sizes that reliably outlive half the
+        // average block (and, with lifetime placement, those that reliably
+        // die young) go to the top of their free region, the rest to the
+        // bottom (`ArenaConfig`). By Little's law the number of live blocks
+        // is the mean lifetime in allocation ticks. Only an arena that
+        // compacts on its own does this; a manual one keeps the plain
+        // placement (the naive baseline of the replays).
         let live = self.blocks.len() as u64;
         let large = reserved >= self.large_block_bytes;
         let high = self.config.compaction == CompactionPolicy::Auto
             && (large
-                || self
-                    .lifetimes
-                    .as_ref()
-                    .is_some_and(|l| l.short_lived(reserved, live)));
+                || self.lifetimes.as_ref().is_some_and(|l| {
+                    (self.long_lived_high && l.long_lived(reserved, live / 2))
+                        || (self.config.lifetime_placement && l.short_lived(reserved, live))
+                }));
         let node = self.place_on_device(reserved, align, &[], high)?;
         let (slot, offset) = (node.slot(), node.offset());
         let inserted = self.blocks.insert(Block {

@@ -225,12 +225,16 @@ pub struct Arena<B: Backend = HostBackend> {
     /// The compaction policy's state (see [`crate::plan::policy`]).
     pacer: Pacer,
     /// Lifetimes by size: where a new block is carved (see
-    /// [`crate::placement::lifetime`]); `None` unless lifetime placement is
-    /// on, so the default placement pays nothing for it.
+    /// [`crate::placement::lifetime`]); `None` when neither large blocks
+    /// are kept apart nor lifetime placement is on, so that placement pays
+    /// nothing for it.
     lifetimes: Option<Lifetimes>,
     /// Blocks of at least this many bytes are carved from the top of their
     /// region (`ArenaConfig::large_block_divisor`; `u64::MAX`: none).
     large_block_bytes: u64,
+    /// Whether long-lived sizes join the large blocks at the top: when
+    /// large blocks are kept apart (`ArenaConfig::keeps_large_apart`).
+    long_lived_high: bool,
 }
 
 impl Arena<HostBackend> {
@@ -264,8 +268,8 @@ impl<B: Backend> Arena<B> {
     /// An arena over `backend`, whose region must hold `config.capacity_bytes`.
     pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
-        let lifetimes = config.lifetime_placement;
         let large_apart = config.keeps_large_apart();
+        let lifetimes = config.lifetime_placement || large_apart;
         let large_block_bytes = config.large_block_bytes().unwrap_or(u64::MAX);
         let tier = if config.spill_host_bytes > 0 {
             backend.reserve_host_tier(config.spill_host_bytes)?;
@@ -304,6 +308,7 @@ impl<B: Backend> Arena<B> {
             pacer: Pacer::for_placement(large_apart),
             lifetimes: lifetimes.then(Lifetimes::new),
             large_block_bytes,
+            long_lived_high: large_apart,
         })
     }
 

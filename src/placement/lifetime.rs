@@ -13,6 +13,14 @@
 //! space rather than between long-lived blocks, and a compaction finds
 //! fewer live bytes between the holes.
 //!
+//! The other end: a size whose blocks reliably outlive half the average
+//! block is *long-lived*, and with large blocks kept apart
+//! (`ArenaConfig::large_block_divisor`, the default) the arena carves
+//! those from the top as well, beside the large blocks, out of the churn of
+//! the rest. A long-lived block left among short-lived ones is what a
+//! compaction at the limit must slide past when the holes around it merge
+//! (BENCHMARKS.md, "Runs of 2026-11-25, fourth pass").
+//!
 //! Bounded memory and O(1) per call: a direct-mapped table of [`SLOTS`]
 //! entries keyed by size; a size that collides replaces the one there,
 //! which is forgotten and predicted long-lived again (the old placement).
@@ -92,6 +100,14 @@ impl Lifetimes {
     pub fn short_lived(&self, size: u64, horizon: u64) -> bool {
         let e = &self.table[Self::slot(size)];
         e.size == size && e.mean.saturating_add(e.dev) < horizon
+    }
+
+    /// Whether blocks of `size` are expected to live longer than `horizon`
+    /// ticks: their mean lifetime minus its mean deviation is above it.
+    /// Unknown sizes are not (a block never freed teaches nothing).
+    pub fn long_lived(&self, size: u64, horizon: u64) -> bool {
+        let e = &self.table[Self::slot(size)];
+        e.size == size && e.mean.saturating_sub(e.dev) > horizon
     }
 }
 

@@ -506,3 +506,43 @@ fn large_blocks_stack_from_the_top() {
         assert_eq!(a.info(big).unwrap().offset, 0);
     }
 }
+
+/// A size whose blocks reliably outlived half the average block (by
+/// Little's law, half the live blocks in allocation ticks) joins the large
+/// blocks at the top; one that died young, or one never freed, stays at the
+/// bottom; with large-block placement off, or a manual arena, neither moves
+/// up.
+#[test]
+fn long_lived_sizes_join_the_large_blocks_at_the_top() {
+    let cap = 1024 * KIB;
+    // `long` lives 40 ticks among 8 live blocks (horizon 4), `short` 1.
+    let teach = |a: &mut Arena<HostBackend>| {
+        let keep: Vec<_> = (0..8).map(|_| a.alloc(KIB).expect("keep")).collect();
+        for _ in 0..2 {
+            let long = a.alloc(12 * KIB).expect("long");
+            for _ in 0..40 {
+                let short = a.alloc(2 * KIB).expect("short");
+                a.free(short).expect("free");
+            }
+            a.free(long).expect("free");
+        }
+        keep
+    };
+    let mut a = arena(cap);
+    let _keep = teach(&mut a);
+    let long = a.alloc(12 * KIB).expect("long");
+    let short = a.alloc(2 * KIB).expect("short");
+    let unknown = a.alloc(3 * KIB).expect("never freed");
+    assert_eq!(a.info(long).unwrap().offset, cap - 12 * KIB);
+    assert_eq!(a.info(short).unwrap().offset, 8 * KIB);
+    assert_eq!(a.info(unknown).unwrap().offset, 10 * KIB);
+    for config in [
+        ArenaConfig::new(cap).with_large_block_divisor(0),
+        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
+    ] {
+        let mut a = Arena::host(config).expect("arena");
+        let _keep = teach(&mut a);
+        let long = a.alloc(12 * KIB).expect("long");
+        assert_eq!(a.info(long).unwrap().offset, 8 * KIB);
+    }
+}
