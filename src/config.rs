@@ -36,11 +36,12 @@ pub struct ArenaConfig {
     pub spill_host_bytes: u64,
     /// Lifetime placement (off by default; only under
     /// [`CompactionPolicy::Auto`]): blocks whose size has reliably died
-    /// young are carved from the top of their free region, the rest from
-    /// the bottom (see [`crate::placement::lifetime`]). It moves far fewer
-    /// bytes on some training traces, but on others, and on random
-    /// programs, it can need a compaction where the plain placement needs
-    /// none (BENCHMARKS.md), so it is not the default. It never makes an
+    /// young are carved from the top of their free region as well, the
+    /// rest from the bottom (see [`crate::placement::lifetime`]). It moves
+    /// far fewer bytes on some training traces (the shipped ResNet CSV at
+    /// 1.00x: 0.069 of naive), but on others, and on random programs, it
+    /// can need a compaction where the default placement needs none
+    /// (BENCHMARKS.md), so it is not the default. It never makes an
     /// allocation fail that the free bytes allow.
     pub lifetime_placement: bool,
     /// Large blocks from the top (only under [`CompactionPolicy::Auto`]; 0
@@ -51,7 +52,12 @@ pub struct ArenaConfig {
     /// its end down, and smaller ones at the bottom. A large block with a
     /// hole below it costs at least its size to move when the holes must
     /// merge; kept apart, the holes that the churn of small blocks leaves
-    /// lie among small blocks, which are cheap to move. A block placed by
+    /// lie among small blocks, which are cheap to move. Blocks of a size
+    /// that reliably outlived half the average block (by Little's law, half
+    /// the live blocks, in allocation ticks; see
+    /// [`crate::placement::lifetime`]) join them at the top: a long-lived
+    /// block left among the churn is what a compaction at the limit must
+    /// slide past. A block placed by
     /// a compaction or brought back from the spill tier goes to the bottom
     /// of its hole (carving it high after a compaction moved more bytes).
     /// Default 32: on the shipped traces 32 and 48 move the same bytes, 16
