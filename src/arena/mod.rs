@@ -317,6 +317,17 @@ impl<B: Backend> Arena<B> {
         self.id
     }
 
+    /// Forgets the lifetimes learned so far (see
+    /// [`crate::placement::lifetime`]): placement then decides as in a new
+    /// arena. For a program replayed several times on one arena, whose
+    /// passes must each make the decisions of the first; a training loop
+    /// wants the history kept.
+    pub fn forget_lifetimes(&mut self) {
+        if let Some(l) = self.lifetimes.as_mut() {
+            *l = Lifetimes::new();
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ArenaConfig {
         &self.config

@@ -511,7 +511,7 @@ fn large_blocks_stack_from_the_top() {
 /// Little's law, half the live blocks in allocation ticks) joins the large
 /// blocks at the top; one that died young, or one never freed, stays at the
 /// bottom; with large-block placement off, or a manual arena, neither moves
-/// up.
+/// up; `forget_lifetimes` forgets what was learned.
 #[test]
 fn long_lived_sizes_join_the_large_blocks_at_the_top() {
     let cap = 1024 * KIB;
@@ -536,6 +536,11 @@ fn long_lived_sizes_join_the_large_blocks_at_the_top() {
     assert_eq!(a.info(long).unwrap().offset, cap - 12 * KIB);
     assert_eq!(a.info(short).unwrap().offset, 8 * KIB);
     assert_eq!(a.info(unknown).unwrap().offset, 10 * KIB);
+    // Forgotten, the size is placed as in a new arena.
+    a.free(long).expect("free");
+    a.forget_lifetimes();
+    let long = a.alloc(12 * KIB).expect("long");
+    assert_eq!(a.info(long).unwrap().offset, 13 * KIB);
     for config in [
         ArenaConfig::new(cap).with_large_block_divisor(0),
         ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),

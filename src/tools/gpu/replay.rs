@@ -24,8 +24,9 @@
 //!
 //! The program runs [`GpuReplayOptions::warmup_passes`] times (default 1)
 //! and then once more, timed, on the same arena; each pass starts from an
-//! empty arena, so it makes the same placement and compaction decisions
-//! (the arena is deterministic), and every pass is checked. The warm-up
+//! empty arena with its lifetimes forgotten ([`Arena::forget_lifetimes`]),
+//! so it makes the same placement and compaction decisions (the arena is
+//! deterministic), and every pass is checked. The warm-up
 //! grows the arena's scratch buffers to what the program's largest
 //! compaction needs and loads every kernel: growing a buffer inside a
 //! compaction waits for the stream, which would otherwise put a host stall
@@ -236,6 +237,9 @@ impl Run<'_> {
         self.tag_base = u64::from(pass) * (ops.ops.len() as u64 + 1);
         self.pass = PassReport::default();
         self.live = 0;
+        // Each pass decides as the first did (the lifetimes of the blocks
+        // freed at the end of the last pass would place them otherwise).
+        self.arena.forget_lifetimes();
         let s0 = self.arena.stats();
         let t0 = Instant::now();
         let mut outcome = Outcome::Completed;
