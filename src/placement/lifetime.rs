@@ -5,10 +5,12 @@
 //! predicts how long the next one will. [`Lifetimes`] keeps, per size, a
 //! running mean of the lifetimes seen at free (in allocation ticks) and of
 //! their deviation from it; a size whose blocks reliably die young is
-//! *short-lived*, and the arena carves those from the top of the free
-//! region it picks ([`super::FreeIndex::alloc_high`]), like large blocks
-//! (`ArenaConfig::large_block_divisor`), while everything else is carved
-//! from the bottom. Short-lived blocks thus gather at
+//! *short-lived*, and with lifetime placement (opt-in,
+//! `ArenaConfig::lifetime_placement`) the arena carves those from the top
+//! of the free region it picks ([`super::FreeIndex::alloc_high`]), like
+//! large blocks (`ArenaConfig::large_block_divisor`), while other sizes are
+//! carved from the bottom (but for long-lived ones, below). Short-lived
+//! blocks thus gather at
 //! the top of free space, where their deaths leave holes next to the free
 //! space rather than between long-lived blocks, and a compaction finds
 //! fewer live bytes between the holes.
@@ -23,7 +25,7 @@
 //!
 //! Bounded memory and O(1) per call: a direct-mapped table of [`SLOTS`]
 //! entries keyed by size; a size that collides replaces the one there,
-//! which is forgotten and predicted long-lived again (the old placement).
+//! which is forgotten: neither short- nor long-lived again (the bottom).
 
 /// Entries of the table. A training step allocates a few hundred to a few
 /// thousand distinct sizes; a collision only forgets a size (it is then
@@ -60,7 +62,7 @@ impl Default for Lifetimes {
 }
 
 impl Lifetimes {
-    /// An empty table: every size is predicted long-lived.
+    /// An empty table: no size is known: none is predicted short- or long-lived.
     pub fn new() -> Self {
         Lifetimes {
             table: vec![Entry::default(); SLOTS].into_boxed_slice(),
