@@ -31,7 +31,8 @@
 //! Environment: `CUARENA_BENCH_REPS` (default 10), `CUARENA_BENCH_SWEEP=1`
 //! also times other kernel shapes (threads x vectors per thread),
 //! `CUARENA_BENCH_SHAPES="256x8,128x16c2,256x16b3"` the shapes listed
-//! (`cN`: CTAs per SM, `bS`: bulk stages).
+//! (`cN`: CTAs per SM, `bS`: bulk stages), `CUARENA_BENCH_PER_BLOCK=0`
+//! leaves out the one-memcpy-per-block baseline of the compaction cases.
 
 use std::sync::Arc;
 
@@ -244,6 +245,13 @@ fn wanted(name: &str) -> bool {
     }
 }
 
+/// Whether the compaction cases also time one `cuMemcpyDtoDAsync` per block
+/// (100,000 calls a repetition): `CUARENA_BENCH_PER_BLOCK=0` leaves that
+/// baseline out (shape sweeps, profilers).
+fn per_block_baseline() -> bool {
+    std::env::var("CUARENA_BENCH_PER_BLOCK").map_or(true, |v| v.trim() != "0")
+}
+
 fn run_cases(backend: &mut CudaBackend, timer: &Timer, label: &str) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     if wanted("large") {
@@ -310,16 +318,18 @@ fn compact_case(
         .iter()
         .map(|m| (m.src, far + m.dst, m.len))
         .collect();
-    let per_block = timer.median_ms(|| memcpy_each(backend, &copies))?;
+    if per_block_baseline() {
+        let per_block = timer.median_ms(|| memcpy_each(backend, &copies))?;
+        rows.push(Row {
+            case: format!("{label} {name}"),
+            bytes: live,
+            ours_ms: ours,
+            base_name: "memcpy/block",
+            base_ms: per_block,
+            target: "speedup>=10",
+        });
+    }
     let one_big = timer.median_ms(|| memcpy_each(backend, &[(0, far, live)]))?;
-    rows.push(Row {
-        case: format!("{label} {name}"),
-        bytes: live,
-        ours_ms: ours,
-        base_name: "memcpy/block",
-        base_ms: per_block,
-        target: "speedup>=10",
-    });
     rows.push(Row {
         case: format!("{label} {name}"),
         bytes: live,

@@ -3,29 +3,43 @@
 // tile travels through shared memory by the copy engine of the SM (bulk
 // asynchronous copies, "TMA"), several tiles per CTA in flight.
 //
-// Why: the register kernel keeps one tile per CTA in flight and pays a
-// load-to-store turnaround per tile, which leaves it below the copy limit
-// on many small blocks (100,000 blocks of 4-64 KiB: 0.86-0.89 of memcpy on
-// an H100, 0.80 on an H200). Here thread 0 keeps STAGES-1 tiles loading
-// while the CTA stores the oldest, so a tile's waits overlap later loads.
+// Warp-specialised, per CTA, with a ring of `stages` slots (a kernel
+// argument, carried in WaveArgs.pad), each with a "full" mbarrier (one
+// arrival, the producer's, plus the load's bytes) and an "empty" one (one
+// arrival per consumer thread):
 //
-// Per CTA, a ring of `stages` slots (a kernel argument, carried in
-// WaveArgs.pad). Step i consumes slot i % stages, in ticket order:
-//   1. wait for the slot's load (its mbarrier), publish the tile's flag;
-//   2. warp 0 waits for the flags of the earlier tiles whose source the
-//      tile's destination covers (the whole tile waits, not just the
-//      covering part: later loads are in flight meanwhile);
-//   3. store: an aligned tile by one bulk copy from shared memory (and its
-//      last n % 16 bytes by thread 0); a shifted tile (source or
-//      destination not 16-byte aligned) by every thread, each building
-//      aligned 16-byte destination vectors from two shared vectors with a
-//      funnel shift;
-//   4. thread 0 refills the slot the previous step stored from, once that
-//      bulk store has read it, with the next ticket.
-// Deadlock: loads never wait, a CTA takes tickets in increasing order and
-// consumes them in that order, and a tile waits only for smaller tickets;
-// so the smallest unstored tile always has every dependency stored (hence
-// published) and is the oldest slot of its CTA: it progresses.
+// - Producer: lane 0 of warp 0. It takes tickets (two ahead, so that the
+//   atomic's latency and the descriptor read overlap the wait for a slot),
+//   loads each tile into the next slot as soon as every consumer has
+//   released it, and between loads polls the slots in flight
+//   (`mbarrier.test_wait`, which never suspends) and publishes each tile's
+//   flag as soon as its load has landed: other CTAs' tiles may be waiting
+//   for it.
+// - Consumers: warps 1.. (the "leader" is lane 0 of warp 1). Step i takes
+//   slot i % stages in ticket order and waits for its load; the leader
+//   publishes the flag (if the producer has not yet).
+//     Aligned tile (source and destination 16-byte aligned): the leader
+//       stores the part that covers at most the tile's own source by one
+//       bulk copy from shared memory at once; then frees the previous
+//       step's slot once the copy engine has read it (`wait_group.read 1`:
+//       this step's copy stays in flight); then warp 1 waits for the flags
+//       of the earlier tiles whose source the rest of the destination
+//       covers, and the leader stores the rest (and the last n % 16 bytes
+//       by hand). The other consumers only read the descriptor and release
+//       the slot: the leader's own release comes at the next step.
+//     Shifted tile (source or destination not 16-byte aligned): every
+//       consumer warp waits for the flags itself (no barrier between the
+//       warps), then builds aligned 16-byte destination vectors from two
+//       shared vectors with a funnel shift, and releases the slot.
+//   So the flag wait of a step never holds back the next loads, and the
+//   copies of two steps overlap.
+//
+// Deadlock: loads wait only for a free slot, a CTA takes tickets in
+// increasing order and consumes them in that order, and a tile waits only
+// for smaller tickets. So the smallest unstored tile has every dependency
+// stored (hence published) and is its CTA's oldest step; its slot is
+// released by steps before it (stages >= 2), so its load is issued, lands,
+// and it stores.
 //
 // Each slot holds the 16-byte-aligned span around the tile's source
 // [align_down(src), align_up(src + n)): at most TILE_BYTES + 30 bytes. The
@@ -34,11 +48,17 @@
 
 #define CUARENA_MAX_STAGES 16
 #define CUARENA_SLOT_BYTES (CUARENA_TILE_BYTES + 32)
+// Consumer threads (warps 1..): the kernel needs at least two warps (the
+// host runs the register kernel otherwise).
+#define CUARENA_CONSUMERS (CUARENA_THREADS > 32 ? CUARENA_THREADS - 32 : 32)
+#define CUARENA_NO_TICKET 0xFFFFFFFFu
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
 }
 
+// Whether the phase of parity `parity` of the mbarrier has completed; may
+// suspend the thread for a while (for threads that have nothing else to do).
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
     u32 ok = 0;
 #if __CUDA_ARCH__ >= 900
@@ -52,12 +72,29 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
     return ok != 0;
 }
 
-// Issues the load of ticket `t` into `slot` (thread 0 only).
-__device__ __forceinline__ void bulk_issue(const WaveArgs& a, u32 t, unsigned char* slot, u32 bar,
-                                           TileDesc* desc) {
+// The same test, never suspending (for the producer, which polls several).
+__device__ __forceinline__ bool mbar_test_wait(u32 bar, u32 parity) {
+    u32 ok = 0;
 #if __CUDA_ARCH__ >= 900
-    const TileDesc d = a.tiles[t];
-    *desc = d;
+    asm volatile(
+        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
+        "selp.u32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+#endif
+    return ok != 0;
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
+}
+
+// Issues the load of tile `d` into `slot`, completing on `bar`.
+__device__ __forceinline__ void bulk_load(const TileDesc& d, unsigned char* slot, u32 bar) {
+#if __CUDA_ARCH__ >= 900
     const u64 lo = d.src & ~15ull;
     const u32 bytes = (u32)(((d.src + d.n + 15ull) & ~15ull) - lo);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
@@ -70,35 +107,28 @@ __device__ __forceinline__ void bulk_issue(const WaveArgs& a, u32 t, unsigned ch
 #endif
 }
 
-// Takes the next ticket and loads it into `slot` when there is one left.
-__device__ __forceinline__ void bulk_refill(const WaveArgs& a, unsigned char* slot, u32 bar,
-                                            TileDesc* desc, u32* ticket) {
-    const u32 t = atomicAdd(&a.ctl[0], 1u);
-    *ticket = t;
-    if (t < a.n_tiles) bulk_issue(a, t, slot, bar, desc);
-}
-
-// A shifted tile from its slot to global memory, by every thread: aligned
-// destination vectors, built from the two aligned shared vectors that hold
-// their source bytes; the head (up to the destination's first 16-byte
-// boundary) and the tail byte by byte.
+// A shifted tile from its slot to global memory, by consumer thread `c`:
+// aligned destination vectors, built from the two aligned shared vectors
+// that hold their source bytes; the head (up to the destination's first
+// 16-byte boundary) and the tail byte by byte.
 __device__ __forceinline__ void store_shifted_from(const TileDesc& d, const unsigned char* slot,
-                                                   u32 tid) {
+                                                   u32 c) {
+    const u32 tail_thread = CUARENA_CONSUMERS > 32 ? 32u : 0u;
     const u32 o = (u32)(d.src & 15u);  // source byte j is slot[o + j]
     u32 h = (16u - (u32)(d.dst & 15u)) & 15u;
     if (h > d.n) h = d.n;
     const u32 b = (d.n - h) >> 4, t = d.n - h - 16u * b;
     const u32 q0 = o + h, m = q0 & 15u;
     unsigned char* a = reinterpret_cast<unsigned char*>(d.dst + h);
-    for (u32 k = tid; k < b; k += CUARENA_THREADS) {
+    for (u32 k = c; k < b; k += CUARENA_CONSUMERS) {
         const u32 q = (q0 & ~15u) + 16u * k;
         const uint4 lo = *reinterpret_cast<const uint4*>(slot + q);
         const uint4 v = m == 0 ? lo : shift16(lo, *reinterpret_cast<const uint4*>(slot + q + 16u), m);
         st16(a + 16u * k, v);
     }
-    if (tid == 0)
+    if (c == 0)
         for (u32 j = 0; j < h; ++j) reinterpret_cast<unsigned char*>(d.dst)[j] = slot[o + j];
-    if (tid == TAIL_THREAD)
+    if (c == tail_thread)
         for (u32 j = 0; j < t; ++j) a[16u * b + j] = slot[q0 + 16u * b + j];
 }
 
@@ -122,114 +152,161 @@ __device__ __forceinline__ void bulk_store(const TileDesc& d, const unsigned cha
 #endif
 }
 
-// Publishes the tiles of the slots other than `current` whose loads have
-// landed and that are not published yet; returns their bits.
-__device__ __forceinline__ u32 publish_landed(const WaveArgs& a, u32 stages, u32 current,
-                                              u32 pubmask, u32 phase, const u64* bars,
-                                              const u32* tickets) {
-    u32 done = 0;
-    for (u32 s = 0; s < stages; ++s) {
-        if (s == current || (pubmask >> s & 1u)) continue;
-        const u32 t = tickets[s];
-        if (t >= a.n_tiles) continue;
-        if (mbar_try_wait(smem_addr(&bars[s]), phase >> s & 1u)) {
-            st_relaxed(&a.flags[t], a.epoch);
-            done |= 1u << s;
+// The producer (one thread): tickets, loads, and flags as loads land.
+__device__ __forceinline__ void bulk_produce(const WaveArgs& a, u32 stages, unsigned char* slots,
+                                             u64* full, u64* empty, TileDesc* desc, u32* ticket) {
+    // Tickets two ahead: t0 is the next to load (its descriptor d0 read),
+    // t1 the one after (the atomic in flight).
+    u32 t0 = atomicAdd(&a.ctl[0], 1u);
+    u32 t1 = atomicAdd(&a.ctl[0], 1u);
+    TileDesc d0 = {};
+    if (t0 < a.n_tiles) d0 = a.tiles[t0];
+    u32 unpub = 0;  // bit s: slot s's load is in flight, its flag not stored
+    u32 par = 0;    // bit s: parity of the load in flight in slot s
+    u32 s = 0, round = 0;  // the next load goes to slot s in its round `round`
+    for (;;) {
+        // A slot is free in round 0, later once its consumers released it
+        // in the round before (phase round - 1 of its empty barrier).
+        if (round == 0 || mbar_test_wait(smem_addr(&empty[s]), (round - 1u) & 1u)) {
+            if (t0 >= a.n_tiles) {
+                // No tiles left: the consumers stop at this slot.
+                ticket[s] = CUARENA_NO_TICKET;
+                mbar_arrive(smem_addr(&full[s]));
+                break;
+            }
+            ticket[s] = t0;
+            desc[s] = d0;
+            // The consumers' generic reads of the slot (shifted stores,
+            // tails) come before the copy engine writes it again.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            bulk_load(d0, slots + (u64)s * CUARENA_SLOT_BYTES, smem_addr(&full[s]));
+            unpub |= 1u << s;
+            par = (par & ~(1u << s)) | ((round & 1u) << s);
+            t0 = t1;
+            if (t0 < a.n_tiles) d0 = a.tiles[t0];
+            t1 = atomicAdd(&a.ctl[0], 1u);
+            if (++s == stages) {
+                s = 0;
+                ++round;
+            }
+            continue;
+        }
+        // Publish the loads that have landed.
+        for (u32 m = unpub; m != 0; m &= m - 1u) {
+            const u32 x = __ffs(m) - 1u;
+            if (mbar_test_wait(smem_addr(&full[x]), par >> x & 1u)) {
+                st_relaxed(&a.flags[ticket[x]], a.epoch);
+                unpub &= ~(1u << x);
+            }
         }
     }
-    return done;
 }
 
 extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(WaveArgs a) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char s_slots[];
-    __shared__ __align__(8) u64 s_bar[CUARENA_MAX_STAGES];
+    __shared__ __align__(8) u64 s_full[CUARENA_MAX_STAGES];
+    __shared__ __align__(8) u64 s_empty[CUARENA_MAX_STAGES];
     __shared__ TileDesc s_desc[CUARENA_MAX_STAGES];
     __shared__ u32 s_ticket[CUARENA_MAX_STAGES];
-    __shared__ u32 s_go;     // this step stores
-    __shared__ u32 s_abort;  // a wait of this CTA timed out: store nothing more
-    const u32 tid = threadIdx.x, lane = tid & 31u;
+    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const u32 stages = a.pad;
-    // Thread 0's view of the slots: bit s of `pubmask` is set once slot s's
-    // tile is published, bit s of `phase` is the parity of its pending load.
-    u32 pubmask = 0, phase = 0;
     if (tid == 0) {
-        s_abort = 0;
-        for (u32 s = 0; s < stages; ++s)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s_bar[s]))
+        for (u32 s = 0; s < stages; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s_full[s]))
                          : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&s_empty[s])),
+                         "n"(CUARENA_CONSUMERS)
+                         : "memory");
+        }
         // The barriers' initialisation must be visible to the copy engine.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        for (u32 s = 0; s + 1 < stages; ++s)
-            bulk_refill(a, s_slots + (u64)s * CUARENA_SLOT_BYTES, smem_addr(&s_bar[s]), &s_desc[s],
-                        &s_ticket[s]);
-        s_ticket[stages - 1] = 0xFFFFFFFFu;  // filled at step 0
     }
     __syncthreads();
-    for (u32 step = 0;; ++step) {
-        const u32 slot = step % stages;
-        const u32 t = s_ticket[slot];
-        if (t >= a.n_tiles) break;  // later slots hold later tickets
-        const TileDesc d = s_desc[slot];
-        unsigned char* buf = s_slots + (u64)slot * CUARENA_SLOT_BYTES;
-        const u32 bar = smem_addr(&s_bar[slot]);
-        const u32 parity = (step / stages) & 1u;
-        while (!mbar_try_wait(bar, parity)) {
+    if (warp == 0) {
+        if (lane == 0) bulk_produce(a, stages, s_slots, s_full, s_empty, s_desc, s_ticket);
+        return;
+    }
+    const u32 c = tid - 32u;  // consumer index
+    const bool leader = c == 0;
+    // Set, per warp, when a wait of the warp timed out (the watchdog fired:
+    // the error word says so and the arena poisons itself): from then on
+    // the warp stores nothing, since the part it skipped could overwrite a
+    // source that an earlier tile has not loaded. (Other warps store only
+    // after their own waits succeed, which makes their stores safe.)
+    bool abort = false;
+    // The leader's aligned slot whose copies may still be reading it (its
+    // release comes at the next step).
+    u32 pending = CUARENA_NO_TICKET;
+    u32 s = 0, round = 0;
+    for (;;) {
+        const u32 full = smem_addr(&s_full[s]), empty = smem_addr(&s_empty[s]);
+        while (!mbar_try_wait(full, round & 1u)) {
         }
-        const bool shifted = (d.wait & CUARENA_SHIFTED) != 0;
-        // Destination bytes [0, w) may cover earlier tiles' sources and wait
-        // for them; the rest covers at most this tile's own source, which is
-        // loaded. An aligned tile stores the rest at once (one bulk copy,
-        // and its last n % 16 bytes by thread 0); a shifted tile waits whole.
-        u32 w = d.n;
-        if (!shifted) {
-            w = d.lo <= d.hi ? ((d.wait & CUARENA_WAIT_MASK) + 15u) & ~15u : 0u;
-            if (w > (d.n & ~15u)) w = d.n;
-        }
-        if (tid < 32) {
-            if (tid == 0) {
-                if (!(pubmask >> slot & 1u)) st_relaxed(&a.flags[t], a.epoch);
-                phase ^= 1u << slot;
-                if (!shifted && s_abort == 0) bulk_store(d, buf, w, d.n);
+        const u32 t = s_ticket[s];
+        if (t == CUARENA_NO_TICKET) break;
+        const TileDesc d = s_desc[s];
+        const unsigned char* buf = s_slots + (u64)s * CUARENA_SLOT_BYTES;
+        if ((d.wait & CUARENA_SHIFTED) == 0) {
+            if (warp == 1) {
+                // Destination bytes [0, w) may cover earlier tiles' sources
+                // and wait for them; the rest covers at most this tile's
+                // own source, which is loaded.
+                u32 w = d.lo <= d.hi ? ((d.wait & CUARENA_WAIT_MASK) + 15u) & ~15u : 0u;
+                if (w > (d.n & ~15u)) w = d.n;
+                if (leader) {
+                    st_relaxed(&a.flags[t], a.epoch);
+                    if (!abort) bulk_store(d, buf, w, d.n);
+                    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                    // Every copy but this one has read its slot: release the
+                    // previous aligned one.
+                    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+                    if (pending != CUARENA_NO_TICKET) mbar_arrive(smem_addr(&s_empty[pending]));
+                    pending = s;
+                }
+                const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [] {});
+                // The lanes' acquires come before the leader's copy (warp
+                // barrier).
+                __syncwarp();
+                abort = abort || __any_sync(FULL_MASK, gave_up);
+                if (leader) {
+                    if (!abort && w) bulk_store(d, buf, 0, w);
+                    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                } else {
+                    mbar_arrive(empty);
+                }
+            } else {
+                mbar_arrive(empty);
             }
-            // While waiting, thread 0 publishes the later slots that have
-            // landed: other CTAs' tiles may be waiting for them.
-            const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [&] {
-                if (tid == 0) pubmask |= publish_landed(a, stages, slot, pubmask, phase, s_bar, s_ticket);
-            });
-            // The lanes' acquires come before every store of the CTA (warp
-            // barrier, then the CTA barrier below).
+        } else {
+            if (warp == 1) {
+                if (leader) {
+                    st_relaxed(&a.flags[t], a.epoch);
+                    if (pending != CUARENA_NO_TICKET) {
+                        // No copy follows to keep the engine busy: wait
+                        // for all of them to have read their slots.
+                        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+                        mbar_arrive(smem_addr(&s_empty[pending]));
+                        pending = CUARENA_NO_TICKET;
+                    }
+                }
+            }
+            // Every consumer warp waits for the flags itself (no barrier
+            // between warps): the lanes' acquires come before the warp's
+            // stores (warp barrier).
+            const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [] {});
             __syncwarp();
-            const bool fail = __any_sync(FULL_MASK, gave_up);
-            if (tid == 0) {
-                if (fail) s_abort = 1;
-                s_go = s_abort == 0;
-            }
+            abort = abort || __any_sync(FULL_MASK, gave_up);
+            if (!abort) store_shifted_from(d, buf, c);
+            mbar_arrive(empty);
         }
-        __syncthreads();
-        if (s_go && w) {
-            if (shifted) store_shifted_from(d, buf, tid);
-            else if (tid == 0) bulk_store(d, buf, 0, w);
+        if (++s == stages) {
+            s = 0;
+            ++round;
         }
-        // Every step commits one bulk group (maybe empty), so "all but the
-        // newest group have read their shared memory" means exactly "the
-        // previous step's slot is free".
-        if (tid == 0) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        __syncthreads();  // shifted stores have read the slot
-        if (tid == 0) {
-            const u32 prev = (step + stages - 1) % stages;
-            pubmask &= ~(1u << prev);
-            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-            // Generic reads of the slot (shifted tiles, tails) come before
-            // the copy engine writes it again.
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            bulk_refill(a, s_slots + (u64)prev * CUARENA_SLOT_BYTES, smem_addr(&s_bar[prev]),
-                        &s_desc[prev], &s_ticket[prev]);
-        }
-        __syncthreads();
     }
     // Shared memory must outlive the bulk stores that read it, and the
     // stores must land before the kernel ends.
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #endif
 }

@@ -177,7 +177,12 @@ pub(crate) fn move_launch(
     // A slot holds a tile and the bytes around it up to 16-byte boundaries
     // (`CUARENA_SLOT_BYTES` in kernels/bulk.cu).
     let slot = options.tile_bytes() + 32;
-    let mut stages = if major >= 9 { options.bulk_stages } else { 0 };
+    // The bulk kernel gives warp 0 to its producer: it needs a second warp.
+    let mut stages = if major >= 9 && options.threads_per_cta >= 64 {
+        options.bulk_stages
+    } else {
+        0
+    };
     if stages > 0 {
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)

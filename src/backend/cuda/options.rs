@@ -19,17 +19,25 @@ pub struct CudaOptions {
     /// copy engine (`kernels/bulk.cu`, Hopper and later): 0 selects the
     /// register kernel (`kernels/moves.cu`), which every device runs;
     /// otherwise 2..=16, lowered to what fits in a CTA's shared memory. On
-    /// devices before Hopper the register kernel runs whatever this says.
+    /// devices before Hopper, and with 32 threads per CTA (the bulk kernel
+    /// gives a whole warp to loading), the register kernel runs whatever
+    /// this says.
     pub bulk_stages: u32,
 }
 
 /// Most tiles in flight per CTA (`CUARENA_MAX_STAGES` in `kernels/bulk.cu`).
 pub(crate) const MAX_BULK_STAGES: u32 = 16;
 
-/// The register kernel by default: on an H100 and an H200 (2026-11-23,
-/// BENCHMARKS.md) the bulk kernel matched it on 100,000 small blocks and
-/// lost 1-3% on slides, where each tile's store waits for the previous
-/// tile and a CTA's in-order ring adds to that wait.
+/// The register kernel by default. Against the reworked (warp-specialised)
+/// bulk kernel in the same runs (2026-11-25, BENCHMARKS.md, ratios to
+/// `cuMemcpyDtoDAsync`; large / 100k blocks / 1-byte alignment / 4 GiB
+/// slide): on an H100 the register kernel (256x16) gave 1.00 / 0.92 /
+/// 0.90 / 0.95 and the best bulk shapes 1.00-1.01 / 0.91-0.92 /
+/// 0.89-0.90 / 0.92, so only the register kernel meets every H100 target.
+/// On an H200 the bulk kernel wins on small blocks (256x8b6: 1.00 / 0.90
+/// / 0.85 / 0.85 against 0.99 / 0.87 / 0.79 / 0.89) but loses the slide,
+/// where each tile's store waits for the previous tile's load and a CTA's
+/// in-order ring adds to that wait; neither meets the H200 slide target.
 const DEFAULT_BULK_STAGES: u32 = 0;
 
 impl Default for CudaOptions {

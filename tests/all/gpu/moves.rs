@@ -140,13 +140,51 @@ fn backend(capacity: u64, options: CudaOptions) -> (CudaBackend, Checker) {
 }
 
 /// Runs `test` with each move kernel: the default (registers) and the
-/// bulk kernel (Hopper; elsewhere the register kernel again). Prints which
-/// one runs, so that a failure names it.
+/// bulk kernel (Hopper; elsewhere the register kernel again) with 3
+/// stages, the fewest (2) and the most (16, with 8 KiB tiles so that they
+/// fit in shared memory). Prints which one runs, so that a failure names
+/// it.
 fn each_kernel(mut test: impl FnMut(CudaOptions)) {
     let default = CudaOptions::default();
-    for (name, options) in [("default", default), ("bulk", default.with_bulk_stages(3))] {
+    let small = default.with_threads_per_cta(128).with_vectors_per_thread(4);
+    for (name, options) in [
+        ("default", default),
+        ("bulk", default.with_bulk_stages(3)),
+        ("bulk, 2 stages", default.with_bulk_stages(2)),
+        ("bulk, 16 stages", small.with_bulk_stages(16)),
+    ] {
         println!("move kernel: {name} ({options:?})");
         test(options);
+    }
+}
+
+/// The bulk kernel runs with the stages asked for where they fit in shared
+/// memory (2 and 16 here), fewer where they do not, and on Hopper only.
+#[test]
+fn bulk_kernel_takes_the_stages_that_fit() {
+    if !gpu_available() {
+        return;
+    }
+    let default = CudaOptions::default();
+    let small = default.with_threads_per_cta(128).with_vectors_per_thread(4);
+    for (options, want) in [
+        (default.with_bulk_stages(2), 2),
+        (small.with_bulk_stages(16), 16),
+        // 64 KiB tiles: three fit in 227 KiB.
+        (default.with_bulk_stages(16), 3),
+        // One warp: no room for a producer warp.
+        (small.with_threads_per_cta(32).with_bulk_stages(4), 0),
+    ] {
+        let (b, _) = backend(64 * MIB, options);
+        let hopper = b
+            .arch()
+            .trim_start_matches("sm_")
+            .trim_end_matches(|c: char| !c.is_ascii_digit())
+            .parse::<u32>()
+            .is_ok_and(|cc| cc >= 90);
+        let got = b.move_kernel_info().bulk_stages;
+        println!("{options:?}: {} stages on {}", got, b.arch());
+        assert_eq!(got, if hopper { want } else { 0 }, "{options:?}");
     }
 }
 
