@@ -22,7 +22,7 @@
 //!   non-overlapping 4 GiB `cuMemcpyDtoDAsync` [ratio >= 0.95].
 //!
 //! `CUARENA_BENCH_CASES=slide,compact` runs only the cases named (for a
-//! profiler).
+//! profiler); `CUARENA_BENCH_SLIDE=4096` slides by another shift.
 //!
 //! Times include everything `execute` does on the host (checking the plan,
 //! laying out and uploading the descriptors): the start event is recorded
@@ -30,8 +30,8 @@
 //!
 //! Environment: `CUARENA_BENCH_REPS` (default 10), `CUARENA_BENCH_SWEEP=1`
 //! also times other kernel shapes (threads x vectors per thread),
-//! `CUARENA_BENCH_SHAPES="256x8,128x16c2,256x16b3"` the shapes listed
-//! (`cN`: CTAs per SM, `bS`: bulk stages), `CUARENA_BENCH_PER_BLOCK=0`
+//! `CUARENA_BENCH_SHAPES="256x8,128x16c2,256x16b3,256x16s0"` the shapes
+//! listed (`cN`: CTAs per SM, `bS`: bulk stages, `sM`: side buffer MiB), `CUARENA_BENCH_PER_BLOCK=0`
 //! leaves out the one-memcpy-per-block baseline of the compaction cases.
 
 use std::sync::Arc;
@@ -252,6 +252,16 @@ fn per_block_baseline() -> bool {
     std::env::var("CUARENA_BENCH_PER_BLOCK").map_or(true, |v| v.trim() != "0")
 }
 
+/// Bytes the slide case slides by: `CUARENA_BENCH_SLIDE` (default 256, the
+/// target's case; others for experiments).
+fn slide_shift() -> u64 {
+    std::env::var("CUARENA_BENCH_SLIDE")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&s: &u64| (1..=GIB).contains(&s))
+        .unwrap_or(256)
+}
+
 fn run_cases(backend: &mut CudaBackend, timer: &Timer, label: &str) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     if wanted("large") {
@@ -354,7 +364,8 @@ fn slide_case(
     rows: &mut Vec<Row>,
 ) -> Result<()> {
     let (region, stream) = (backend.region_ptr(), backend.stream().clone());
-    let plan = one_wave(vec![mv(256, 0, 4 * GIB)]);
+    let shift = slide_shift();
+    let plan = one_wave(vec![mv(shift, 0, 4 * GIB)]);
     let ours = timer.median_ms(|| backend.execute(&plan))?;
     let (dev, host) = timer.split_ms(|| blocker(region, &stream), || backend.execute(&plan))?;
     println!(
@@ -364,7 +375,7 @@ fn slide_case(
     let ours_plain =
         timer.median_ms(|| backend.execute(&one_wave(vec![mv(0, 8 * GIB, 4 * GIB)])))?;
     rows.push(Row {
-        case: format!("{label} slide 4G by 256B"),
+        case: format!("{label} slide 4G by {shift}B"),
         bytes: 4 * GIB,
         ours_ms: ours,
         base_name: "memcpy 4G",
@@ -405,22 +416,25 @@ fn print_rows(rows: &[Row]) {
     }
 }
 
-/// `TxV[cN][bS]`: threads per CTA, vectors per thread, CTAs per SM, bulk
-/// stages (the backend validates the values).
+/// `TxV[cN][bS][sM]`: threads per CTA, vectors per thread, CTAs per SM,
+/// bulk stages, side buffer in MiB (`s0`: every tile waits; the backend
+/// validates the values).
 fn parse_shape(spec: &str) -> Option<CudaOptions> {
     let (t, rest) = spec.split_once('x')?;
-    let end = rest.find(['c', 'b']).unwrap_or(rest.len());
+    let end = rest.find(['c', 'b', 's']).unwrap_or(rest.len());
     let mut o = CudaOptions::default()
+        .with_large_moves(None)
         .with_threads_per_cta(t.parse().ok()?)
         .with_vectors_per_thread(rest[..end].parse().ok()?);
     let mut tail = &rest[end..];
     while !tail.is_empty() {
         let (tag, num) = tail.split_at(1);
-        let end = num.find(['c', 'b']).unwrap_or(num.len());
+        let end = num.find(['c', 'b', 's']).unwrap_or(num.len());
         let n: u32 = num[..end].parse().ok()?;
         o = match tag {
             "c" => o.with_ctas_per_sm(Some(n)),
             "b" => o.with_bulk_stages(n),
+            "s" => o.with_side_buffer_bytes(n.checked_mul(1 << 20)?),
             _ => return None,
         };
         tail = &num[end..];
@@ -450,7 +464,7 @@ fn main() -> Result<()> {
         for spec in list.split(',').filter(|s| !s.is_empty()) {
             match parse_shape(spec) {
                 Some(o) => shapes.push(o),
-                None => println!("CUARENA_BENCH_SHAPES: '{spec}' is not TxV[cN][bS]; skipped"),
+                None => println!("CUARENA_BENCH_SHAPES: '{spec}' is not TxV[cN][bS][sM]; skipped"),
             }
         }
     }
@@ -459,6 +473,7 @@ fn main() -> Result<()> {
         for (t, v, s) in [(256, 16, 0), (128, 16, 6), (256, 8, 6)] {
             shapes.push(
                 CudaOptions::default()
+                    .with_large_moves(None)
                     .with_threads_per_cta(t)
                     .with_vectors_per_thread(v)
                     .with_bulk_stages(s),
@@ -478,8 +493,25 @@ fn main() -> Result<()> {
             .ctas_per_sm
             .map(|c| format!("c{c}"))
             .unwrap_or_default();
+        let side = if opts.side_buffer_bytes == CudaOptions::default().side_buffer_bytes {
+            String::new()
+        } else {
+            format!("s{}", opts.side_buffer_bytes >> 20)
+        };
+        // A second shape for large moves: `+TxVbS` (as it runs).
+        let large = backend
+            .large_move_kernel_info()
+            .zip(opts.large_moves)
+            .map(|(i, l)| {
+                let kind = match i.bulk_stages {
+                    0 => "r".to_string(),
+                    s => format!("b{s}"),
+                };
+                format!("+{}x{}{kind}", l.threads_per_cta, l.vectors_per_thread)
+            })
+            .unwrap_or_default();
         let label = format!(
-            "{}x{}{ctas}{kind}",
+            "{}x{}{ctas}{kind}{side}{large}",
             opts.threads_per_cta, opts.vectors_per_thread
         );
         println!(

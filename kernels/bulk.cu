@@ -32,7 +32,8 @@
 //       warps), then builds aligned 16-byte destination vectors from two
 //       shared vectors with a funnel shift, and releases the slot.
 //   So the flag wait of a step never holds back the next loads, and the
-//   copies of two steps overlap.
+//   copies of two steps overlap. A deferred tile (see moves.cu) stores its
+//   waiting part into the side buffer instead, with no wait.
 //
 // Deadlock: loads wait only for a free slot, a CTA takes tickets in
 // increasing order and consumes them in that order, and a tile waits only
@@ -110,26 +111,33 @@ __device__ __forceinline__ void bulk_load(const TileDesc& d, unsigned char* slot
 // A shifted tile from its slot to global memory, by consumer thread `c`:
 // aligned destination vectors, built from the two aligned shared vectors
 // that hold their source bytes; the head (up to the destination's first
-// 16-byte boundary) and the tail byte by byte.
+// 16-byte boundary) and the tail byte by byte. Pieces that start below
+// destination byte `split` go to `lower` (an address equal to d.dst modulo
+// 16: the side buffer of a deferred tile) instead.
 __device__ __forceinline__ void store_shifted_from(const TileDesc& d, const unsigned char* slot,
-                                                   u32 c) {
+                                                   u32 c, u32 split, u64 lower) {
     const u32 tail_thread = CUARENA_CONSUMERS > 32 ? 32u : 0u;
     const u32 o = (u32)(d.src & 15u);  // source byte j is slot[o + j]
     u32 h = (16u - (u32)(d.dst & 15u)) & 15u;
     if (h > d.n) h = d.n;
     const u32 b = (d.n - h) >> 4, t = d.n - h - 16u * b;
     const u32 q0 = o + h, m = q0 & 15u;
-    unsigned char* a = reinterpret_cast<unsigned char*>(d.dst + h);
+    // Destination of the piece starting at byte j of the tile.
+    auto at = [&](u32 j) { return reinterpret_cast<unsigned char*>((j < split ? lower : d.dst) + j); };
     for (u32 k = c; k < b; k += CUARENA_CONSUMERS) {
         const u32 q = (q0 & ~15u) + 16u * k;
         const uint4 lo = *reinterpret_cast<const uint4*>(slot + q);
         const uint4 v = m == 0 ? lo : shift16(lo, *reinterpret_cast<const uint4*>(slot + q + 16u), m);
-        st16(a + 16u * k, v);
+        st16(at(h + 16u * k), v);
     }
-    if (c == 0)
-        for (u32 j = 0; j < h; ++j) reinterpret_cast<unsigned char*>(d.dst)[j] = slot[o + j];
-    if (c == tail_thread)
-        for (u32 j = 0; j < t; ++j) a[16u * b + j] = slot[q0 + 16u * b + j];
+    if (c == 0) {
+        unsigned char* p = at(0);
+        for (u32 j = 0; j < h; ++j) p[j] = slot[o + j];
+    }
+    if (c == tail_thread) {
+        unsigned char* p = at(h + 16u * b);
+        for (u32 j = 0; j < t; ++j) p[j] = slot[q0 + 16u * b + j];
+    }
 }
 
 // Destination bytes [from, to) of an aligned tile (`to` <= n; 16-byte
@@ -250,9 +258,11 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(
         if ((d.wait & CUARENA_SHIFTED) == 0) {
             if (warp == 1) {
                 // Destination bytes [0, w) may cover earlier tiles' sources
-                // and wait for them; the rest covers at most this tile's
-                // own source, which is loaded.
-                u32 w = d.lo <= d.hi ? ((d.wait & CUARENA_WAIT_MASK) + 15u) & ~15u : 0u;
+                // and wait for them (or go to the side buffer: deferred);
+                // the rest covers at most this tile's own source, which is
+                // loaded.
+                const bool deferred = (d.wait & CUARENA_DEFERRED) != 0;
+                u32 w = deferred || d.lo <= d.hi ? ((d.wait & CUARENA_WAIT_MASK) + 15u) & ~15u : 0u;
                 if (w > (d.n & ~15u)) w = d.n;
                 if (leader) {
                     st_relaxed(&a.flags[t], a.epoch);
@@ -264,13 +274,15 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(
                     if (pending != CUARENA_NO_TICKET) mbar_arrive(smem_addr(&s_empty[pending]));
                     pending = s;
                 }
-                const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [] {});
+                const bool gave_up = !deferred && wait_tiles(a, d.lo, d.hi, lane, [] {});
                 // The lanes' acquires come before the leader's copy (warp
                 // barrier).
                 __syncwarp();
                 abort = abort || __any_sync(FULL_MASK, gave_up);
                 if (leader) {
-                    if (!abort && w) bulk_store(d, buf, 0, w);
+                    TileDesc ds = d;
+                    if (deferred) ds.dst = a.side + d.lo;
+                    if (!abort && w) bulk_store(ds, buf, 0, w);
                     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
                 } else {
                     mbar_arrive(empty);
@@ -294,10 +306,13 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(
             // Every consumer warp waits for the flags itself (no barrier
             // between warps): the lanes' acquires come before the warp's
             // stores (warp barrier).
-            const bool gave_up = wait_tiles(a, d.lo, d.hi, lane, [] {});
+            const bool deferred = (d.wait & CUARENA_DEFERRED) != 0;
+            const bool gave_up = !deferred && wait_tiles(a, d.lo, d.hi, lane, [] {});
             __syncwarp();
             abort = abort || __any_sync(FULL_MASK, gave_up);
-            if (!abort) store_shifted_from(d, buf, c);
+            if (!abort)
+                store_shifted_from(d, buf, c, deferred ? d.wait & CUARENA_WAIT_MASK : 0u,
+                                   a.side + d.lo);
             mbar_arrive(empty);
         }
         if (++s == stages) {

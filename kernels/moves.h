@@ -37,17 +37,28 @@ struct TileDesc {
     u64 dst;   // device address of its first destination byte
     u32 n;     // bytes (1..=CUARENA_TILE_BYTES)
     u32 lo;    // tiles lo..=hi must be loaded before the waiting part stores
-    u32 hi;    //   (lo > hi: none)
+    u32 hi;    //   (lo > hi: none). Deferred tiles: lo is the byte offset in
+               //   the side buffer of the lower part, hi its length.
     u32 wait;  // bits 0..23: the first `wait` destination bytes lie below the
                // tile's own source and may cover earlier tiles' sources: they
                // store after the wait; the rest covers at most the tile's own
                // source and stores right after the tile is loaded.
                // Bit 24 (CUARENA_SHIFTED): source or destination is not
                // 16-byte aligned, so the tile takes the shifting path.
+               // Bit 25 (CUARENA_DEFERRED): the lower part goes to the side
+               // buffer instead of waiting, and cuarena_settle copies it to
+               // its destination after the move kernel (see moves.cu).
 };
 
 #define CUARENA_WAIT_MASK 0xFFFFFFu
 #define CUARENA_SHIFTED (1u << 24)
+#define CUARENA_DEFERRED (1u << 25)
+
+// A tile defers its lower part only when it is at most this many bytes and
+// at most 1/CUARENA_DEFER_RATIO of the tile: the detour through the side
+// buffer costs two extra passes over those bytes.
+#define CUARENA_DEFER_MAX 4096u
+#define CUARENA_DEFER_RATIO 32u
 
 // One wave, passed by value. Per-move arrays are indexed by the move's
 // position in the wave; per-tile arrays by the tile's position.
@@ -59,9 +70,13 @@ struct WaveArgs {
     const u32* tile_base; // [n_moves] index of each move's first tile
     TileDesc* tiles;      // [n_tiles] (prep)
     u32* flags;           // [n_tiles] == epoch once the tile's source is in registers
-    u32* ctl;             // ctl[0]: ticket counter (reset by prep); ctl[1]: sticky error bits
+    u32* ctl;             // ctl[0]: ticket counter (reset by prep); ctl[1]: sticky error bits;
+                          // ctl[2..4]: side-buffer bytes taken, a u64 (reset by cuarena_settle)
     u32 n_moves;
     u32 n_tiles;
     u32 epoch;            // distinct for every launch of cuarena_move on these flags
     u32 pad;              // cuarena_move_bulk: tiles in flight per CTA (else 0)
+    u64 side;             // device address of the side buffer (256-byte aligned)
+    u32 side_cap;         // its bytes; 0: no tile defers (and cuarena_settle does not run)
+    u32 pad2;
 };

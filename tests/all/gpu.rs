@@ -26,7 +26,7 @@ use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::cuda::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use cuarena::backend::cuda::CudaBackend;
+use cuarena::backend::cuda::{CudaBackend, CudaOptions};
 use cuarena::{Arena, ArenaConfig, Error, Handle};
 
 const KIB: u64 = 1 << 10;
@@ -353,13 +353,44 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
     let ops = Ops::from_ops(ops);
     let cap = ops.peak_live_rounded(256);
     let config = ArenaConfig::new(cap);
-    let r = replay_gpu(&ops, &config, &GpuReplayOptions::default()).expect("replay");
-    assert!(matches!(r.outcome, Outcome::Completed), "{:?}", r.outcome);
-    assert_eq!(r.mismatched_words, 0);
-    assert!(
-        r.timed.targeted_compactions + r.timed.full_compactions > 0,
-        "no compaction exercised"
-    );
+    // The default kernels, and registers with no side buffer.
+    let default = CudaOptions::default();
+    let registers = default
+        .with_large_moves(None)
+        .with_bulk_stages(0)
+        .with_vectors_per_thread(16);
+    // (The other kernels without the warm-up pass: the test's time goes to
+    // the delays the replay enqueues to time each compaction.)
+    for (name, cuda, warmup) in [
+        ("default", default, 1),
+        (
+            "registers, no side buffer",
+            registers.with_side_buffer_bytes(0),
+            0,
+        ),
+    ] {
+        let t0 = std::time::Instant::now();
+        let options = GpuReplayOptions::default()
+            .with_cuda_options(cuda)
+            .with_warmup_passes(warmup);
+        let r = replay_gpu(&ops, &config, &options).expect("replay");
+        println!(
+            "{name}: {:?} in {:.1?}, {} compactions",
+            r.outcome,
+            t0.elapsed(),
+            r.timed.targeted_compactions + r.timed.full_compactions
+        );
+        assert!(
+            matches!(r.outcome, Outcome::Completed),
+            "{name}: {:?}",
+            r.outcome
+        );
+        assert_eq!(r.mismatched_words, 0, "{name}");
+        assert!(
+            r.timed.targeted_compactions + r.timed.full_compactions > 0,
+            "no compaction exercised"
+        );
+    }
     let bad = GpuReplayOptions::default().with_corrupt_block(Some(3));
     let r = replay_gpu(&ops, &config, &bad).expect("replay");
     assert!(

@@ -25,10 +25,23 @@ impl DeviceBuf {
         zeroed: bool,
         stream: &CudaStream,
     ) -> Result<bool> {
+        self.reserve_capped(bytes, usize::MAX, zeroed, stream)
+    }
+
+    /// As [`reserve`](Self::reserve), growing (2x, so that a slowly
+    /// growing need reallocates rarely) to at most `cap` bytes, or
+    /// `bytes` where that is more.
+    pub(super) fn reserve_capped(
+        &mut self,
+        bytes: usize,
+        cap: usize,
+        zeroed: bool,
+        stream: &CudaStream,
+    ) -> Result<bool> {
         if self.bytes >= bytes {
             return Ok(false);
         }
-        let want = bytes.max(self.bytes.saturating_mul(2)).max(256);
+        let want = bytes.max(self.bytes.saturating_mul(2).max(256).min(cap));
         stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;

@@ -13,7 +13,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 
-use super::{driver_err, CudaOptions};
+use super::{driver_err, CudaOptions, MoveKernelInfo};
 use crate::error::{Error, Result};
 
 /// Name used in [`Error::Nvrtc`] for the move kernels.
@@ -44,6 +44,8 @@ pub(crate) struct MoveKernels {
     pub(crate) bulk: CudaFunction,
     /// Rule 3 over a wave that ran in several chunks.
     pub(crate) check: CudaFunction,
+    /// Deferred lower parts from the side buffer to their destinations.
+    pub(crate) settle: CudaFunction,
 }
 
 type ImageCache = Mutex<Vec<(String, Vec<u8>)>>;
@@ -149,6 +151,7 @@ pub(crate) fn load_move_kernels(
         moves: function("cuarena_move")?,
         bulk: function("cuarena_move_bulk")?,
         check: function("cuarena_check")?,
+        settle: function("cuarena_settle")?,
         _module: module,
     })
 }
@@ -226,4 +229,50 @@ pub(crate) fn move_launch(
         shared_bytes,
         ctas_per_sm,
     })
+}
+
+/// The move kernels compiled for one tile shape, and how they launch.
+#[derive(Debug)]
+pub(crate) struct KernelSet {
+    pub(crate) kernels: MoveKernels,
+    pub(crate) info: MoveKernelInfo,
+    pub(crate) threads_per_cta: u32,
+}
+
+impl KernelSet {
+    /// Compiles (or takes from the cache) and loads the kernels of
+    /// `shape` (its threads, vectors, CTAs per SM and bulk stages).
+    pub(crate) fn load(
+        ctx: &Arc<CudaContext>,
+        arch: &str,
+        major: i32,
+        sm_count: u32,
+        shape: &CudaOptions,
+    ) -> Result<Self> {
+        let kernels = load_move_kernels(ctx, arch, shape)?;
+        let launch = move_launch(ctx, &kernels, shape, major)?;
+        let function = if launch.stages > 0 {
+            &kernels.bulk
+        } else {
+            &kernels.moves
+        };
+        let info = MoveKernelInfo {
+            registers: function
+                .num_regs()
+                .map_err(driver_err("cuFuncGetAttribute"))?,
+            local_bytes: function
+                .local_size_bytes()
+                .map_err(driver_err("cuFuncGetAttribute"))?,
+            ctas_per_sm: launch.ctas_per_sm,
+            grid: sm_count.saturating_mul(launch.ctas_per_sm),
+            tile_bytes: shape.tile_bytes(),
+            bulk_stages: launch.stages,
+            shared_bytes: launch.shared_bytes,
+        };
+        Ok(Self {
+            kernels,
+            info,
+            threads_per_cta: shape.threads_per_cta,
+        })
+    }
 }

@@ -34,10 +34,15 @@
 //! differ modulo 16 loads aligned source vectors and funnel-shifts them
 //! across lanes into aligned destination vectors (its first and last few
 //! bytes go one by one). Chunks of one wave are ordered by the stream, so a
-//! chunk never waits for another. On Hopper, [`CudaOptions::bulk_stages`]
-//! selects `cuarena_move_bulk` (`kernels/bulk.cu`) instead: the same tiles
-//! and waits, carried through shared memory by bulk asynchronous copies,
-//! several per CTA in flight; measured, not the default (see there).
+//! chunk never waits for another. On Hopper the default runs
+//! `cuarena_move_bulk` (`kernels/bulk.cu`): the same tiles and waits,
+//! carried through shared memory by bulk asynchronous copies, several per
+//! CTA in flight; a chunk whose moves average 256 KiB or more takes a
+//! second compiled shape with 64 KiB tiles ([`CudaOptions::large_moves`]).
+//! A tile whose waiting part is small (a block sliding down by a small
+//! shift) stores it into a side buffer instead of waiting, and a third
+//! launch, `cuarena_settle`, puts it in place
+//! ([`CudaOptions::side_buffer_bytes`]).
 //!
 //! # Checks
 //!
@@ -56,13 +61,12 @@
 //!
 //! # Performance (`benches/moves.rs`, BENCHMARKS.md)
 //!
-//! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run, on an
-//! H100 (2026-11-23): 8 GiB of 1 MiB-1 GiB blocks at 1.0x its bandwidth;
-//! 100,000 blocks of 4-64 KiB compacted in one wave at about 0.92x one big
-//! copy of the same bytes (about 160x faster than one copy per block), 0.90x
-//! at 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.95x a
-//! non-overlapping copy. An H200 is harder (its copy engine outruns our
-//! kernels' plain copy by 5%): 0.99, 0.84, 0.75 and 0.90.
+//! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run
+//! (2026-11-25, default options): 8 GiB of 1 MiB-1 GiB blocks at 1.02x
+//! its bandwidth on an H100 and an H200; 100,000 blocks of 4-64 KiB
+//! compacted in one wave at 0.92x / 0.90x one big copy of the same bytes;
+//! 0.91x / 0.85x at 1-byte alignment; a 4 GiB block sliding down by 256 B
+//! at 0.98x / 0.947x a non-overlapping copy.
 
 mod buffers;
 mod kernels;
@@ -80,7 +84,7 @@ mod wave;
 /// types match).
 pub use cudarc;
 pub use launch::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
-pub use options::{CudaOptions, MoveKernelInfo};
+pub use options::{CudaOptions, LargeMoves, MoveKernelInfo};
 pub use view::{ArenaView, ArenaViewMut, IoViews, ViewSet};
 
 use std::mem::ManuallyDrop;
@@ -93,7 +97,7 @@ use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 
 use buffers::{DeviceBuf, PinnedBuf};
-use kernels::MoveKernels;
+use kernels::KernelSet;
 
 /// Maps a cudarc driver error to [`Error::Driver`] naming `call`, keeping
 /// the driver's result code.
@@ -153,8 +157,11 @@ struct Scratch {
     tiles: DeviceBuf,
     /// Per-tile "loaded" flags, compared against the launch's epoch.
     flags: DeviceBuf,
-    /// Ticket counter and error word.
+    /// Ticket counter, error word, and the side buffer's fill (u64).
     ctl: DeviceBuf,
+    /// Deferred lower parts of tiles (see `kernels/moves.cu`); grows to
+    /// at most `CudaOptions::side_buffer_bytes`, when a plan first needs it.
+    side: DeviceBuf,
     /// Host side of the per-move upload, double-buffered: a plan fills one
     /// while the uploads of the previous plan (queued behind whatever the
     /// stream holds) still read the other, so the host never waits for them.
@@ -192,8 +199,10 @@ pub struct CudaBackend {
     region_ptr: u64,
     capacity_bytes: u64,
     scratch: Scratch,
-    kernels: MoveKernels,
-    kernel_info: MoveKernelInfo,
+    /// The move kernels, and those for chunks of large moves (when the
+    /// options name a separate shape for them).
+    primary: KernelSet,
+    large: Option<KernelSet>,
     options: CudaOptions,
     device_name: String,
     arch: String,
@@ -263,25 +272,10 @@ impl CudaBackend {
         let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
         let device_name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
 
-        let kernels = kernels::load_move_kernels(&ctx, &arch, &options)?;
-        let launch = kernels::move_launch(&ctx, &kernels, &options, major)?;
-        let function = if launch.stages > 0 {
-            &kernels.bulk
-        } else {
-            &kernels.moves
-        };
-        let kernel_info = MoveKernelInfo {
-            registers: function
-                .num_regs()
-                .map_err(driver_err("cuFuncGetAttribute"))?,
-            local_bytes: function
-                .local_size_bytes()
-                .map_err(driver_err("cuFuncGetAttribute"))?,
-            ctas_per_sm: launch.ctas_per_sm,
-            grid: sm_count.saturating_mul(launch.ctas_per_sm),
-            tile_bytes: options.tile_bytes(),
-            bulk_stages: launch.stages,
-            shared_bytes: launch.shared_bytes,
+        let primary = KernelSet::load(&ctx, &arch, major, sm_count, &options)?;
+        let large = match options.large_moves {
+            Some(l) => Some(KernelSet::load(&ctx, &arch, major, sm_count, &l.shape())?),
+            None => None,
         };
 
         let capacity_bytes = match capacity {
@@ -353,6 +347,7 @@ impl CudaBackend {
             tiles: DeviceBuf::EMPTY,
             flags: DeviceBuf::EMPTY,
             ctl: DeviceBuf::EMPTY,
+            side: DeviceBuf::EMPTY,
             staging: [PinnedBuf::EMPTY, PinnedBuf::EMPTY],
             status: PinnedBuf::EMPTY,
             upload_done: [
@@ -372,8 +367,8 @@ impl CudaBackend {
             region_ptr: ptr,
             capacity_bytes,
             scratch,
-            kernels,
-            kernel_info,
+            primary,
+            large,
             options,
             device_name,
             arch,
@@ -426,9 +421,23 @@ impl CudaBackend {
         &self.options
     }
 
-    /// Registers, spills and grid of the move kernel.
+    /// Registers, spills and grid of the move kernel (of chunks of small
+    /// moves, when the options name a kernel for large ones).
     pub fn move_kernel_info(&self) -> &MoveKernelInfo {
-        &self.kernel_info
+        &self.primary.info
+    }
+
+    /// The same for the kernel of chunks of large moves, if the options
+    /// name one ([`CudaOptions::large_moves`]).
+    pub fn large_move_kernel_info(&self) -> Option<&MoveKernelInfo> {
+        self.large.as_ref().map(|k| &k.info)
+    }
+
+    /// Device bytes of the side buffer that small waiting parts of tiles
+    /// go through (see [`CudaOptions::side_buffer_bytes`]): 0 until a plan
+    /// first slides a block down by a small shift.
+    pub fn side_buffer_bytes(&self) -> usize {
+        self.scratch.side.bytes
     }
 
     /// Waits for all work on the arena stream and reports any error the
@@ -522,6 +531,7 @@ impl Drop for CudaBackend {
         self.scratch.tiles.release();
         self.scratch.flags.release();
         self.scratch.ctl.release();
+        self.scratch.side.release();
         self.scratch.table.release();
         for t in &mut self.scratch.retired_tables {
             t.release();
@@ -544,7 +554,11 @@ mod tests {
     #[test]
     fn options_are_checked() {
         assert!(CudaOptions::default().validate().is_ok());
-        assert_eq!(CudaOptions::default().tile_bytes(), 64 * 1024);
+        assert_eq!(CudaOptions::default().tile_bytes(), 32 * 1024);
+        // A bad shape for large moves is caught too.
+        let bad_large =
+            CudaOptions::default().with_large_moves(Some(LargeMoves::new(512, 3, 2, 1)));
+        assert!(bad_large.validate().is_err());
         let bad = CudaOptions {
             threads_per_cta: 100,
             ..CudaOptions::default()

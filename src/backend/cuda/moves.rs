@@ -342,8 +342,6 @@ impl Backend for CudaBackend {
         self.scratch.staging[p].reserve(words)?;
         self.scratch.moves.reserve(words * 8, false, &self.stream)?;
 
-        let tile_shift = self.options.tile_bytes().trailing_zeros();
-        let grid = self.kernel_info.grid;
         let prep_cap = self.sm_count.saturating_mul(8);
         let stream = self.stream.cu_stream();
         // Uploads overwrite `moves`, which the last plan's kernels read.
@@ -366,8 +364,17 @@ impl Backend for CudaBackend {
                 let mut prev_end = None;
                 let mut chunk_count = 0usize;
                 for (start, len) in stage::chunks(n) {
+                    // The chunk's kernel: by its moves' mean length.
+                    let chunk = &wave.moves[start..start + len];
+                    let bytes = chunk.iter().fold(0u64, |b, m| b.saturating_add(m.len));
+                    let large = self.options.for_chunk(bytes, len as u64).is_some();
+                    let tile_bytes = match (&self.large, large) {
+                        (Some(l), true) => l.info.tile_bytes,
+                        _ => self.primary.info.tile_bytes,
+                    };
+                    let tile_shift = tile_bytes.trailing_zeros();
                     // Check and lay out this chunk while the GPU runs the last.
-                    let tiles = {
+                    let staged = {
                         let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
                         let mut arrays = stage::wave_arrays(words, n)?;
                         stage::stage_chunk(
@@ -380,7 +387,14 @@ impl Backend for CudaBackend {
                             tile_shift,
                         )?
                     };
+                    let tiles = staged.tiles;
+                    // Deferring tiles share what the options allow; the
+                    // rest wait (the prep kernel checks the room).
+                    let most = self.options.side_buffer_bytes;
+                    let side_cap = staged.side_bytes.min(u64::from(most)) as u32;
                     let s = &mut self.scratch;
+                    s.side
+                        .reserve_capped(side_cap as usize, most as usize, false, &self.stream)?;
                     s.tiles.reserve(
                         tiles as usize * stage::TILE_DESC_BYTES,
                         false,
@@ -432,8 +446,11 @@ impl Backend for CudaBackend {
                         n_tiles: tiles,
                         epoch,
                         pad: 0,
+                        side: self.scratch.side.ptr,
+                        side_cap,
+                        pad2: 0,
                     };
-                    self.launch_chunk(&args, grid, prep_cap)?;
+                    self.launch_chunk(&args, large, prep_cap)?;
                     chunk_count += 1;
                 }
                 if chunk_count > 1 {
@@ -452,13 +469,16 @@ impl Backend for CudaBackend {
                         n_tiles: 0,
                         epoch: self.scratch.epoch,
                         pad: 0,
+                        side: 0,
+                        side_cap: 0,
+                        pad2: 0,
                     };
                     let cfg = LaunchConfig {
                         grid_dim: ((n as u32).div_ceil(256).clamp(1, prep_cap), 1, 1),
                         block_dim: (256, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    let mut check = self.stream.launch_builder(&self.kernels.check);
+                    let mut check = self.stream.launch_builder(&self.primary.kernels.check);
                     check.arg(&args);
                     // SAFETY: `cuarena_check(WaveArgs)` reads the wave's
                     // src/dst/len arrays (n entries each, uploaded above)

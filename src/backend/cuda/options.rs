@@ -23,34 +23,101 @@ pub struct CudaOptions {
     /// gives a whole warp to loading), the register kernel runs whatever
     /// this says.
     pub bulk_stages: u32,
+    /// Most bytes of device memory (besides the region) that a tile may
+    /// use to store the part of its destination that covers an earlier
+    /// tile's source instead of waiting for that tile: a block sliding
+    /// down by a small shift (at most 4 KiB and 1/32 of a tile) would
+    /// otherwise make every tile wait for the one before it. Allocated when
+    /// a plan first needs it; tiles beyond it wait. 0 turns this off.
+    pub side_buffer_bytes: u32,
+    /// A second kernel shape for chunks of large moves; `None`: one shape
+    /// for every chunk. Big tiles move large blocks at the copy engine's
+    /// speed but leave tiles half empty on small blocks, where smaller
+    /// tiles with more in flight win.
+    pub large_moves: Option<LargeMoves>,
+}
+
+/// The kernel shape for chunks whose moves are large (see
+/// [`CudaOptions::large_moves`]); CTAs per SM are the driver's occupancy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LargeMoves {
+    /// Threads per CTA (as [`CudaOptions::threads_per_cta`]).
+    pub threads_per_cta: u32,
+    /// 16-byte vectors per thread (as [`CudaOptions::vectors_per_thread`]).
+    pub vectors_per_thread: u32,
+    /// Bulk stages (as [`CudaOptions::bulk_stages`]).
+    pub bulk_stages: u32,
+    /// A chunk (up to 65,536 moves of a wave) takes this shape when its
+    /// moves' mean length is at least this many bytes.
+    pub from_mean_bytes: u64,
+}
+
+impl LargeMoves {
+    /// A shape for chunks of moves of `from_mean_bytes` or more on average.
+    pub fn new(
+        threads_per_cta: u32,
+        vectors_per_thread: u32,
+        bulk_stages: u32,
+        from_mean_bytes: u64,
+    ) -> Self {
+        Self {
+            threads_per_cta,
+            vectors_per_thread,
+            bulk_stages,
+            from_mean_bytes,
+        }
+    }
+
+    /// As options of one shape (for compiling and validating it).
+    pub(super) fn shape(&self) -> CudaOptions {
+        CudaOptions {
+            threads_per_cta: self.threads_per_cta,
+            vectors_per_thread: self.vectors_per_thread,
+            ctas_per_sm: None,
+            bulk_stages: self.bulk_stages,
+            side_buffer_bytes: 0,
+            large_moves: None,
+        }
+    }
 }
 
 /// Most tiles in flight per CTA (`CUARENA_MAX_STAGES` in `kernels/bulk.cu`).
 pub(crate) const MAX_BULK_STAGES: u32 = 16;
 
-/// The register kernel by default. Against the reworked (warp-specialised)
-/// bulk kernel in the same runs (2026-11-25, BENCHMARKS.md, ratios to
-/// `cuMemcpyDtoDAsync`; large / 100k blocks / 1-byte alignment / 4 GiB
-/// slide): on an H100 the register kernel (256x16) gave 1.00 / 0.92 /
-/// 0.90 / 0.95 and the best bulk shapes 1.00-1.01 / 0.91-0.92 /
-/// 0.89-0.90 / 0.92, so only the register kernel meets every H100 target.
-/// On an H200 the bulk kernel wins on small blocks (256x8b6: 1.00 / 0.90
-/// / 0.85 / 0.85 against 0.99 / 0.87 / 0.79 / 0.89) but loses the slide,
-/// where each tile's store waits for the previous tile's load and a CTA's
-/// in-order ring adds to that wait; neither meets the H200 slide target.
-const DEFAULT_BULK_STAGES: u32 = 0;
+/// Room for a 4 GiB slide by 256 B in 64 KiB tiles (65,536 tiles of at
+/// most 304 bytes: 19 MiB) with some to spare; a larger slide defers its
+/// first 32 MiB worth of tiles and the rest wait.
+const DEFAULT_SIDE_BUFFER_BYTES: u32 = 32 << 20;
+
+/// Chunks whose moves average at least 256 KiB (four 64 KiB tiles, so that
+/// partly filled tiles are at most an eighth of the bytes) take 64 KiB
+/// tiles through the bulk kernel with 2 stages (512 x 8): the best copy
+/// rate on an H200 (0.98 of `cuMemcpyDtoDAsync` against 0.95-0.96 for
+/// 32 KiB tiles) but 0.80 on 100,000 blocks of 4-64 KiB, where most tiles
+/// are half empty. Measured 2026-11-25, BENCHMARKS.md.
+const DEFAULT_LARGE_MOVES: LargeMoves = LargeMoves {
+    threads_per_cta: 512,
+    vectors_per_thread: 8,
+    bulk_stages: 2,
+    from_mean_bytes: 256 << 10,
+};
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        // 256 threads x 16 vectors (64 KiB tiles, 2 CTAs per SM): best on
-        // an H100 across the move benchmarks in a sweep of four shapes
-        // (2026-11-23, BENCHMARKS.md); a slide pays one flag wait per tile,
-        // so big tiles help it, and 100,000 small blocks lose little.
+        // Small moves: 32 KiB tiles through the bulk kernel, 4 in flight
+        // per CTA (256 x 8, 4 stages): 0.90-0.92 of one big memcpy on
+        // 100,000 blocks of 4-64 KiB and 0.85-0.91 at 1-byte alignment, on
+        // an H200 and an H100 (the register kernel, 256 x 16, gave 0.87
+        // and 0.79 on the H200). Devices before Hopper run the register
+        // kernel of the same tile.
         Self {
             threads_per_cta: 256,
-            vectors_per_thread: 16,
+            vectors_per_thread: 8,
             ctas_per_sm: None,
-            bulk_stages: DEFAULT_BULK_STAGES,
+            bulk_stages: 4,
+            side_buffer_bytes: DEFAULT_SIDE_BUFFER_BYTES,
+            large_moves: Some(DEFAULT_LARGE_MOVES),
         }
     }
 }
@@ -82,12 +149,38 @@ impl CudaOptions {
         self
     }
 
+    /// Sets the most side-buffer bytes (0: every tile waits; see
+    /// [`side_buffer_bytes`](Self::side_buffer_bytes)).
+    pub fn with_side_buffer_bytes(mut self, bytes: u32) -> Self {
+        self.side_buffer_bytes = bytes;
+        self
+    }
+
+    /// Sets the kernel of chunks of large moves (`None`: this shape for
+    /// every chunk).
+    pub fn with_large_moves(mut self, large: Option<LargeMoves>) -> Self {
+        self.large_moves = large;
+        self
+    }
+
+    /// The shape of the kernel that moves a chunk whose moves' lengths sum
+    /// to `bytes` over `moves` moves: `large_moves` when their mean
+    /// reaches its threshold, else this one.
+    pub(super) fn for_chunk(&self, bytes: u64, moves: u64) -> Option<&LargeMoves> {
+        self.large_moves
+            .as_ref()
+            .filter(|l| moves > 0 && bytes / moves >= l.from_mean_bytes)
+    }
+
     /// Bytes of one tile: `threads_per_cta * vectors_per_thread * 16`.
     pub fn tile_bytes(&self) -> u64 {
         u64::from(self.threads_per_cta) * u64::from(self.vectors_per_thread) * 16
     }
 
     pub(super) fn validate(&self) -> Result<()> {
+        if let Some(l) = &self.large_moves {
+            l.shape().validate()?;
+        }
         let ok = (32..=1024).contains(&self.threads_per_cta)
             && self.threads_per_cta.is_power_of_two()
             && (1..=16).contains(&self.vectors_per_thread)

@@ -28,6 +28,36 @@ pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 /// Bytes of one `TileDesc` (kernels/moves.h).
 pub(crate) const TILE_DESC_BYTES: usize = 32;
 
+/// A tile defers its waiting part through the side buffer only when it is
+/// at most this many bytes (`CUARENA_DEFER_MAX`, kernels/moves.h) ...
+pub(crate) const DEFER_MAX: u64 = 4096;
+/// ... and at most 1/`DEFER_RATIO` of the tile (`CUARENA_DEFER_RATIO`).
+pub(crate) const DEFER_RATIO: u64 = 32;
+
+/// What a staged chunk needs on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Staged {
+    /// Tiles of the chunk.
+    pub(crate) tiles: u32,
+    /// At least the side-buffer bytes its deferring tiles would take (the
+    /// prep kernel takes at most `DEFER_MAX + 48` per tile; see
+    /// [`side_bytes_of`]).
+    pub(crate) side_bytes: u64,
+}
+
+/// Side-buffer bytes the tiles of move `m` may take: only a move sliding
+/// down by a small shift has tiles that defer (every tile's waiting part is
+/// then `shift` bytes; a move further from its source waits whole tiles).
+/// Each takes the shift rounded to 16 bytes plus a vector each side.
+pub(crate) fn side_bytes_of(m: &Move, tiles: u64, tile_shift: u32) -> u64 {
+    let shift = m.src.wrapping_sub(m.dst);
+    if m.src > m.dst && shift <= DEFER_MAX && shift * DEFER_RATIO <= 1u64 << tile_shift {
+        tiles * (shift + 48)
+    } else {
+        0
+    }
+}
+
 /// `u64` words of a wave of `n` moves.
 pub(crate) fn staging_words(n: usize) -> usize {
     3 * n + n.div_ceil(2)
@@ -105,8 +135,8 @@ pub(crate) fn wave_arrays(words: &mut [u64], n: usize) -> Result<WaveArrays<'_>>
 /// Checks the moves `start..start + moves.len()` of wave `w` (non-empty,
 /// inside the region, sources ascending and disjoint, also across chunks
 /// through `prev_end`) and writes them into `arrays` at `start`, with tile
-/// indices from 0. Returns the chunk's tiles. `tile_shift` is log2 of the
-/// tile size.
+/// indices from 0. Returns the chunk's tiles and side-buffer bound.
+/// `tile_shift` is log2 of the tile size.
 ///
 /// Rule 3 is checked on the device (per tile by the prep kernel, per move
 /// over the whole wave by the check kernel); rules 2 and 4 are the
@@ -119,7 +149,7 @@ pub(crate) fn stage_chunk(
     prev_end: &mut Option<u64>,
     capacity_bytes: u64,
     tile_shift: u32,
-) -> Result<u32> {
+) -> Result<Staged> {
     let round = (1u64 << tile_shift) - 1;
     let end = start + moves.len();
     let (src, dst, len) = (
@@ -129,6 +159,7 @@ pub(crate) fn stage_chunk(
     );
     let tile_base = &mut arrays.tile_base[start..end];
     let mut tiles: u64 = 0;
+    let mut side_bytes: u64 = 0;
     for (k, m) in moves.iter().enumerate() {
         check_range(m.src, m.len, capacity_bytes)?;
         check_range(m.dst, m.len, capacity_bytes)?;
@@ -154,7 +185,9 @@ pub(crate) fn stage_chunk(
         tile_base[k] = tiles as u32;
         // Tiles are a power of two: shift, not divide (a division per move
         // was most of this loop's cost).
-        tiles += (m.len >> tile_shift) + u64::from(m.len & round != 0);
+        let move_tiles = (m.len >> tile_shift) + u64::from(m.len & round != 0);
+        tiles += move_tiles;
+        side_bytes += side_bytes_of(m, move_tiles, tile_shift);
         if tiles > MAX_CHUNK_TILES {
             return Err(Error::InvalidPlan {
                 reason: format!(
@@ -165,7 +198,10 @@ pub(crate) fn stage_chunk(
             });
         }
     }
-    Ok(tiles as u32)
+    Ok(Staged {
+        tiles: tiles as u32,
+        side_bytes,
+    })
 }
 
 #[cfg(test)]
@@ -182,6 +218,57 @@ mod tests {
         }
     }
 
+    /// The bounds mirror the kernels' header, and only small slides down
+    /// count.
+    #[test]
+    fn side_bytes_bound_small_slides_only() {
+        let header = include_str!("../../../kernels/moves.h");
+        for (name, value) in [
+            ("CUARENA_DEFER_MAX", DEFER_MAX),
+            ("CUARENA_DEFER_RATIO", DEFER_RATIO),
+        ] {
+            assert!(
+                header.contains(&format!("#define {name} {value}u")),
+                "{name} differs from kernels/moves.h"
+            );
+        }
+        let shift = 16; // 64 KiB tiles
+        assert_eq!(
+            side_bytes_of(&mv(256, 0, 1 << 20), 16, shift),
+            16 * (256 + 48)
+        );
+        assert_eq!(side_bytes_of(&mv(1, 0, 100), 1, shift), 49);
+        // Up to 1/32 of a tile (2 KiB here), never more than DEFER_MAX.
+        assert_eq!(
+            side_bytes_of(&mv(2048, 0, 1 << 20), 16, shift),
+            16 * (2048 + 48)
+        );
+        assert_eq!(side_bytes_of(&mv(2049, 0, 1 << 20), 16, shift), 0);
+        assert_eq!(side_bytes_of(&mv(8192, 0, 1 << 20), 16, 20), 0);
+        // Not sliding down: nothing waits on itself.
+        assert_eq!(side_bytes_of(&mv(0, 256, 1 << 20), 16, shift), 0);
+        assert_eq!(side_bytes_of(&mv(256, 256, 1 << 20), 16, shift), 0);
+        let mut words = vec![0u64; staging_words(2)];
+        let mut arrays = wave_arrays(&mut words, 2).expect("fits");
+        let staged = stage_chunk(
+            0,
+            0,
+            &[mv(256, 0, 1 << 20), mv((2 << 20) + 4096, 2 << 20, 1 << 20)],
+            &mut arrays,
+            &mut None,
+            8 << 20,
+            shift,
+        )
+        .expect("valid");
+        assert_eq!(
+            staged,
+            Staged {
+                tiles: 32,
+                side_bytes: 16 * (256 + 48)
+            }
+        );
+    }
+
     fn stage_wave(moves: &[Move], capacity: u64, shift: u32) -> Result<(Vec<u64>, Vec<u32>)> {
         let n = moves.len();
         let mut words = vec![0u64; staging_words(n)];
@@ -189,15 +276,18 @@ mod tests {
         let mut prev_end = None;
         let mut tiles = Vec::new();
         for (start, len) in chunks(n) {
-            tiles.push(stage_chunk(
-                0,
-                start,
-                &moves[start..start + len],
-                &mut arrays,
-                &mut prev_end,
-                capacity,
-                shift,
-            )?);
+            tiles.push(
+                stage_chunk(
+                    0,
+                    start,
+                    &moves[start..start + len],
+                    &mut arrays,
+                    &mut prev_end,
+                    capacity,
+                    shift,
+                )?
+                .tiles,
+            );
         }
         Ok((words, tiles))
     }
@@ -325,7 +415,8 @@ mod timing {
                         u64::MAX / 2,
                         15,
                     )
-                    .expect("ok"),
+                    .expect("ok")
+                    .tiles,
                 );
             }
             println!("stage: {:?} ({tiles} tiles)", t.elapsed());

@@ -23,6 +23,9 @@ pub(super) struct WaveArgs {
     pub(super) n_tiles: u32,
     pub(super) epoch: u32,
     pub(super) pad: u32,
+    pub(super) side: u64,
+    pub(super) side_cap: u32,
+    pub(super) pad2: u32,
 }
 
 // SAFETY: `WaveArgs` is `#[repr(C)]`, made of u64/u32 only, with the same
@@ -45,20 +48,31 @@ impl CudaBackend {
         Ok(s.epoch)
     }
 
-    /// Enqueues the prep and move kernels of one chunk.
-    pub(super) fn launch_chunk(&mut self, args: &WaveArgs, grid: u32, prep_cap: u32) -> Result<()> {
+    /// Enqueues the prep and move kernels of one chunk (those of
+    /// `large_moves` when `large` and the options name them), and the
+    /// settle kernel when tiles may have deferred.
+    pub(super) fn launch_chunk(
+        &mut self,
+        args: &WaveArgs,
+        large: bool,
+        prep_cap: u32,
+    ) -> Result<()> {
         if args.n_tiles == 0 {
             return Ok(());
         }
+        let set = match &self.large {
+            Some(l) if large => l,
+            _ => &self.primary,
+        };
         let prep_cfg = LaunchConfig {
             grid_dim: (args.n_tiles.div_ceil(256).clamp(1, prep_cap), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let info = &self.kernel_info;
+        let info = &set.info;
         let move_cfg = LaunchConfig {
-            grid_dim: (grid.min(args.n_tiles).max(1), 1, 1),
-            block_dim: (self.options.threads_per_cta, 1, 1),
+            grid_dim: (info.grid.min(args.n_tiles).max(1), 1, 1),
+            block_dim: (set.threads_per_cta, 1, 1),
             shared_mem_bytes: info.shared_bytes,
         };
         // The bulk kernel takes its stage count in the spare word.
@@ -66,15 +80,16 @@ impl CudaBackend {
             pad: info.bulk_stages,
             ..*args
         };
+        let kernels = &set.kernels;
         let function = if info.bulk_stages > 0 {
-            &self.kernels.bulk
+            &kernels.bulk
         } else {
-            &self.kernels.moves
+            &kernels.moves
         };
         // The region's cudarc events (used by the backend's own transfers
         // only; views carry none): wait for them, record us.
         let (_base, _record) = self.region.device_ptr_mut(&self.stream);
-        let mut prep = self.stream.launch_builder(&self.kernels.prep);
+        let mut prep = self.stream.launch_builder(&kernels.prep);
         prep.arg(args);
         // SAFETY: `args` matches `cuarena_prep(WaveArgs)`; its per-move
         // pointers address the chunk's uploaded arrays (n_moves entries
@@ -93,6 +108,30 @@ impl CudaBackend {
         // (no hang). The bulk kernel's dynamic shared memory is what
         // `move_launch` allowed it (`shared_bytes`), `pad` its stages.
         unsafe { mv.launch(move_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_move)"))?;
+        if args.side_cap > 0 {
+            // 16 threads per tile (`CUARENA_SETTLE_LANES`), 256 per CTA,
+            // up to 8x the prep's CTAs (the kernel strides past that).
+            let settle_cfg = LaunchConfig {
+                grid_dim: (
+                    args.n_tiles
+                        .div_ceil(16)
+                        .clamp(1, prep_cap.saturating_mul(8)),
+                    1,
+                    1,
+                ),
+                ..prep_cfg
+            };
+            let mut settle = self.stream.launch_builder(&kernels.settle);
+            settle.arg(args);
+            // SAFETY: `cuarena_settle(WaveArgs)` reads the n_tiles
+            // descriptors the prep kernel wrote; for each deferred one it
+            // copies `hi` bytes from `side + lo` (inside the side buffer of
+            // `side_cap` bytes, which the prep kernel's allocation keeps
+            // to) to the tile's destination (inside the region, as above),
+            // and zeroes ctl[2..4].
+            unsafe { settle.launch(settle_cfg) }
+                .map_err(driver_err("cuLaunchKernel(cuarena_settle)"))?;
+        }
         Ok(())
     }
 }
@@ -103,7 +142,7 @@ mod tests {
 
     #[test]
     fn wave_args_match_the_c_layout() {
-        assert_eq!(std::mem::size_of::<WaveArgs>(), 80);
+        assert_eq!(std::mem::size_of::<WaveArgs>(), 96);
         assert_eq!(std::mem::align_of::<WaveArgs>(), 8);
     }
 }

@@ -339,7 +339,7 @@ pub fn replay_gpu(
 ) -> Result<GpuReplayReport> {
     CudaBackend::available().map_err(|reason| Error::NoDevice { reason })?;
     let config = config.clone().with_compaction(CompactionPolicy::Auto);
-    let arena = Arena::cuda(config.clone(), options.ordinal)?;
+    let arena = Arena::cuda_with_options(config.clone(), options.ordinal, options.cuda_options)?;
     let kernels = PatternKernels::load(arena.backend())?;
     let device_name = arena.backend().device_name().to_owned();
     let mut run = Run {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::backend::cuda::CudaOptions;
+
 use crate::tools::gpu::pattern::CheckRange;
 use crate::tools::trace::{Ops, Outcome};
 
@@ -125,6 +127,8 @@ pub struct GpuReplayOptions {
     /// `Arena::write`), so its check must fail and the replay must report
     /// it. `None` for real runs.
     pub corrupt_block: Option<u32>,
+    /// The move kernels' options of the replay's arena.
+    pub cuda_options: CudaOptions,
 }
 
 impl Default for GpuReplayOptions {
@@ -135,6 +139,7 @@ impl Default for GpuReplayOptions {
             warmup_passes: 1,
             settle_delay: Duration::from_millis(2),
             corrupt_block: None,
+            cuda_options: CudaOptions::default(),
         }
     }
 }
@@ -165,6 +170,13 @@ impl GpuReplayOptions {
     #[must_use]
     pub fn with_settle_delay(mut self, delay: Duration) -> Self {
         self.settle_delay = delay;
+        self
+    }
+
+    /// The move kernels' options of the replay's arena.
+    #[must_use]
+    pub fn with_cuda_options(mut self, options: CudaOptions) -> Self {
+        self.cuda_options = options;
         self
     }
 

@@ -1,8 +1,10 @@
 //! The move kernels on the CUDA backend: plans of every shape the wave rule
 //! allows (single blocks, chains, random waves, unaligned offsets, 100,000
 //! small blocks, moves ending on the region's last byte), each run with
-//! both kernels and checked byte for byte, and plans the backend must
-//! refuse or report as faults.
+//! both kernels and checked byte for byte. Plans the backend must refuse
+//! or report as faults are in `moves/bad_plans.rs`.
+
+mod bad_plans;
 
 use std::sync::Arc;
 
@@ -14,7 +16,6 @@ use cuarena::backend::cuda::cudarc::driver::{
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan, PlanKind, Wave};
-use cuarena::Error;
 
 fn max_block() -> u64 {
     env_u64("CUARENA_GPU_MAX_BLOCK", 4 * GIB)
@@ -139,18 +140,32 @@ fn backend(capacity: u64, options: CudaOptions) -> (CudaBackend, Checker) {
     (b, c)
 }
 
-/// Runs `test` with each move kernel: the default (registers) and the
-/// bulk kernel (Hopper; elsewhere the register kernel again) with 3
-/// stages, the fewest (2) and the most (16, with 8 KiB tiles so that they
-/// fit in shared memory). Prints which one runs, so that a failure names
-/// it.
+/// Runs `test` with each move kernel: the default (the bulk kernel on
+/// Hopper, elsewhere registers; a second shape for chunks of large moves),
+/// the register kernel (64 KiB tiles), and the bulk kernel with the fewest
+/// stages (2) and the most (16, with 8 KiB tiles so that they fit in
+/// shared memory); with a side buffer for small waiting parts (the
+/// default), a tiny one and none. Prints which one runs, so that a failure
+/// names it.
 fn each_kernel(mut test: impl FnMut(CudaOptions)) {
-    let default = CudaOptions::default();
-    let small = default.with_threads_per_cta(128).with_vectors_per_thread(4);
+    // Every shape but the default's runs alone (no second shape for large
+    // moves), so that every wave of a test takes it.
+    let one = CudaOptions::default().with_large_moves(None);
+    let reg = one.with_bulk_stages(0).with_vectors_per_thread(16);
+    let small = one.with_threads_per_cta(128).with_vectors_per_thread(4);
     for (name, options) in [
-        ("default", default),
-        ("bulk", default.with_bulk_stages(3)),
-        ("bulk, 2 stages", default.with_bulk_stages(2)),
+        ("default", CudaOptions::default()),
+        ("registers", reg),
+        // Room for a few deferred parts: the first tiles defer, the rest
+        // wait.
+        (
+            "registers, 4 KiB side buffer",
+            reg.with_side_buffer_bytes(4096),
+        ),
+        (
+            "bulk, 2 stages of 64 KiB, no side buffer",
+            reg.with_bulk_stages(2).with_side_buffer_bytes(0),
+        ),
         ("bulk, 16 stages", small.with_bulk_stages(16)),
     ] {
         println!("move kernel: {name} ({options:?})");
@@ -171,7 +186,7 @@ fn bulk_kernel_takes_the_stages_that_fit() {
         (default.with_bulk_stages(2), 2),
         (small.with_bulk_stages(16), 16),
         // 64 KiB tiles: three fit in 227 KiB.
-        (default.with_bulk_stages(16), 3),
+        (default.with_vectors_per_thread(16).with_bulk_stages(16), 3),
         // One warp: no room for a producer warp.
         (small.with_threads_per_cta(32).with_bulk_stages(4), 0),
     ] {
@@ -185,6 +200,12 @@ fn bulk_kernel_takes_the_stages_that_fit() {
         let got = b.move_kernel_info().bulk_stages;
         println!("{options:?}: {} stages on {}", got, b.arch());
         assert_eq!(got, if hopper { want } else { 0 }, "{options:?}");
+        // The default's kernel for large moves: 2 stages of 64 KiB.
+        let large = b
+            .large_move_kernel_info()
+            .expect("a second shape by default");
+        assert_eq!(large.tile_bytes, 64 * KIB);
+        assert_eq!(large.bulk_stages, if hopper { 2 } else { 0 });
     }
 }
 
@@ -262,6 +283,31 @@ fn single_blocks_slide_down_by_every_step() {
         }
         b.synchronize().expect("no kernel error");
     });
+}
+
+/// A slide by a small shift takes the side buffer (up to the options'
+/// most), a larger one or a disabled buffer none; the bytes are checked by
+/// the slide tests above and below.
+#[test]
+fn small_slides_take_the_side_buffer() {
+    if !gpu_available() {
+        return;
+    }
+    let default = CudaOptions::default();
+    for (options, shift, used) in [
+        (default, 256, true),
+        (default, 48 * KIB, false),
+        (default.with_side_buffer_bytes(0), 256, false),
+    ] {
+        let (mut b, _) = backend(64 * MIB, options);
+        b.execute(&plan_of(vec![vec![mv(shift, 0, 32 * MIB)]]))
+            .expect("execute");
+        b.synchronize().expect("no kernel error");
+        let bytes = b.side_buffer_bytes();
+        println!("{options:?}, slide by {shift}: side buffer {bytes} B");
+        assert_eq!(bytes > 0, used, "slide by {shift}, {options:?}");
+        assert!(bytes <= options.side_buffer_bytes as usize);
+    }
 }
 
 #[test]
@@ -502,93 +548,4 @@ fn unaligned_moves_ending_at_the_region_end_match_a_host_copy() {
             );
         }
     });
-}
-
-#[test]
-fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
-    if !gpu_available() {
-        return;
-    }
-    each_kernel(|options| {
-        let (mut b, _c) = backend(MIB, options);
-        // Move 0 writes over the source of move 1 before it is read.
-        let bad = plan_of(vec![vec![
-            mv(0, 150 * KIB, 100 * KIB),
-            mv(200 * KIB, 400 * KIB, 100 * KIB),
-        ]]);
-        assert!(bad.validate(MIB).is_err());
-        b.execute(&bad)
-            .expect("host checks pass: bounds and order are fine");
-        let mut out = [0u8; 16];
-        assert!(matches!(
-            b.read(0, &mut out),
-            Err(Error::DeviceFault { .. })
-        ));
-        // Faults are sticky: every later check reports it again.
-        assert!(matches!(
-            b.read(0, &mut out),
-            Err(Error::DeviceFault { .. })
-        ));
-        assert!(matches!(
-            b.write(0, &[1, 2, 3]),
-            Err(Error::DeviceFault { .. })
-        ));
-        assert!(matches!(b.synchronize(), Err(Error::DeviceFault { .. })));
-    });
-}
-
-#[test]
-fn a_plan_breaking_rule_3_across_chunks_is_reported() {
-    if !gpu_available() {
-        return;
-    }
-    each_kernel(|options| {
-        let (mut b, _c) = backend(8 * MIB, options);
-        // 3000 moves (several chunks) of 512 B from 4 MiB down to 0; the first
-        // one's destination is then pointed at the source of move 2500, which
-        // only a later chunk reads.
-        let base = 4 * MIB;
-        let mut moves: Vec<Move> = (0..3000u64)
-            .map(|i| mv(base + i * 1024, i * 1024, 512))
-            .collect();
-        moves[0].dst = base + 2500 * 1024;
-        b.execute(&plan_of(vec![moves])).expect("host checks pass");
-        let mut out = [0u8; 4];
-        assert!(matches!(
-            b.read(0, &mut out),
-            Err(Error::DeviceFault { .. })
-        ));
-        assert!(
-            matches!(b.read(0, &mut out), Err(Error::DeviceFault { .. })),
-            "sticky"
-        );
-    });
-}
-
-#[test]
-fn bad_ranges_are_rejected_before_any_launch() {
-    if !gpu_available() {
-        return;
-    }
-    let (mut b, _c) = backend(MIB, CudaOptions::default());
-    assert!(matches!(
-        b.write(MIB - 2, &[0; 4]),
-        Err(Error::OutOfBounds { .. })
-    ));
-    assert!(matches!(
-        b.read(MIB, &mut [0; 1]),
-        Err(Error::OutOfBounds { .. })
-    ));
-    let outside = plan_of(vec![vec![mv(0, MIB - 10, 11)]]);
-    assert!(matches!(
-        b.execute(&outside),
-        Err(Error::OutOfBounds { .. })
-    ));
-    let unsorted = plan_of(vec![vec![mv(500, 0, 10), mv(100, 50, 10)]]);
-    assert!(matches!(
-        b.execute(&unsorted),
-        Err(Error::InvalidPlan { .. })
-    ));
-    b.execute(&Plan::empty(PlanKind::Full)).expect("empty plan");
-    b.synchronize().expect("no kernel error");
 }
