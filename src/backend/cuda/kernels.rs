@@ -240,6 +240,19 @@ pub(crate) struct KernelSet {
 }
 
 impl KernelSet {
+    /// The kernels of a chunk: those for large moves when `large` and the
+    /// options name them, else the primary ones.
+    pub(crate) fn pick<'a>(
+        primary: &'a KernelSet,
+        large_moves: &'a Option<KernelSet>,
+        large: bool,
+    ) -> &'a KernelSet {
+        match large_moves {
+            Some(l) if large => l,
+            _ => primary,
+        }
+    }
+
     /// Compiles (or takes from the cache) and loads the kernels of
     /// `shape` (its threads, vectors, CTAs per SM and bulk stages).
     pub(crate) fn load(

@@ -368,11 +368,11 @@ impl Backend for CudaBackend {
                     let chunk = &wave.moves[start..start + len];
                     let bytes = chunk.iter().fold(0u64, |b, m| b.saturating_add(m.len));
                     let large = self.options.for_chunk(bytes, len as u64).is_some();
-                    let tile_bytes = match (&self.large, large) {
-                        (Some(l), true) => l.info.tile_bytes,
-                        _ => self.primary.info.tile_bytes,
-                    };
-                    let tile_shift = tile_bytes.trailing_zeros();
+                    let tile_shift =
+                        super::kernels::KernelSet::pick(&self.primary, &self.large, large)
+                            .info
+                            .tile_bytes
+                            .trailing_zeros();
                     // Check and lay out this chunk while the GPU runs the last.
                     let staged = {
                         let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];

@@ -3,6 +3,7 @@
 
 use cudarc::driver::{result, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::kernels::KernelSet;
 use super::{driver_err, CudaBackend};
 use crate::error::Result;
 
@@ -60,10 +61,9 @@ impl CudaBackend {
         if args.n_tiles == 0 {
             return Ok(());
         }
-        let set = match &self.large {
-            Some(l) if large => l,
-            _ => &self.primary,
-        };
+        // Through the fields, not `&self`: the region is borrowed mutably
+        // below while `set` lives.
+        let set = KernelSet::pick(&self.primary, &self.large, large);
         let prep_cfg = LaunchConfig {
             grid_dim: (args.n_tiles.div_ceil(256).clamp(1, prep_cap), 1, 1),
             block_dim: (256, 1, 1),
