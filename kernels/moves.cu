@@ -299,7 +299,10 @@ __device__ __forceinline__ TileDesc describe(const WaveArgs& a, u32 t) {
     d.n = n;
     d.lo = wlo;
     d.hi = whi;
-    d.wait = wait | (shifted ? CUARENA_SHIFTED : 0u);
+    // Sliding down onto itself, and this tile's source below the move's
+    // destination end: the move overwrites every byte of it.
+    const bool keep = src > dst && src + off + n <= dst + len;
+    d.wait = wait | (shifted ? CUARENA_SHIFTED : 0u) | (keep ? CUARENA_KEEP : 0u);
     return d;
 }
 

@@ -48,11 +48,16 @@ struct TileDesc {
                // Bit 25 (CUARENA_DEFERRED): the lower part goes to the side
                // buffer instead of waiting, and cuarena_settle copies it to
                // its destination after the move kernel (see moves.cu).
+               // Bit 26 (CUARENA_KEEP): the tile's source lies inside its
+               // move's destination, so the move overwrites it later; the
+               // bulk kernel loads it with the L2 evict_last policy (see
+               // bulk.cu).
 };
 
 #define CUARENA_WAIT_MASK 0xFFFFFFu
 #define CUARENA_SHIFTED (1u << 24)
 #define CUARENA_DEFERRED (1u << 25)
+#define CUARENA_KEEP (1u << 26)
 
 // A tile defers its lower part only when it is at most this many bytes and
 // at most 1/CUARENA_DEFER_RATIO of the tile: the detour through the side
