@@ -58,30 +58,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
 }
 
-// Every store of this kernel says evict_normal to the L2 explicitly: the
-// line it writes may have been loaded with evict_last (CUARENA_KEEP, see
-// bulk_load), and the PTX ISA does not say what a store without a hint
-// does to a line's priority.
-__device__ __forceinline__ u64 normal_policy() {
-    u64 p = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-#endif
-    return p;
-}
-
-__device__ __forceinline__ void st16n(unsigned char* p, uint4 v) {
-    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x),
-                 "r"(v.y), "r"(v.z), "r"(v.w), "l"(normal_policy())
-                 : "memory");
-}
-
-__device__ __forceinline__ void st1n(unsigned char* p, unsigned char v) {
-    asm volatile("st.global.L2::cache_hint.u8 [%0], %1, %2;" ::"l"(p), "r"((u32)v),
-                 "l"(normal_policy())
-                 : "memory");
-}
-
 // Whether the phase of parity `parity` of the mbarrier has completed; may
 // suspend the thread for a while (for threads that have nothing else to do).
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
@@ -122,10 +98,10 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 // policy `keep` (evict_last): a 4 GiB block sliding down by 256 B then ran
 // at 0.98-0.99 of memcpy on an H200 instead of 0.95, where a copy with no
 // overlap runs at 0.97 (why is not known: the overwrite follows the load
-// within microseconds). The overwrite stores with evict_normal (see
-// st16n), so no line should keep evict_last after the move; sources that
-// are not overwritten (a copy elsewhere) are loaded as usual, since lines
-// kept there would crowd the L2 long after the compaction.
+// within microseconds). The overwrite stores with evict_normal (st16n in
+// moves.cu), so no line should keep evict_last after the move; sources
+// that are not overwritten (a copy elsewhere) are loaded as usual, since
+// lines kept there would crowd the L2 long after the compaction.
 __device__ __forceinline__ void bulk_load(const TileDesc& d, unsigned char* slot, u32 bar,
                                           u64 keep) {
 #if __CUDA_ARCH__ >= 900

@@ -57,6 +57,39 @@ __device__ __forceinline__ void st16(unsigned char* p, uint4 v) {
     __stcg(reinterpret_cast<uint4*>(p), v);
 }
 
+// Stores that may land on a line loaded with evict_last (CUARENA_KEEP, see
+// bulk_load in bulk.cu: the bulk kernel's stores and cuarena_settle's) say
+// evict_normal to the L2 explicitly: the PTX ISA does not say what a store
+// without a hint does to a line's priority. (Before sm_80, plain stores:
+// nothing is loaded with evict_last there.)
+__device__ __forceinline__ u64 normal_policy() {
+    u64 p = 0;
+#if __CUDA_ARCH__ >= 800
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+__device__ __forceinline__ void st16n(unsigned char* p, uint4 v) {
+#if __CUDA_ARCH__ < 800
+    st16(p, v);
+#else
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w), "l"(normal_policy())
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void st1n(unsigned char* p, unsigned char v) {
+#if __CUDA_ARCH__ < 800
+    *p = v;
+#else
+    asm volatile("st.global.L2::cache_hint.u8 [%0], %1, %2;" ::"l"(p), "r"((u32)v),
+                 "l"(normal_policy())
+                 : "memory");
+#endif
+}
+
 // The first n <= 16 bytes at p, byte by byte.
 __device__ __forceinline__ uint4 ld_tail(const unsigned char* p, u32 n) {
     u32 x[4] = {0, 0, 0, 0};
@@ -499,10 +532,11 @@ extern "C" __global__ void cuarena_settle(WaveArgs a) {
         u32 h = (16u - (u32)(d.dst & 15u)) & 15u;
         if (h > n) h = n;
         const u32 b = (n - h) >> 4, e = h + 16u * b;
-        for (u32 k = sub; k < b; k += CUARENA_SETTLE_LANES) st16(p + h + 16u * k, ld16(s + h + 16u * k));
+        for (u32 k = sub; k < b; k += CUARENA_SETTLE_LANES)
+            st16n(p + h + 16u * k, ld16(s + h + 16u * k));
         if (sub == 0)
-            for (u32 j = 0; j < h; ++j) p[j] = s[j];
+            for (u32 j = 0; j < h; ++j) st1n(p + j, s[j]);
         if (sub == 1 % CUARENA_SETTLE_LANES)
-            for (u32 j = e; j < n; ++j) p[j] = s[j];
+            for (u32 j = e; j < n; ++j) st1n(p + j, s[j]);
     }
 }
