@@ -515,10 +515,11 @@ fn main() -> Result<()> {
             opts.threads_per_cta, opts.vectors_per_thread
         );
         println!(
-            "device {} ({}, {} SMs); kernel {label}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
+            "device {} ({}, {} SMs, peak copy {:.0} GB/s); kernel {label}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
             backend.device_name(),
             backend.arch(),
             backend.sm_count(),
+            backend.copy_bytes_per_ns(),
             info.tile_bytes / KIB,
             info.registers,
             info.local_bytes,

@@ -277,11 +277,11 @@ __device__ __forceinline__ TileDesc describe(const WaveArgs& a, u32 t) {
     u32 l = 0, h = a.n_moves;
     while (l < h) {
         const u32 m = (l + h) >> 1;
-        if (a.tile_base[m] <= t) l = m + 1; else h = m;
+        if (a.moves[m].tile_base <= t) l = m + 1; else h = m;
     }
     const u32 i = l - 1;
-    const u64 src = a.src[i], dst = a.dst[i], len = a.len[i];
-    const u64 off = (u64)(t - a.tile_base[i]) * CUARENA_TILE_BYTES;
+    const u64 src = a.moves[i].src, dst = a.moves[i].dst, len = a.moves[i].len;
+    const u64 off = (u64)(t - a.moves[i].tile_base) * CUARENA_TILE_BYTES;
     const u64 rest = len - off;
     const u32 n = (u32)(rest < CUARENA_TILE_BYTES ? rest : CUARENA_TILE_BYTES);
     const u64 d0 = dst + off, d1 = d0 + n;
@@ -291,22 +291,22 @@ __device__ __forceinline__ TileDesc describe(const WaveArgs& a, u32 t) {
     h = a.n_moves;
     while (l < h) {
         const u32 m = (l + h) >> 1;
-        if (a.src[m] + a.len[m] > d0) h = m; else l = m + 1;
+        if (a.moves[m].src + a.moves[m].len > d0) h = m; else l = m + 1;
     }
     const u32 jlo = l;
     h = a.n_moves;
     while (l < h) {
         const u32 m = (l + h) >> 1;
-        if (a.src[m] >= d1) h = m; else l = m + 1;
+        if (a.moves[m].src >= d1) h = m; else l = m + 1;
     }
     u32 wlo = 1, whi = 0;  // empty
     u32 wait = 0;
     if (jlo < l) {
         const u32 jhi = l - 1;
-        const u64 slo = a.src[jlo], shi = a.src[jhi];
-        const u64 ehi = shi + a.len[jhi];
-        wlo = a.tile_base[jlo] + (u32)(((d0 > slo ? d0 : slo) - slo) / CUARENA_TILE_BYTES);
-        whi = a.tile_base[jhi] + (u32)(((d1 < ehi ? d1 : ehi) - 1 - shi) / CUARENA_TILE_BYTES);
+        const u64 slo = a.moves[jlo].src, shi = a.moves[jhi].src;
+        const u64 ehi = shi + a.moves[jhi].len;
+        wlo = a.moves[jlo].tile_base + (u32)(((d0 > slo ? d0 : slo) - slo) / CUARENA_TILE_BYTES);
+        whi = a.moves[jhi].tile_base + (u32)(((d1 < ehi ? d1 : ehi) - 1 - shi) / CUARENA_TILE_BYTES);
         if (whi > t) {
             // Writes over a later tile's source (rule 3): waiting could
             // deadlock. Never wait; report.
@@ -396,18 +396,18 @@ extern "C" __global__ void cuarena_prep(WaveArgs a) {
 extern "C" __global__ void cuarena_check(WaveArgs a) {
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n_moves;
          i += gridDim.x * blockDim.x) {
-        const u64 d0 = a.dst[i], d1 = d0 + a.len[i];
+        const u64 d0 = a.moves[i].dst, d1 = d0 + a.moves[i].len;
         // Last move whose source starts below d1; sources ascend and are
         // disjoint, so it is the last that can overlap [d0, d1).
         u32 l = 0, h = a.n_moves;
         while (l < h) {
             const u32 m = (l + h) >> 1;
-            if (a.src[m] < d1) l = m + 1; else h = m;
+            if (a.moves[m].src < d1) l = m + 1; else h = m;
         }
         if (l == 0) continue;
         const u32 j = l - 1;
-        if (a.src[j] + a.len[j] <= d0) continue;  // touches no source
-        if (j > i || (j == i && d0 > a.src[i])) atomicOr(&a.ctl[1], CUARENA_ERR_ORDER);
+        if (a.moves[j].src + a.moves[j].len <= d0) continue;  // touches no source
+        if (j > i || (j == i && d0 > a.moves[i].src)) atomicOr(&a.ctl[1], CUARENA_ERR_ORDER);
     }
 }
 

@@ -65,18 +65,27 @@ struct TileDesc {
 #define CUARENA_DEFER_MAX 4096u
 #define CUARENA_DEFER_RATIO 32u
 
+// One move as the host uploads it: one record per move, so that a chunk of
+// moves is one contiguous upload.
+struct MoveRec {
+    u64 src;              // source offset (ascending, disjoint over the wave)
+    u64 dst;              // destination offset
+    u64 len;              // bytes (> 0)
+    u32 tile_base;        // index of the move's first tile (from 0 in each chunk)
+    u32 pad;
+};
+
 // One wave, passed by value. Per-move arrays are indexed by the move's
 // position in the wave; per-tile arrays by the tile's position.
 struct WaveArgs {
     u64 base;             // device address of the arena region
-    const u64* src;       // [n_moves] source offsets (ascending, disjoint)
-    const u64* dst;       // [n_moves] destination offsets
-    const u64* len;       // [n_moves] bytes (> 0)
-    const u32* tile_base; // [n_moves] index of each move's first tile
-    TileDesc* tiles;      // [n_tiles] (prep)
+    const MoveRec* moves; // [n_moves]
+    TileDesc* tiles;      // [n_tiles] (prep); consecutive chunks use different buffers, so
+                          // that one chunk's prep can run beside the chunk before's moves
     u32* flags;           // [n_tiles] == epoch once the tile's source is in registers
     u32* ctl;             // ctl[0]: ticket counter (reset by prep); ctl[1]: sticky error bits;
-                          // ctl[2..4]: side-buffer bytes taken, a u64 (reset by cuarena_settle)
+                          // ctl[2..4]: side-buffer bytes taken, a u64 (reset by cuarena_settle);
+                          // one block per buffer of `tiles`, for the same reason
     u32 n_moves;
     u32 n_tiles;
     u32 epoch;            // distinct for every launch of cuarena_move on these flags

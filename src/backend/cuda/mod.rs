@@ -19,13 +19,16 @@
 //!
 //! # The move kernel
 //!
-//! A wave runs in chunks of moves (the first of 1024, growing 2x to 65536):
-//! the host checks and lays out the next chunk while the GPU runs the last,
-//! so the host's work hides behind the device's. A chunk's per-move arrays
-//! go up on a side stream, so the upload overlaps the kernels of the chunk
-//! before it. Each chunk is two launches: `cuarena_prep` (per tile: its
-//! addresses, whether it must shift, and the range of earlier tiles whose
-//! source its destination overlaps) and `cuarena_move`, a persistent kernel
+//! A wave runs in chunks of moves (the first of 1024, growing to 65536 and
+//! a remainder of at most a quarter of that, each sized so that the host
+//! lays it out while the GPU runs the one before: see `chunks`), so the
+//! host's work hides behind the device's. A chunk's records (one per move)
+//! go up on a side stream in one copy, followed there by
+//! `cuarena_prep` (per tile: its addresses, whether it must shift, and the
+//! range of earlier tiles whose source its destination overlaps), so both
+//! overlap the kernels of the chunk before it; consecutive chunks alternate
+//! between two descriptor buffers for that. The arena stream then runs
+//! `cuarena_move`, a persistent kernel
 //! whose CTAs take tiles of [`CudaOptions::tile_bytes`] in list order with
 //! an atomic ticket, load a whole tile into registers, publish it, store the
 //! part of it that covers at most its own source, wait for the earlier
@@ -69,6 +72,7 @@
 //! at 0.98x / 0.947x a non-overlapping copy.
 
 mod buffers;
+mod chunks;
 mod kernels;
 mod launch;
 mod moves;
@@ -153,11 +157,13 @@ struct Scratch {
     table_parity: usize,
     /// Per-move arrays (see `stage`).
     moves: DeviceBuf,
-    /// Per-tile descriptors (written by the prep kernel).
+    /// Per-tile descriptors (written by the prep kernel), in two halves:
+    /// chunks alternate between them (see `chunk_done`).
     tiles: DeviceBuf,
     /// Per-tile "loaded" flags, compared against the launch's epoch.
     flags: DeviceBuf,
-    /// Ticket counter, error word, and the side buffer's fill (u64).
+    /// Two blocks of [`CTL_WORDS`] `u32`s, one per half of `tiles`:
+    /// ticket counter, error word, and the side buffer's fill (u64).
     ctl: DeviceBuf,
     /// Deferred lower parts of tiles (see `kernels/moves.cu`); grows to
     /// at most `CudaOptions::side_buffer_bytes`, when a plan first needs it.
@@ -179,6 +185,13 @@ struct Scratch {
     /// the upload stream after each chunk's (the other stream waits).
     plan_start: CudaEvent,
     chunk_uploaded: CudaEvent,
+    /// Recorded on the arena stream after the kernels of the last chunk
+    /// that used each half of `tiles` (and block of `ctl`): a chunk's prep
+    /// kernel runs on the upload stream, overlapping the move kernel of
+    /// the chunk before, and waits for the chunk before that.
+    chunk_done: [CudaEvent; 2],
+    /// Which half the next chunk uses.
+    chunk_parity: usize,
     /// Which staging buffer the next plan uses.
     parity: usize,
     /// Recorded after the error word was copied into `status`.
@@ -187,6 +200,24 @@ struct Scratch {
     status_pending: std::sync::atomic::AtomicBool,
     /// Epoch of the last move launch (flags equal to it are "loaded").
     epoch: u32,
+}
+
+/// `u32`s of one block of the kernels' control words (`kernels/moves.h`):
+/// ticket counter, error word, side-buffer fill (`u64`).
+const CTL_WORDS: usize = 4;
+
+/// The device memory's peak bandwidth in bytes per nanosecond: double data
+/// rate at the memory clock over the bus width (4814 for an H200; a
+/// `cuMemcpyDtoDAsync` reaches about 85% of it, counting bytes read plus
+/// written); 0 if the driver does not say.
+fn copy_bytes_per_ns(ctx: &CudaContext) -> f64 {
+    let attr = |a| ctx.attribute(a).ok().filter(|&v| v > 0).map(f64::from);
+    let clock_khz = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+    let bus_bits = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+    match (clock_khz, bus_bits) {
+        (Some(khz), Some(bits)) => 2.0 * khz * 1e3 * bits / 8.0 / 1e9,
+        _ => 0.0,
+    }
 }
 
 /// The arena's region in one device allocation, moved by our own kernels.
@@ -207,6 +238,10 @@ pub struct CudaBackend {
     device_name: String,
     arch: String,
     sm_count: u32,
+    /// Bytes per nanosecond a device-to-device copy moves, read plus
+    /// written, from the memory's clock and bus width (0 if unknown): what
+    /// chunks of a wave are sized against (see `chunks::Chunks`).
+    copy_bytes_per_ns: f64,
     stream: Arc<CudaStream>,
     /// Registered streams; index 0 is the arena stream.
     streams: Vec<streams::Registered>,
@@ -270,6 +305,7 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute"))?;
         let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
+        let copy_bytes_per_ns = copy_bytes_per_ns(&ctx);
         let device_name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
 
         let primary = KernelSet::load(&ctx, &arch, major, sm_count, &options)?;
@@ -358,6 +394,11 @@ impl CudaBackend {
             upload_stream: ctx.new_stream().map_err(driver_err("cuStreamCreate"))?,
             plan_start: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             chunk_uploaded: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            chunk_done: [
+                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            ],
+            chunk_parity: 0,
             status_ready: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             status_pending: std::sync::atomic::AtomicBool::new(false),
             epoch: 0,
@@ -373,6 +414,7 @@ impl CudaBackend {
             device_name,
             arch,
             sm_count,
+            copy_bytes_per_ns,
             streams: vec![streams::Registered::new(Arc::clone(&stream), &stream)?],
             stream,
             ctx,
@@ -380,8 +422,11 @@ impl CudaBackend {
         // Small scratch up front, so that a typical plan allocates nothing
         // even when the region took nearly all free memory.
         backend.reserve_scratch(stage::staging_words(stage::FIRST_CHUNK_MOVES), 4096)?;
-        backend.scratch.ctl.reserve(16, true, &backend.stream)?;
-        backend.scratch.status.reserve(2)?;
+        backend
+            .scratch
+            .ctl
+            .reserve(2 * CTL_WORDS * 4, true, &backend.stream)?;
+        backend.scratch.status.reserve(CTL_WORDS)?;
         Ok(backend)
     }
 
@@ -414,6 +459,13 @@ impl CudaBackend {
     /// Multiprocessors of the device.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// The device memory's peak copy rate in bytes per nanosecond (bytes
+    /// read plus written), from its clock and bus width; 0 where the driver
+    /// does not say. A wave's chunks are sized against it.
+    pub fn copy_bytes_per_ns(&self) -> f64 {
+        self.copy_bytes_per_ns
     }
 
     /// The kernel options in use.

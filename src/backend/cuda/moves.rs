@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::{result, sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::wave::WaveArgs;
-use super::{driver_err, stage, CudaBackend};
+use super::{driver_err, stage, CudaBackend, CTL_WORDS};
 use crate::backend::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
@@ -21,8 +21,12 @@ impl CudaBackend {
     pub(super) fn reserve_scratch(&mut self, words: usize, chunk_tiles: usize) -> Result<()> {
         let s = &mut self.scratch;
         s.moves.reserve(words * 8, false, &self.stream)?;
-        s.tiles
-            .reserve(chunk_tiles * stage::TILE_DESC_BYTES, false, &self.stream)?;
+        // Two halves (see `chunk_done`).
+        s.tiles.reserve(
+            2 * chunk_tiles * stage::TILE_DESC_BYTES,
+            false,
+            &self.stream,
+        )?;
         if s.flags.reserve(chunk_tiles * 4, true, &self.stream)? {
             s.epoch = 0;
         }
@@ -53,7 +57,8 @@ impl CudaBackend {
         {
             return Ok(());
         }
-        let bits = (s.status.load(0) >> 32) as u32;
+        // Word 1 of each block of control words (see `Scratch::ctl`).
+        let bits = (s.status.load(0) >> 32) as u32 | (s.status.load(CTL_WORDS / 2) >> 32) as u32;
         if bits == 0 {
             s.status_pending.store(false, Ordering::Release);
             return Ok(());
@@ -74,8 +79,9 @@ impl CudaBackend {
         })
     }
 
-    /// Orders the arena stream after every upload enqueued so far.
-    fn arena_waits_for_uploads(&self) -> Result<()> {
+    /// Orders the arena stream after everything enqueued on the upload
+    /// stream so far (uploads and prep kernels).
+    pub(super) fn arena_waits_for_uploads(&self) -> Result<()> {
         let s = &self.scratch;
         s.chunk_uploaded
             .record(&s.upload_stream)
@@ -360,33 +366,35 @@ impl Backend for CudaBackend {
                     continue;
                 }
                 let wo = wave_words[w];
-                let cols = stage::array_words(n);
                 let mut prev_end = None;
                 let mut chunk_count = 0usize;
-                for (start, len) in stage::chunks(n) {
-                    // The chunk's kernel: by its moves' mean length.
-                    let chunk = &wave.moves[start..start + len];
-                    let bytes = chunk.iter().fold(0u64, |b, m| b.saturating_add(m.len));
-                    let large = self.options.for_chunk(bytes, len as u64).is_some();
-                    let tile_shift =
-                        super::kernels::KernelSet::pick(&self.primary, &self.large, large)
-                            .info
-                            .tile_bytes
-                            .trailing_zeros();
-                    // Check and lay out this chunk while the GPU runs the last.
-                    let staged = {
-                        let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
-                        let mut arrays = stage::wave_arrays(words, n)?;
-                        stage::stage_chunk(
-                            w,
-                            start,
-                            &wave.moves[start..start + len],
-                            &mut arrays,
-                            &mut prev_end,
-                            self.capacity_bytes,
-                            tile_shift,
-                        )?
-                    };
+                let mut chunks = super::chunks::Chunks::new(n, self.copy_bytes_per_ns);
+                while let Some((start, len)) = chunks.next_chunk() {
+                    let host_start = std::time::Instant::now();
+                    // Check and lay out this chunk while the GPU runs the
+                    // last, for the primary kernel's tiles; a chunk whose
+                    // moves are large on average goes to the large kernel,
+                    // whose tiles differ.
+                    let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
+                    let recs = stage::wave_records(words, n)?;
+                    let primary_shift = self.primary.info.tile_bytes.trailing_zeros();
+                    let mut staged = stage::stage_chunk(
+                        w,
+                        start,
+                        &wave.moves[start..start + len],
+                        recs,
+                        &mut prev_end,
+                        self.capacity_bytes,
+                        primary_shift,
+                    )?;
+                    let large = self.options.for_chunk(staged.bytes, len as u64).is_some();
+                    let shift = super::kernels::KernelSet::pick(&self.primary, &self.large, large)
+                        .info
+                        .tile_bytes
+                        .trailing_zeros();
+                    if shift != primary_shift {
+                        staged = stage::retile(w, start, len, recs, shift)?;
+                    }
                     let tiles = staged.tiles;
                     // Deferring tiles share what the options allow; the
                     // rest wait (the prep kernel checks the room).
@@ -395,53 +403,47 @@ impl Backend for CudaBackend {
                     let s = &mut self.scratch;
                     s.side
                         .reserve_capped(side_cap as usize, most as usize, false, &self.stream)?;
-                    s.tiles.reserve(
-                        tiles as usize * stage::TILE_DESC_BYTES,
-                        false,
-                        &self.stream,
-                    )?;
+                    // This chunk's half of the descriptors. Growing waits for
+                    // both streams (prep kernels run on the upload stream).
+                    let q = s.chunk_parity;
+                    // Halves start 256-aligned: a half is the buffer's half
+                    // rounded down, so the need is rounded up to match.
+                    let desc_bytes =
+                        (tiles as usize * stage::TILE_DESC_BYTES).next_multiple_of(256);
+                    if (s.tiles.bytes / 2) & !255 < desc_bytes {
+                        upload
+                            .synchronize()
+                            .map_err(driver_err("cuStreamSynchronize"))?;
+                        s.tiles.reserve(2 * desc_bytes, false, &self.stream)?;
+                    }
+                    let half = ((s.tiles.bytes / 2) & !255) as u64;
+                    let tiles_ptr = s.tiles.ptr + q as u64 * half;
+                    let ctl_ptr = s.ctl.ptr + (q * CTL_WORDS * 4) as u64;
                     if s.flags.reserve(tiles as usize * 4, true, &self.stream)? {
                         s.epoch = 0;
                     }
-                    let dev = s.moves.ptr + 8 * wo as u64;
-                    let staging: &[u8] = bytemuck::cast_slice(&s.staging[p].as_mut_slice()[wo..]);
-                    // (byte offset in the wave's area, bytes) of the chunk in
-                    // each of the four arrays.
-                    let pieces = [
-                        (8 * (cols[0] + start), 8 * len),
-                        (8 * (cols[1] + start), 8 * len),
-                        (8 * (cols[2] + start), 8 * len),
-                        (8 * cols[3] + 4 * start, 4 * len),
-                    ];
-                    for (off, bytes) in pieces {
-                        // SAFETY: `moves` holds the plan's staging words
-                        // (reserved above) at the same offsets as the
-                        // page-locked staging buffer, and `off + bytes` lies
-                        // inside this wave's area, which no kernel enqueued
-                        // after `plan_start` reads before this chunk. The
-                        // staging bytes are not written again before
-                        // `upload_done[p]`, recorded after the arena stream
-                        // has waited for the last upload, has completed.
-                        unsafe {
-                            result::memcpy_htod_async(
-                                dev + off as u64,
-                                &staging[off..off + bytes],
-                                upload.cu_stream(),
-                            )
-                        }
+                    // The chunk's records: one upload.
+                    let chunk_words =
+                        wo + stage::REC_WORDS * start..wo + stage::REC_WORDS * (start + len);
+                    let chunk_dev = s.moves.ptr + 8 * chunk_words.start as u64;
+                    let staging = &s.staging[p].as_mut_slice()[chunk_words];
+                    // SAFETY: `moves` holds the plan's staging words
+                    // (reserved above) at the same offsets as the page-locked
+                    // staging buffer, and the chunk's words lie inside this
+                    // wave's area, which no kernel enqueued after `plan_start`
+                    // reads before this chunk. The staging words are not
+                    // written again before `upload_done[p]`, recorded after
+                    // the arena stream has waited for the last upload, has
+                    // completed.
+                    unsafe { result::memcpy_htod_async(chunk_dev, staging, upload.cu_stream()) }
                         .map_err(driver_err("cuMemcpyHtoDAsync"))?;
-                    }
-                    self.arena_waits_for_uploads()?;
                     let epoch = self.next_epoch()?;
                     let args = WaveArgs {
                         base: self.region_ptr,
-                        src: dev + 8 * (cols[0] + start) as u64,
-                        dst: dev + 8 * (cols[1] + start) as u64,
-                        len: dev + 8 * (cols[2] + start) as u64,
-                        tile_base: dev + (8 * cols[3] + 4 * start) as u64,
-                        tiles: self.scratch.tiles.ptr,
+                        moves: chunk_dev,
+                        tiles: tiles_ptr,
                         flags: self.scratch.flags.ptr,
-                        ctl: self.scratch.ctl.ptr,
+                        ctl: ctl_ptr,
                         n_moves: len as u32,
                         n_tiles: tiles,
                         epoch,
@@ -450,18 +452,23 @@ impl Backend for CudaBackend {
                         side_cap,
                         pad2: 0,
                     };
-                    self.launch_chunk(&args, large, prep_cap)?;
+                    self.launch_chunk(&args, large, prep_cap, q)?;
+                    let host_ns = host_start.elapsed().as_nanos();
+                    chunks.feedback(
+                        len,
+                        staged.bytes,
+                        u64::try_from(host_ns).unwrap_or(u64::MAX),
+                    );
+                    self.scratch.chunk_parity = 1 - q;
                     chunk_count += 1;
                 }
                 if chunk_count > 1 {
-                    // Rule 3 across the chunks of the wave.
-                    let dev = self.scratch.moves.ptr + 8 * wo as u64;
+                    // Rule 3 across the chunks of the wave, on the upload
+                    // stream: it reads only the records, so it runs beside
+                    // the last chunk's moves instead of after them.
                     let args = WaveArgs {
                         base: self.region_ptr,
-                        src: dev + 8 * cols[0] as u64,
-                        dst: dev + 8 * cols[1] as u64,
-                        len: dev + 8 * cols[2] as u64,
-                        tile_base: dev + 8 * cols[3] as u64,
+                        moves: self.scratch.moves.ptr + 8 * wo as u64,
                         tiles: self.scratch.tiles.ptr,
                         flags: self.scratch.flags.ptr,
                         ctl: self.scratch.ctl.ptr,
@@ -478,11 +485,11 @@ impl Backend for CudaBackend {
                         block_dim: (256, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    let mut check = self.stream.launch_builder(&self.primary.kernels.check);
+                    let mut check = upload.launch_builder(&self.primary.kernels.check);
                     check.arg(&args);
                     // SAFETY: `cuarena_check(WaveArgs)` reads the wave's
-                    // src/dst/len arrays (n entries each, uploaded above)
-                    // and sets bits of ctl[1]; nothing else.
+                    // records (n of them, uploaded above on this stream)
+                    // and sets bits of ctl[1] atomically; nothing else.
                     unsafe { check.launch(cfg) }
                         .map_err(driver_err("cuLaunchKernel(cuarena_check)"))?;
                 }
@@ -509,9 +516,10 @@ impl Backend for CudaBackend {
         // Bring the error word home without waiting for it.
         let s = &mut self.scratch;
         let status = s.status.as_mut_slice();
-        let status = &mut status[..1];
+        let status = &mut status[..CTL_WORDS];
         // SAFETY: `status` is page-locked host memory owned by self and read
-        // only after `status_ready` completes; ctl holds 8 bytes.
+        // only after `status_ready` completes; ctl holds both blocks,
+        // `2 * CTL_WORDS` u32s (the size of `status`).
         unsafe { result::memcpy_dtoh_async(status, s.ctl.ptr, stream) }
             .map_err(driver_err("cuMemcpyDtoHAsync"))?;
         s.status_ready

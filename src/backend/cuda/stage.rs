@@ -1,11 +1,10 @@
 //! Host half of plan execution: checks a plan's moves and lays them out as
-//! the arrays the kernels read (plain data, tested without a GPU).
+//! the records the kernels read (plain data, tested without a GPU).
 //!
 //! Each wave of `n` moves gets, in both the page-locked staging buffer and
-//! the device buffer, at the same word offset: `n` source offsets, `n`
-//! destination offsets and `n` lengths (`u64` each), then `n` tile indices
-//! (`u32`): [`staging_words`] words. A wave is executed in chunks (see
-//! [`chunks`]): each chunk is checked, laid out, uploaded and launched while
+//! the device buffer, at the same word offset, `n` [`MoveRec`]s (source,
+//! destination, length, first tile): [`staging_words`] words. A wave is
+//! executed in chunks (see [`Chunks`](super::chunks::Chunks)): each chunk is checked, laid out, uploaded and launched while
 //! the host goes on with the next, so the host's work overlaps the GPU's
 //! instead of delaying it. Tile indices count from 0 in every chunk; the
 //! prep kernel turns them into one [`TILE_DESC_BYTES`] descriptor per tile.
@@ -13,6 +12,9 @@
 use crate::backend::check_range;
 use crate::error::{Error, Result};
 use crate::plan::{Move, Plan};
+
+#[cfg(test)]
+use super::chunks::chunks;
 
 /// The most tiles one chunk may have: the kernel indexes tiles with `u32`
 /// and its ticket counter overshoots by up to one ticket per CTA (the bulk
@@ -22,7 +24,8 @@ pub(crate) const MAX_CHUNK_TILES: u64 = (u32::MAX as u64) - (1 << 24);
 /// Moves of the first chunk of a wave: small, so that the GPU starts soon.
 pub(crate) const FIRST_CHUNK_MOVES: usize = 1024;
 
-/// Moves of the largest chunk. Chunks grow 2x from the first up to this.
+/// Moves of the largest chunk (see [`Chunks`](super::chunks::Chunks); the
+/// wave's remainder may add up to a quarter).
 pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 
 /// Bytes of one `TileDesc` (kernels/moves.h).
@@ -43,6 +46,8 @@ pub(crate) struct Staged {
     /// prep kernel takes at most `DEFER_MAX + 48` per tile; see
     /// [`side_bytes_of`]).
     pub(crate) side_bytes: u64,
+    /// Bytes the chunk moves (picks its kernel).
+    pub(crate) bytes: u64,
 }
 
 /// Side-buffer bytes the tiles of move `m` may take: only a move sliding
@@ -58,12 +63,28 @@ pub(crate) fn side_bytes_of(m: &Move, tiles: u64, tile_shift: u32) -> u64 {
     }
 }
 
-/// `u64` words of a wave of `n` moves.
-pub(crate) fn staging_words(n: usize) -> usize {
-    3 * n + n.div_ceil(2)
+/// One move as the kernels read it (`struct MoveRec`, kernels/moves.h):
+/// a record per move, so that a chunk is one upload.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct MoveRec {
+    pub(crate) src: u64,
+    pub(crate) dst: u64,
+    pub(crate) len: u64,
+    /// Index of the move's first tile, from 0 in each chunk.
+    pub(crate) tile_base: u32,
+    pub(crate) pad: u32,
 }
 
-/// Word offset of each wave's arrays, and the words of the whole plan.
+/// `u64` words of one [`MoveRec`].
+pub(crate) const REC_WORDS: usize = std::mem::size_of::<MoveRec>() / 8;
+
+/// `u64` words of a wave of `n` moves.
+pub(crate) fn staging_words(n: usize) -> usize {
+    REC_WORDS * n
+}
+
+/// Word offset of each wave's records, and the words of the whole plan.
 pub(crate) fn wave_offsets(plan: &Plan) -> (Vec<usize>, usize) {
     let mut offsets = Vec::with_capacity(plan.waves.len());
     let mut words = 0;
@@ -74,69 +95,27 @@ pub(crate) fn wave_offsets(plan: &Plan) -> (Vec<usize>, usize) {
     (offsets, words)
 }
 
-/// The chunks `(first move, moves)` of a wave of `n` moves: each twice the
-/// last. The host lays out chunk k+1 while the GPU runs chunk k, so the
-/// GPU idles whenever that takes longer; laying out a move costs the host
-/// about half of what the GPU spends moving a 4-64 KiB block, so doubling
-/// keeps the host ahead where growing 4x did not (0.07-0.29 ms idle over
-/// 100,000 such moves in two H100 runs).
-pub(crate) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
-    let mut start = 0;
-    let mut size = FIRST_CHUNK_MOVES;
-    std::iter::from_fn(move || {
-        if start >= n {
-            return None;
-        }
-        let len = size.min(n - start);
-        let chunk = (start, len);
-        start += len;
-        size = (size * 2).min(MAX_CHUNK_MOVES);
-        Some(chunk)
-    })
-}
-
-/// Word offsets, relative to the wave's, of a wave's four arrays, for a
-/// wave of `n` moves: `(src, dst, len, tile_base)`; `tile_base` holds
-/// `u32`s.
-pub(crate) fn array_words(n: usize) -> [usize; 4] {
-    [0, n, 2 * n, 3 * n]
-}
-
-/// A wave's arrays in the staging buffer.
-pub(crate) struct WaveArrays<'a> {
-    pub(crate) src: &'a mut [u64],
-    pub(crate) dst: &'a mut [u64],
-    pub(crate) len: &'a mut [u64],
-    pub(crate) tile_base: &'a mut [u32],
-}
-
-/// Splits `words` (at least [`staging_words`]`(n)` long) into a wave's arrays.
-pub(crate) fn wave_arrays(words: &mut [u64], n: usize) -> Result<WaveArrays<'_>> {
-    if words.len() < staging_words(n) {
-        return Err(Error::InvalidPlan {
-            reason: format!(
-                "internal: staging area of {} words for {n} moves",
-                words.len()
-            ),
-        });
-    }
-    let (head, tail) = words.split_at_mut(3 * n);
-    let (src, rest) = head.split_at_mut(n);
-    let (dst, len) = rest.split_at_mut(n);
-    let tile_base: &mut [u32] = bytemuck::cast_slice_mut(&mut tail[..n.div_ceil(2)]);
-    Ok(WaveArrays {
-        src,
-        dst,
-        len,
-        tile_base: &mut tile_base[..n],
+/// The records of a wave of `n` moves in `words` (at least
+/// [`staging_words`]`(n)` long).
+pub(crate) fn wave_records(words: &mut [u64], n: usize) -> Result<&mut [MoveRec]> {
+    let have = words.len();
+    let recs: &mut [MoveRec] = bytemuck::cast_slice_mut(&mut words[..have / REC_WORDS * REC_WORDS]);
+    recs.get_mut(..n).ok_or_else(|| Error::InvalidPlan {
+        reason: format!("internal: staging area of {have} words for {n} moves"),
     })
 }
 
 /// Checks the moves `start..start + moves.len()` of wave `w` (non-empty,
 /// inside the region, sources ascending and disjoint, also across chunks
-/// through `prev_end`) and writes them into `arrays` at `start`, with tile
-/// indices from 0. Returns the chunk's tiles and side-buffer bound.
-/// `tile_shift` is log2 of the tile size.
+/// through `prev_end`) and writes them into `recs` at `start`, with tile
+/// indices from 0. Returns the chunk's tiles, side-buffer bound and bytes.
+/// `tile_shift` is log2 of the tile size; [`retile`] redoes the tile
+/// indices for another.
+///
+/// The loop only folds every check into one flag and, when it is set,
+/// [`first_error`] finds which move broke which rule: this loop is on the
+/// path between a plan and its first launch (a branch per rule, and a
+/// separate pass for the bytes, made it 1.5-2x slower).
 ///
 /// Rule 3 is checked on the device (per tile by the prep kernel, per move
 /// over the whole wave by the check kernel); rules 2 and 4 are the
@@ -145,63 +124,134 @@ pub(crate) fn stage_chunk(
     w: usize,
     start: usize,
     moves: &[Move],
-    arrays: &mut WaveArrays<'_>,
+    recs: &mut [MoveRec],
     prev_end: &mut Option<u64>,
     capacity_bytes: u64,
     tile_shift: u32,
 ) -> Result<Staged> {
-    let round = (1u64 << tile_shift) - 1;
     let end = start + moves.len();
-    let (src, dst, len) = (
-        &mut arrays.src[start..end],
-        &mut arrays.dst[start..end],
-        &mut arrays.len[start..end],
-    );
-    let tile_base = &mut arrays.tile_base[start..end];
+    let round = (1u64 << tile_shift) - 1;
+    let cap = capacity_bytes;
+    let mut bad = false;
+    let mut prev = prev_end.unwrap_or(0);
     let mut tiles: u64 = 0;
     let mut side_bytes: u64 = 0;
+    let mut bytes: u64 = 0;
+    for (m, rec) in moves.iter().zip(&mut recs[start..end]) {
+        let (s, d, l) = (m.src, m.dst, m.len);
+        let (s_end, d_end) = (s.wrapping_add(l), d.wrapping_add(l));
+        // A wrapped end is below its start (l > 0 is checked alongside).
+        bad |= (l == 0) | (s_end < s) | (s_end > cap) | (d_end < d) | (d_end > cap) | (s < prev);
+        prev = s_end;
+        // `tile_base` is wrong only once `tiles` passed MAX_CHUNK_TILES,
+        // which fails below.
+        *rec = MoveRec {
+            src: s,
+            dst: d,
+            len: l,
+            tile_base: tiles as u32,
+            pad: 0,
+        };
+        // Tiles are a power of two: shift, not divide.
+        let move_tiles = (l >> tile_shift) + u64::from(l & round != 0);
+        tiles = tiles.saturating_add(move_tiles);
+        side_bytes = side_bytes.saturating_add(side_bytes_of(m, move_tiles, tile_shift));
+        bytes = bytes.saturating_add(l);
+    }
+    if bad {
+        return Err(first_error(w, start, moves, *prev_end, capacity_bytes));
+    }
+    check_tiles(w, start, tiles, tile_shift)?;
+    *prev_end = Some(prev);
+    Ok(Staged {
+        tiles: tiles as u32,
+        side_bytes,
+        bytes,
+    })
+}
+
+/// Redoes the tile indices of the chunk `start..start + n`, staged by
+/// [`stage_chunk`], for tiles of `1 << tile_shift` bytes (a chunk of large
+/// moves goes to a kernel with larger tiles; its moves are few for their
+/// bytes, so the second pass is cheap next to moving them).
+pub(crate) fn retile(
+    w: usize,
+    start: usize,
+    n: usize,
+    recs: &mut [MoveRec],
+    tile_shift: u32,
+) -> Result<Staged> {
+    let end = start + n;
+    let round = (1u64 << tile_shift) - 1;
+    let (mut tiles, mut side_bytes, mut bytes) = (0u64, 0u64, 0u64);
+    for rec in &mut recs[start..end] {
+        rec.tile_base = tiles as u32;
+        let len = rec.len;
+        let move_tiles = (len >> tile_shift) + u64::from(len & round != 0);
+        tiles = tiles.saturating_add(move_tiles);
+        let m = Move {
+            key: 0,
+            src: rec.src,
+            dst: rec.dst,
+            len,
+        };
+        side_bytes = side_bytes.saturating_add(side_bytes_of(&m, move_tiles, tile_shift));
+        bytes = bytes.saturating_add(len);
+    }
+    check_tiles(w, start, tiles, tile_shift)?;
+    Ok(Staged {
+        tiles: tiles as u32,
+        side_bytes,
+        bytes,
+    })
+}
+
+fn check_tiles(w: usize, start: usize, tiles: u64, tile_shift: u32) -> Result<()> {
+    if tiles > MAX_CHUNK_TILES {
+        return Err(Error::InvalidPlan {
+            reason: format!(
+                "wave {w}: moves {start}.. hold more than {MAX_CHUNK_TILES} tiles of {} B; \
+                 split the wave",
+                1u64 << tile_shift
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The error of the first move of a chunk that [`stage_chunk`] flagged.
+fn first_error(
+    w: usize,
+    start: usize,
+    moves: &[Move],
+    mut prev_end: Option<u64>,
+    capacity_bytes: u64,
+) -> Error {
     for (k, m) in moves.iter().enumerate() {
-        check_range(m.src, m.len, capacity_bytes)?;
-        check_range(m.dst, m.len, capacity_bytes)?;
+        let checks = check_range(m.src, m.len, capacity_bytes)
+            .and_then(|()| check_range(m.dst, m.len, capacity_bytes));
+        if let Err(e) = checks {
+            return e;
+        }
         if m.len == 0 {
-            return Err(Error::InvalidPlan {
+            return Error::InvalidPlan {
                 reason: format!("wave {w} move {} is empty", start + k),
-            });
+            };
         }
         if prev_end.is_some_and(|e| e > m.src) {
-            return Err(Error::InvalidPlan {
+            return Error::InvalidPlan {
                 reason: format!(
                     "wave {w}: move {} source is not after the previous move's source \
                      (sources must ascend and be disjoint)",
                     start + k
                 ),
-            });
+            };
         }
-        *prev_end = Some(m.src + m.len);
-        src[k] = m.src;
-        dst[k] = m.dst;
-        len[k] = m.len;
-        // `tiles` stays below MAX_CHUNK_TILES < u32::MAX (checked below).
-        tile_base[k] = tiles as u32;
-        // Tiles are a power of two: shift, not divide (a division per move
-        // was most of this loop's cost).
-        let move_tiles = (m.len >> tile_shift) + u64::from(m.len & round != 0);
-        tiles += move_tiles;
-        side_bytes += side_bytes_of(m, move_tiles, tile_shift);
-        if tiles > MAX_CHUNK_TILES {
-            return Err(Error::InvalidPlan {
-                reason: format!(
-                    "wave {w}: moves {start}.. hold more than {MAX_CHUNK_TILES} tiles of \
-                     {} B; split the wave",
-                    1u64 << tile_shift
-                ),
-            });
-        }
+        prev_end = Some(m.src + m.len);
     }
-    Ok(Staged {
-        tiles: tiles as u32,
-        side_bytes,
-    })
+    Error::InvalidPlan {
+        reason: format!("internal: wave {w}: a move from {start} was flagged but passes"),
+    }
 }
 
 #[cfg(test)]
@@ -249,12 +299,12 @@ mod tests {
         assert_eq!(side_bytes_of(&mv(0, 256, 1 << 20), 16, shift), 0);
         assert_eq!(side_bytes_of(&mv(256, 256, 1 << 20), 16, shift), 0);
         let mut words = vec![0u64; staging_words(2)];
-        let mut arrays = wave_arrays(&mut words, 2).expect("fits");
+        let recs = wave_records(&mut words, 2).expect("fits");
         let staged = stage_chunk(
             0,
             0,
             &[mv(256, 0, 1 << 20), mv((2 << 20) + 4096, 2 << 20, 1 << 20)],
-            &mut arrays,
+            recs,
             &mut None,
             8 << 20,
             shift,
@@ -264,15 +314,28 @@ mod tests {
             staged,
             Staged {
                 tiles: 32,
-                side_bytes: 16 * (256 + 48)
+                side_bytes: 16 * (256 + 48),
+                bytes: 2 << 20,
             }
         );
+        // Retiled for 1 MiB tiles: one tile per move, and the 4 KiB slide
+        // is now at most 1/32 of its tile, so it defers too.
+        let retiled = retile(0, 0, 2, recs, 20).expect("valid");
+        assert_eq!(
+            retiled,
+            Staged {
+                tiles: 2,
+                side_bytes: (256 + 48) + (4096 + 48),
+                bytes: 2 << 20,
+            }
+        );
+        assert_eq!([recs[0].tile_base, recs[1].tile_base], [0, 1]);
     }
 
-    fn stage_wave(moves: &[Move], capacity: u64, shift: u32) -> Result<(Vec<u64>, Vec<u32>)> {
+    fn stage_wave(moves: &[Move], capacity: u64, shift: u32) -> Result<(Vec<MoveRec>, Vec<u32>)> {
         let n = moves.len();
         let mut words = vec![0u64; staging_words(n)];
-        let mut arrays = wave_arrays(&mut words, n)?;
+        let recs = wave_records(&mut words, n)?;
         let mut prev_end = None;
         let mut tiles = Vec::new();
         for (start, len) in chunks(n) {
@@ -281,7 +344,7 @@ mod tests {
                     0,
                     start,
                     &moves[start..start + len],
-                    &mut arrays,
+                    recs,
                     &mut prev_end,
                     capacity,
                     shift,
@@ -289,41 +352,44 @@ mod tests {
                 .tiles,
             );
         }
-        Ok((words, tiles))
+        Ok((recs.to_vec(), tiles))
     }
 
     #[test]
     fn lays_out_a_wave() {
         let moves = [mv(100, 0, 100), mv(250, 100, 250), mv(1000, 2000, 1)];
-        let (words, tiles) = stage_wave(&moves, 4096, 7).expect("valid");
-        assert_eq!(&words[..9], &[100, 250, 1000, 0, 100, 2000, 100, 250, 1]);
-        let tb: &[u32] = bytemuck::cast_slice(&words[9..]);
-        assert_eq!(&tb[..3], &[0, 1, 3]);
+        let (recs, tiles) = stage_wave(&moves, 4096, 7).expect("valid");
+        let rec = |src, dst, len, tile_base| MoveRec {
+            src,
+            dst,
+            len,
+            tile_base,
+            pad: 0,
+        };
+        assert_eq!(
+            recs,
+            vec![
+                rec(100, 0, 100, 0),
+                rec(250, 100, 250, 1),
+                rec(1000, 2000, 1, 3)
+            ]
+        );
         assert_eq!(tiles, vec![4]);
-    }
-
-    #[test]
-    fn chunks_grow_and_cover_the_wave() {
-        let c: Vec<_> = chunks(100_000).collect();
-        assert_eq!(c[0], (0, FIRST_CHUNK_MOVES));
-        assert_eq!(c[1], (FIRST_CHUNK_MOVES, 2 * FIRST_CHUNK_MOVES));
-        assert!(c.iter().all(|&(_, len)| len <= MAX_CHUNK_MOVES));
-        assert_eq!(c.iter().map(|&(_, len)| len).sum::<usize>(), 100_000);
-        assert!(c.windows(2).all(|p| p[0].0 + p[0].1 == p[1].0));
-        assert_eq!(chunks(0).count(), 0);
-        assert_eq!(chunks(5).collect::<Vec<_>>(), vec![(0, 5)]);
+        // The kernels' record is 32 bytes: src, dst, len, tile_base, pad.
+        assert_eq!(std::mem::size_of::<MoveRec>(), 32);
+        let header = include_str!("../../../kernels/moves.h");
+        assert!(header.contains("struct MoveRec {\n    u64 src;"));
     }
 
     #[test]
     fn tile_indices_restart_in_every_chunk() {
         let moves: Vec<Move> = (0..3000u64).map(|i| mv(i * 300, i * 300, 200)).collect();
-        let (words, tiles) = stage_wave(&moves, 1 << 30, 7).expect("valid");
-        let tb: &[u32] = bytemuck::cast_slice(&words[3 * 3000..]);
+        let (recs, tiles) = stage_wave(&moves, 1 << 30, 7).expect("valid");
         assert_eq!(
-            tb[FIRST_CHUNK_MOVES - 1],
+            recs[FIRST_CHUNK_MOVES - 1].tile_base,
             2 * (FIRST_CHUNK_MOVES as u32 - 1)
         );
-        assert_eq!(tb[FIRST_CHUNK_MOVES], 0);
+        assert_eq!(recs[FIRST_CHUNK_MOVES].tile_base, 0);
         assert_eq!(tiles, vec![2048, 2 * (3000 - 1024) as u32]);
     }
 
@@ -372,7 +438,6 @@ mod tests {
         let (offsets, words) = wave_offsets(&p);
         assert_eq!(offsets, vec![0, staging_words(3)]);
         assert_eq!(words, staging_words(3) + staging_words(2));
-        assert_eq!(array_words(3), [0, 3, 6, 9]);
     }
 }
 
@@ -401,7 +466,7 @@ mod timing {
         let mut words = vec![0u64; staging_words(n)];
         for _ in 0..5 {
             let t = std::time::Instant::now();
-            let mut arrays = wave_arrays(&mut words, n).expect("fits");
+            let recs = wave_records(&mut words, n).expect("fits");
             let mut prev_end = None;
             let mut tiles = 0u64;
             for (start, len) in chunks(n) {
@@ -410,7 +475,7 @@ mod timing {
                         0,
                         start,
                         &moves[start..start + len],
-                        &mut arrays,
+                        recs,
                         &mut prev_end,
                         u64::MAX / 2,
                         15,
