@@ -75,8 +75,9 @@ struct MoveRec {
     u32 pad;
 };
 
-// One wave, passed by value. Per-move arrays are indexed by the move's
-// position in the wave; per-tile arrays by the tile's position.
+// One chunk of a wave (the check kernel: the whole wave), passed by value.
+// `moves` is indexed by the move's position in the chunk, per-tile arrays
+// by the tile's position (tiles count from 0 in every chunk).
 struct WaveArgs {
     u64 base;             // device address of the arena region
     const MoveRec* moves; // [n_moves]

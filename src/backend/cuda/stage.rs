@@ -24,8 +24,9 @@ pub(crate) const MAX_CHUNK_TILES: u64 = (u32::MAX as u64) - (1 << 24);
 /// Moves of the first chunk of a wave: small, so that the GPU starts soon.
 pub(crate) const FIRST_CHUNK_MOVES: usize = 1024;
 
-/// Moves of the largest chunk (see [`Chunks`](super::chunks::Chunks); the
-/// wave's remainder may add up to a quarter).
+/// Moves of the largest chunk the sizing picks (see
+/// [`Chunks`](super::chunks::Chunks)); a wave's last chunk may hold up to a
+/// quarter more (its remainder joins it).
 pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 
 /// Bytes of one `TileDesc` (kernels/moves.h).
@@ -415,10 +416,13 @@ mod tests {
             stage_wave(&overflow, 1000, 6),
             Err(Error::OutOfBounds { .. })
         ));
-        // Source order is checked across chunk boundaries too.
-        let mut moves: Vec<Move> = (0..1100u64)
+        // Source order is checked across chunk boundaries too (2000 moves:
+        // two chunks; a remainder under a quarter would join the first).
+        assert_eq!(chunks(2000).count(), 2);
+        let mut moves: Vec<Move> = (0..2000u64)
             .map(|i| mv(i * 10, 100_000 + i * 10, 5))
             .collect();
+        assert!(stage_wave(&moves, 1 << 20, 6).is_ok());
         moves[FIRST_CHUNK_MOVES].src = 0;
         assert!(matches!(
             stage_wave(&moves, 1 << 20, 6),
