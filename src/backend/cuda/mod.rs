@@ -207,9 +207,10 @@ struct Scratch {
 const CTL_WORDS: usize = 4;
 
 /// The device memory's peak bandwidth in bytes per nanosecond: double data
-/// rate at the memory clock over the bus width (4814 for an H200; a
-/// `cuMemcpyDtoDAsync` reaches about 85% of it, counting bytes read plus
-/// written); 0 if the driver does not say.
+/// rate at the memory clock over the bus width (3352 GB/s on an H100 80GB
+/// HBM3, where a 4 GiB `cuMemcpyDtoDAsync` reached 3024 GB/s, 90% of it,
+/// counting bytes read plus written: BENCHMARKS.md, 2026-11-26); 0 if the
+/// driver does not say.
 fn copy_bytes_per_ns(ctx: &CudaContext) -> f64 {
     let attr = |a| ctx.attribute(a).ok().filter(|&v| v > 0).map(f64::from);
     let clock_khz = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
