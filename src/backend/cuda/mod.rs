@@ -65,11 +65,11 @@
 //! # Performance (`benches/moves.rs`, BENCHMARKS.md)
 //!
 //! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run
-//! (2026-11-25, default options): 8 GiB of 1 MiB-1 GiB blocks at 1.02x
-//! its bandwidth on an H100 and an H200; 100,000 blocks of 4-64 KiB
-//! compacted in one wave at 0.92x / 0.90x one big copy of the same bytes;
-//! 0.91x / 0.85x at 1-byte alignment; a 4 GiB block sliding down by 256 B
-//! at 0.98x / 0.947x a non-overlapping copy.
+//! (default options, H100, 2026-11-26): 8 GiB of 1 MiB-1 GiB blocks at
+//! 1.02x its bandwidth; 100,000 blocks of 4-64 KiB compacted in one wave,
+//! end to end, at 0.95-0.96x one big copy of the same bytes; 0.91-0.94x at
+//! 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.99-1.00x a
+//! non-overlapping copy. This staging code has no H200 figures yet.
 
 mod buffers;
 mod chunks;
@@ -79,6 +79,7 @@ mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod options;
+mod scratch;
 mod stage;
 mod streams;
 mod view;
@@ -95,13 +96,14 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DriverError};
 
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 
-use buffers::{DeviceBuf, PinnedBuf};
+use buffers::DeviceBuf;
 use kernels::KernelSet;
+use scratch::{Scratch, CTL_WORDS};
 
 /// Maps a cudarc driver error to [`Error::Driver`] naming `call`, keeping
 /// the driver's result code.
@@ -134,77 +136,6 @@ pub enum CudaCapacity {
         multiple_of_bytes: u64,
     },
 }
-
-/// Everything plan execution needs besides the region, and the other
-/// buffers the backend owns (host tier, handle table).
-#[derive(Debug)]
-struct Scratch {
-    /// Page-locked host tier for spilling (empty unless reserved).
-    host_tier: PinnedBuf,
-    /// Bytes of the host tier.
-    host_tier_bytes: u64,
-    /// Device copy of the arena's handle table.
-    table: DeviceBuf,
-    /// Tables outgrown: kept until drop, since enqueued kernels and
-    /// captured graphs may still hold their address.
-    retired_tables: Vec<DeviceBuf>,
-    /// Page-locked sources of table uploads, double-buffered like `staging`
-    /// so that they never block the host.
-    table_staging: [PinnedBuf; 2],
-    /// Recorded after the upload from `table_staging[i]`.
-    table_upload_done: [CudaEvent; 2],
-    /// Which table staging buffer the next sync uses.
-    table_parity: usize,
-    /// Per-move arrays (see `stage`).
-    moves: DeviceBuf,
-    /// Per-tile descriptors (written by the prep kernel), in two halves:
-    /// chunks alternate between them (see `chunk_done`).
-    tiles: DeviceBuf,
-    /// Per-tile "loaded" flags, compared against the launch's epoch.
-    flags: DeviceBuf,
-    /// Two blocks of [`CTL_WORDS`] `u32`s, one per half of `tiles`:
-    /// ticket counter, error word, and the side buffer's fill (u64).
-    ctl: DeviceBuf,
-    /// Deferred lower parts of tiles (see `kernels/moves.cu`); grows to
-    /// at most `CudaOptions::side_buffer_bytes`, when a plan first needs it.
-    side: DeviceBuf,
-    /// Host side of the per-move upload, double-buffered: a plan fills one
-    /// while the uploads of the previous plan (queued behind whatever the
-    /// stream holds) still read the other, so the host never waits for them.
-    staging: [PinnedBuf; 2],
-    /// Host copy of the error word.
-    status: PinnedBuf,
-    /// Recorded after the uploads from `staging[i]`.
-    upload_done: [CudaEvent; 2],
-    /// Per-move uploads run here, so that a chunk's upload overlaps the
-    /// kernels of the chunk before it (on the arena stream they would
-    /// queue behind them: 0.13 ms more device time for 100,000 moves on
-    /// an H100).
-    upload_stream: Arc<CudaStream>,
-    /// Recorded on the arena stream before a plan's first upload, and on
-    /// the upload stream after each chunk's (the other stream waits).
-    plan_start: CudaEvent,
-    chunk_uploaded: CudaEvent,
-    /// Recorded on the arena stream after the kernels of the last chunk
-    /// that used each half of `tiles` (and block of `ctl`): a chunk's prep
-    /// kernel runs on the upload stream, overlapping the move kernel of
-    /// the chunk before, and waits for the chunk before that.
-    chunk_done: [CudaEvent; 2],
-    /// Which half the next chunk uses.
-    chunk_parity: usize,
-    /// Which staging buffer the next plan uses.
-    parity: usize,
-    /// Recorded after the error word was copied into `status`.
-    status_ready: CudaEvent,
-    /// `status_ready` was recorded and not yet looked at.
-    status_pending: std::sync::atomic::AtomicBool,
-    /// Epoch of the last move launch (flags equal to it are "loaded").
-    epoch: u32,
-}
-
-/// `u32`s of one block of the kernels' control words (`kernels/moves.h`):
-/// ticket counter, error word, side-buffer fill (`u64`).
-const CTL_WORDS: usize = 4;
 
 /// The device memory's peak bandwidth in bytes per nanosecond: double data
 /// rate at the memory clock over the bus width (3352 GB/s on an H100 80GB
@@ -369,41 +300,7 @@ impl CudaBackend {
         // cuMemFree through `leak`.
         let region = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes) });
 
-        let scratch = Scratch {
-            host_tier: PinnedBuf::EMPTY,
-            host_tier_bytes: 0,
-            table: DeviceBuf::EMPTY,
-            retired_tables: Vec::new(),
-            table_staging: [PinnedBuf::EMPTY, PinnedBuf::EMPTY],
-            table_upload_done: [
-                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            ],
-            table_parity: 0,
-            moves: DeviceBuf::EMPTY,
-            tiles: DeviceBuf::EMPTY,
-            flags: DeviceBuf::EMPTY,
-            ctl: DeviceBuf::EMPTY,
-            side: DeviceBuf::EMPTY,
-            staging: [PinnedBuf::EMPTY, PinnedBuf::EMPTY],
-            status: PinnedBuf::EMPTY,
-            upload_done: [
-                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            ],
-            parity: 0,
-            upload_stream: ctx.new_stream().map_err(driver_err("cuStreamCreate"))?,
-            plan_start: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            chunk_uploaded: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            chunk_done: [
-                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-                ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            ],
-            chunk_parity: 0,
-            status_ready: ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
-            status_pending: std::sync::atomic::AtomicBool::new(false),
-            epoch: 0,
-        };
+        let scratch = Scratch::new(&ctx)?;
         let mut backend = CudaBackend {
             region,
             region_ptr: ptr,
@@ -580,23 +477,7 @@ impl Drop for CudaBackend {
         let ptr = region.leak();
         // SAFETY: `ptr` came from cuMemAlloc in `with_options`.
         let _ = unsafe { result::free_sync(ptr) };
-        self.scratch.moves.release();
-        self.scratch.tiles.release();
-        self.scratch.flags.release();
-        self.scratch.ctl.release();
-        self.scratch.side.release();
-        self.scratch.table.release();
-        for t in &mut self.scratch.retired_tables {
-            t.release();
-        }
-        for b in &mut self.scratch.table_staging {
-            b.release();
-        }
-        for b in &mut self.scratch.staging {
-            b.release();
-        }
-        self.scratch.status.release();
-        self.scratch.host_tier.release();
+        self.scratch.release();
     }
 }
 

@@ -393,13 +393,16 @@ impl Backend for CudaBackend {
                         .tile_bytes
                         .trailing_zeros();
                     if shift != primary_shift {
-                        staged = stage::retile(w, start, len, recs, shift)?;
+                        staged = stage::retile(start, len, recs, shift)?;
                     }
-                    let tiles = staged.tiles;
+                    let tiles = stage::check_tiles(w, start, staged.tiles, shift)?;
                     // Deferring tiles share what the options allow; the
                     // rest wait (the prep kernel checks the room).
                     let most = self.options.side_buffer_bytes;
                     let side_cap = staged.side_bytes.min(u64::from(most)) as u32;
+                    // Growing buffers waits for the device: that time is not
+                    // the host's staging rate, which sizes the next chunk.
+                    let grow_start = std::time::Instant::now();
                     let s = &mut self.scratch;
                     s.side
                         .reserve_capped(side_cap as usize, most as usize, false, &self.stream)?;
@@ -422,6 +425,7 @@ impl Backend for CudaBackend {
                     if s.flags.reserve(tiles as usize * 4, true, &self.stream)? {
                         s.epoch = 0;
                     }
+                    let grow_time = grow_start.elapsed();
                     // The chunk's records: one upload.
                     let chunk_words =
                         wo + stage::REC_WORDS * start..wo + stage::REC_WORDS * (start + len);
@@ -453,7 +457,7 @@ impl Backend for CudaBackend {
                         pad2: 0,
                     };
                     self.launch_chunk(&args, large, prep_cap, q)?;
-                    let host_ns = host_start.elapsed().as_nanos();
+                    let host_ns = host_start.elapsed().saturating_sub(grow_time).as_nanos();
                     chunks.feedback(
                         len,
                         staged.bytes,

@@ -41,8 +41,9 @@ pub(crate) const DEFER_RATIO: u64 = 32;
 /// What a staged chunk needs on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Staged {
-    /// Tiles of the chunk.
-    pub(crate) tiles: u32,
+    /// Tiles of the chunk, not yet checked against [`MAX_CHUNK_TILES`]
+    /// (see [`check_tiles`]).
+    pub(crate) tiles: u64,
     /// At least the side-buffer bytes its deferring tiles would take (the
     /// prep kernel takes at most `DEFER_MAX + 48` per tile; see
     /// [`side_bytes_of`]).
@@ -149,8 +150,9 @@ pub(crate) fn stage_chunk(
         // A wrapped end is below its start (l > 0 is checked alongside).
         bad |= (l == 0) | (s_end < s) | (s_end > cap) | (d_end < d) | (d_end > cap) | (s < prev);
         prev = s_end;
-        // `tile_base` is wrong only once `tiles` passed MAX_CHUNK_TILES,
-        // which fails below.
+        // `tile_base` is wrong only once `tiles` passed MAX_CHUNK_TILES:
+        // `check_tiles` then rejects the chunk, unless `retile` redoes them
+        // for larger tiles first.
         *rec = MoveRec {
             src: s,
             dst: d,
@@ -166,10 +168,9 @@ pub(crate) fn stage_chunk(
     if bad {
         return Err(first_error(w, start, moves, *prev_end, capacity_bytes));
     }
-    check_tiles(w, start, tiles, tile_shift)?;
     *prev_end = Some(prev);
     Ok(Staged {
-        tiles: tiles as u32,
+        tiles,
         side_bytes,
         bytes,
     })
@@ -180,7 +181,6 @@ pub(crate) fn stage_chunk(
 /// moves goes to a kernel with larger tiles; its moves are few for their
 /// bytes, so the second pass is cheap next to moving them).
 pub(crate) fn retile(
-    w: usize,
     start: usize,
     n: usize,
     recs: &mut [MoveRec],
@@ -202,25 +202,28 @@ pub(crate) fn retile(
         side_bytes = side_bytes.saturating_add(side_bytes_of(&m, move_tiles, tile_shift));
         bytes = bytes.saturating_add(len);
     }
-    check_tiles(w, start, tiles, tile_shift)?;
     Ok(Staged {
-        tiles: tiles as u32,
+        tiles,
         side_bytes,
         bytes,
     })
 }
 
-fn check_tiles(w: usize, start: usize, tiles: u64, tile_shift: u32) -> Result<()> {
-    if tiles > MAX_CHUNK_TILES {
-        return Err(Error::InvalidPlan {
+/// The tile count of a staged chunk, for the kernel whose tiles are
+/// `1 << tile_shift` bytes, once it fits the kernels' `u32` tile indices.
+/// Checked after the kernel is picked: a chunk with too many tiles for the
+/// primary kernel may fit the large one's.
+pub(crate) fn check_tiles(w: usize, start: usize, tiles: u64, tile_shift: u32) -> Result<u32> {
+    match u32::try_from(tiles) {
+        Ok(t) if tiles <= MAX_CHUNK_TILES => Ok(t),
+        _ => Err(Error::InvalidPlan {
             reason: format!(
                 "wave {w}: moves {start}.. hold more than {MAX_CHUNK_TILES} tiles of {} B; \
                  split the wave",
                 1u64 << tile_shift
             ),
-        });
+        }),
     }
-    Ok(())
 }
 
 /// The error of the first move of a chunk that [`stage_chunk`] flagged.
@@ -324,7 +327,7 @@ mod tests {
         );
         // Retiled for 1 MiB tiles: one tile per move, and the 4 KiB slide
         // is now at most 1/32 of its tile, so it defers too.
-        let retiled = retile(0, 0, 2, recs, 20).expect("valid");
+        let retiled = retile(0, 2, recs, 20).expect("valid");
         assert_eq!(
             retiled,
             Staged {
@@ -336,6 +339,23 @@ mod tests {
         assert_eq!([recs[0].tile_base, recs[1].tile_base], [0, 1]);
     }
 
+    #[test]
+    fn tile_limit_is_checked_for_the_kernel_that_runs() {
+        // One 128 TiB move: 2^32 tiles of 32 KiB, past the limit, but
+        // 2^27 tiles of 1 MiB (the large kernel's) fit.
+        let moves = [mv(1 << 47, 0, 1 << 47)];
+        let mut words = vec![0u64; staging_words(1)];
+        let recs = wave_records(&mut words, 1).expect("fits");
+        let staged = stage_chunk(0, 0, &moves, recs, &mut None, 1 << 48, 15).expect("valid");
+        assert_eq!(staged.tiles, 1 << 32);
+        assert!(matches!(
+            check_tiles(0, 0, staged.tiles, 15),
+            Err(Error::InvalidPlan { .. })
+        ));
+        let retiled = retile(0, 1, recs, 20).expect("valid");
+        assert_eq!(check_tiles(0, 0, retiled.tiles, 20).expect("fits"), 1 << 27);
+    }
+
     fn stage_wave(moves: &[Move], capacity: u64, shift: u32) -> Result<(Vec<MoveRec>, Vec<u32>)> {
         let n = moves.len();
         let mut words = vec![0u64; staging_words(n)];
@@ -343,18 +363,16 @@ mod tests {
         let mut prev_end = None;
         let mut tiles = Vec::new();
         for (start, len) in chunks(n) {
-            tiles.push(
-                stage_chunk(
-                    0,
-                    start,
-                    &moves[start..start + len],
-                    recs,
-                    &mut prev_end,
-                    capacity,
-                    shift,
-                )?
-                .tiles,
-            );
+            let staged = stage_chunk(
+                0,
+                start,
+                &moves[start..start + len],
+                recs,
+                &mut prev_end,
+                capacity,
+                shift,
+            )?;
+            tiles.push(check_tiles(0, start, staged.tiles, shift)?);
         }
         Ok((recs.to_vec(), tiles))
     }
@@ -477,19 +495,17 @@ mod timing {
             let mut prev_end = None;
             let mut tiles = 0u64;
             for (start, len) in chunks(n) {
-                tiles += u64::from(
-                    stage_chunk(
-                        0,
-                        start,
-                        &moves[start..start + len],
-                        recs,
-                        &mut prev_end,
-                        u64::MAX / 2,
-                        15,
-                    )
-                    .expect("ok")
-                    .tiles,
-                );
+                tiles += stage_chunk(
+                    0,
+                    start,
+                    &moves[start..start + len],
+                    recs,
+                    &mut prev_end,
+                    u64::MAX / 2,
+                    15,
+                )
+                .expect("ok")
+                .tiles;
             }
             println!("stage: {:?} ({tiles} tiles)", t.elapsed());
         }
