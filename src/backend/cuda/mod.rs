@@ -279,6 +279,10 @@ impl CudaBackend {
                     .to_string(),
             });
         }
+        // Everything that can fail before the region exists: once it does,
+        // only a built `CudaBackend` (whose drop frees it) may return early.
+        let scratch = Scratch::new(&ctx)?;
+        let arena_stream = streams::Registered::new(Arc::clone(&stream), &stream)?;
         // The allocation ends on a 256-byte boundary at least 16 bytes past
         // the region: the move kernel's shifting path reads whole aligned
         // 16-byte vectors, which may reach up to 15 bytes past the last
@@ -300,7 +304,6 @@ impl CudaBackend {
         // cuMemFree through `leak`.
         let region = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes) });
 
-        let scratch = Scratch::new(&ctx)?;
         let mut backend = CudaBackend {
             region,
             region_ptr: ptr,
@@ -313,7 +316,7 @@ impl CudaBackend {
             arch,
             sm_count,
             copy_bytes_per_ns,
-            streams: vec![streams::Registered::new(Arc::clone(&stream), &stream)?],
+            streams: vec![arena_stream],
             stream,
             ctx,
         };

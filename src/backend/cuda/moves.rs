@@ -378,7 +378,8 @@ impl Backend for CudaBackend {
                     let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
                     let recs = stage::wave_records(words, n)?;
                     let primary_shift = self.primary.info.tile_bytes.trailing_zeros();
-                    let mut staged = stage::stage_chunk(
+                    let (options, primary, large) = (&self.options, &self.primary, &self.large);
+                    let (staged, tiles, large) = stage::stage_for_kernel(
                         w,
                         start,
                         &wave.moves[start..start + len],
@@ -386,16 +387,12 @@ impl Backend for CudaBackend {
                         &mut prev_end,
                         self.capacity_bytes,
                         primary_shift,
+                        |staged| {
+                            options.for_chunk(staged.bytes, len as u64)?;
+                            let set = super::kernels::KernelSet::pick(primary, large, true);
+                            Some(set.info.tile_bytes.trailing_zeros())
+                        },
                     )?;
-                    let large = self.options.for_chunk(staged.bytes, len as u64).is_some();
-                    let shift = super::kernels::KernelSet::pick(&self.primary, &self.large, large)
-                        .info
-                        .tile_bytes
-                        .trailing_zeros();
-                    if shift != primary_shift {
-                        staged = stage::retile(start, len, recs, shift)?;
-                    }
-                    let tiles = stage::check_tiles(w, start, staged.tiles, shift)?;
                     // Deferring tiles share what the options allow; the
                     // rest wait (the prep kernel checks the room).
                     let most = self.options.side_buffer_bytes;

@@ -180,12 +180,7 @@ pub(crate) fn stage_chunk(
 /// [`stage_chunk`], for tiles of `1 << tile_shift` bytes (a chunk of large
 /// moves goes to a kernel with larger tiles; its moves are few for their
 /// bytes, so the second pass is cheap next to moving them).
-pub(crate) fn retile(
-    start: usize,
-    n: usize,
-    recs: &mut [MoveRec],
-    tile_shift: u32,
-) -> Result<Staged> {
+pub(crate) fn retile(start: usize, n: usize, recs: &mut [MoveRec], tile_shift: u32) -> Staged {
     let end = start + n;
     let (mut tiles, mut side_bytes, mut bytes) = (0u64, 0u64, 0u64);
     for rec in &mut recs[start..end] {
@@ -202,18 +197,53 @@ pub(crate) fn retile(
         side_bytes = side_bytes.saturating_add(side_bytes_of(&m, move_tiles, tile_shift));
         bytes = bytes.saturating_add(len);
     }
-    Ok(Staged {
+    Staged {
         tiles,
         side_bytes,
         bytes,
-    })
+    }
+}
+
+/// Stages the chunk `start..start + moves.len()` of wave `w` (as
+/// [`stage_chunk`], for the primary kernel's tiles of `1 << primary_shift`
+/// bytes) for the kernel that runs it: `large_shift` says, from the staged
+/// chunk, whether it goes to the large kernel and that kernel's tile shift;
+/// the chunk is then retiled. Returns the staged chunk, its tile count,
+/// checked for that kernel's tiles (a chunk with too many primary tiles may
+/// fit the large kernel's), and whether it goes to the large kernel.
+#[allow(clippy::too_many_arguments)] // the stage_chunk arguments, plus the kernel choice
+pub(crate) fn stage_for_kernel(
+    w: usize,
+    start: usize,
+    moves: &[Move],
+    recs: &mut [MoveRec],
+    prev_end: &mut Option<u64>,
+    capacity_bytes: u64,
+    primary_shift: u32,
+    large_shift: impl FnOnce(&Staged) -> Option<u32>,
+) -> Result<(Staged, u32, bool)> {
+    let mut staged = stage_chunk(
+        w,
+        start,
+        moves,
+        recs,
+        prev_end,
+        capacity_bytes,
+        primary_shift,
+    )?;
+    let large = large_shift(&staged);
+    let shift = large.unwrap_or(primary_shift);
+    if shift != primary_shift {
+        staged = retile(start, moves.len(), recs, shift);
+    }
+    let tiles = check_tiles(w, start, staged.tiles, shift)?;
+    Ok((staged, tiles, large.is_some()))
 }
 
 /// The tile count of a staged chunk, for the kernel whose tiles are
 /// `1 << tile_shift` bytes, once it fits the kernels' `u32` tile indices.
-/// Checked after the kernel is picked: a chunk with too many tiles for the
-/// primary kernel may fit the large one's.
-pub(crate) fn check_tiles(w: usize, start: usize, tiles: u64, tile_shift: u32) -> Result<u32> {
+/// Checked after the kernel is picked (see [`stage_for_kernel`]).
+fn check_tiles(w: usize, start: usize, tiles: u64, tile_shift: u32) -> Result<u32> {
     match u32::try_from(tiles) {
         Ok(t) if tiles <= MAX_CHUNK_TILES => Ok(t),
         _ => Err(Error::InvalidPlan {
@@ -327,7 +357,7 @@ mod tests {
         );
         // Retiled for 1 MiB tiles: one tile per move, and the 4 KiB slide
         // is now at most 1/32 of its tile, so it defers too.
-        let retiled = retile(0, 2, recs, 20).expect("valid");
+        let retiled = retile(0, 2, recs, 20);
         assert_eq!(
             retiled,
             Staged {
@@ -341,19 +371,27 @@ mod tests {
 
     #[test]
     fn tile_limit_is_checked_for_the_kernel_that_runs() {
-        // One 128 TiB move: 2^32 tiles of 32 KiB, past the limit, but
-        // 2^27 tiles of 1 MiB (the large kernel's) fit.
+        // One 128 TiB move: 2^32 tiles of 32 KiB (the primary kernel's),
+        // past the limit, but 2^31 of 64 KiB (the default large kernel's)
+        // fit.
         let moves = [mv(1 << 47, 0, 1 << 47)];
         let mut words = vec![0u64; staging_words(1)];
         let recs = wave_records(&mut words, 1).expect("fits");
-        let staged = stage_chunk(0, 0, &moves, recs, &mut None, 1 << 48, 15).expect("valid");
-        assert_eq!(staged.tiles, 1 << 32);
+        let stage = |recs: &mut [MoveRec], large: Option<u32>| {
+            stage_for_kernel(0, 0, &moves, recs, &mut None, 1 << 48, 15, |staged| {
+                assert_eq!(staged.tiles, 1 << 32, "staged for the primary tiles first");
+                large
+            })
+        };
+        assert!(matches!(stage(recs, None), Err(Error::InvalidPlan { .. })));
+        let (staged, tiles, large) = stage(recs, Some(16)).expect("fits the large tiles");
+        assert_eq!((staged.tiles, tiles, large), (1 << 31, 1 << 31, true));
+        // A large kernel with the primary's tiles (no large shape
+        // compiled): no retile, and the limit still holds.
         assert!(matches!(
-            check_tiles(0, 0, staged.tiles, 15),
+            stage(recs, Some(15)),
             Err(Error::InvalidPlan { .. })
         ));
-        let retiled = retile(0, 1, recs, 20).expect("valid");
-        assert_eq!(check_tiles(0, 0, retiled.tiles, 20).expect("fits"), 1 << 27);
     }
 
     fn stage_wave(moves: &[Move], capacity: u64, shift: u32) -> Result<(Vec<MoveRec>, Vec<u32>)> {
