@@ -67,9 +67,10 @@
 //! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run
 //! (default options, H100, 2026-11-26): 8 GiB of 1 MiB-1 GiB blocks at
 //! 1.02x its bandwidth; 100,000 blocks of 4-64 KiB compacted in one wave,
-//! end to end, at 0.95-0.96x one big copy of the same bytes; 0.91-0.94x at
-//! 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.99-1.00x a
-//! non-overlapping copy. This staging code has no H200 figures yet.
+//! end to end, at 0.93-0.96x one big copy of the same bytes; 0.91-0.94x at
+//! 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.96-1.00x a
+//! non-overlapping copy (thirteen runs). This staging code has no H200
+//! figures yet.
 
 mod buffers;
 mod chunks;
