@@ -69,7 +69,7 @@
 //! 1.02x its bandwidth; 100,000 blocks of 4-64 KiB compacted in one wave,
 //! end to end, at 0.93-0.96x one big copy of the same bytes; 0.91-0.94x at
 //! 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.96-1.00x a
-//! non-overlapping copy (thirteen runs). This staging code has no H200
+//! non-overlapping copy (fourteen runs). This staging code has no H200
 //! figures yet.
 
 mod buffers;
