@@ -18,8 +18,8 @@ use super::stage::{FIRST_CHUNK_MOVES, MAX_CHUNK_MOVES};
 /// the GPU moves the last chunk's bytes at the device's peak copy rate
 /// (which copies reach about 90% of: that is the margin), growing 1.25-4x.
 /// Where the host is slower than the GPU anyway (small moves), chunks
-/// double, which keeps launches few. A remainder under a quarter of a chunk
-/// joins it (a launch of a few moves costs as much as one of thousands).
+/// double, which keeps launches few. A remainder of at most a quarter of a
+/// chunk joins it (a launch of a few moves costs as much as one of thousands).
 #[derive(Debug, Clone)]
 pub(crate) struct Chunks {
     n: usize,

@@ -6,8 +6,9 @@
 //! destination, length, first tile): [`staging_words`] words. A wave is
 //! executed in chunks (see [`Chunks`](super::chunks::Chunks)): each chunk
 //! is checked, laid out, uploaded and launched while the host goes on with
-//! the next, so the host's work overlaps the GPU's instead of delaying it. Tile indices count from 0 in every chunk; the
-//! prep kernel turns them into one [`TILE_DESC_BYTES`] descriptor per tile.
+//! the next, so the host's work overlaps the GPU's instead of delaying it.
+//! Tile indices count from 0 in every chunk; the prep kernel turns them
+//! into one [`TILE_DESC_BYTES`] descriptor per tile.
 
 use crate::backend::check_range;
 use crate::error::{Error, Result};
@@ -476,7 +477,7 @@ mod tests {
             Err(Error::OutOfBounds { .. })
         ));
         // Source order is checked across chunk boundaries too (2000 moves:
-        // two chunks; a remainder under a quarter would join the first).
+        // two chunks; a remainder of at most a quarter would join the first).
         assert_eq!(chunks(2000).count(), 2);
         let mut moves: Vec<Move> = (0..2000u64)
             .map(|i| mv(i * 10, 100_000 + i * 10, 5))
