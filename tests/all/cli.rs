@@ -125,7 +125,7 @@ fn cli_closed_stdout_is_a_quiet_exit() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
-    assert!(first.starts_with("trace "), "{first}");
+    assert!(first.starts_with("cuarena replay: "), "{first}");
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stderr(&o), "");

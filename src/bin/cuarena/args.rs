@@ -111,6 +111,10 @@ pub(crate) enum Capacity {
     Ratio(f64),
 }
 
+/// Largest capacity a replay takes (1 EiB, past any device), so that no
+/// sum of sizes or rounding can wrap.
+pub(crate) const MAX_CAPACITY: u64 = 1 << 60;
+
 /// Options of `cuarena replay`.
 #[derive(Debug)]
 pub(crate) struct ReplayArgs {
@@ -132,6 +136,7 @@ pub(crate) struct ReplayArgs {
     pub(crate) device: Option<u32>,
     pub(crate) align: u64,
     pub(crate) free_at: FreePoint,
+    pub(crate) json: bool,
 }
 
 fn usage(e: impl ToString) -> Failure {
@@ -196,6 +201,7 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
         device: None,
         align: 256,
         free_at: FreePoint::Completed,
+        json: false,
     };
     let mut gpu_only = None;
     while let Some(arg) = p.next().map_err(usage)? {
@@ -206,6 +212,7 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
                 a.capacity = Some(parse_capacity(&v.to_string_lossy())?);
             }
             Long("find-min") => a.find_min = true,
+            Long("json") => a.json = true,
             Long("gpu") => a.gpu = true,
             Long("check-all") => {
                 a.check_all = true;
@@ -230,6 +237,12 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
                 let v: u64 = value(p, "--align", "a power of two")?;
                 if !v.is_power_of_two() {
                     return Err(usage(format!("--align: `{v}` is not a power of two")));
+                }
+                if v > cuarena::config::MAX_ALIGN {
+                    return Err(usage(format!(
+                        "--align: `{v}` is past the largest alignment, {}",
+                        cuarena::config::MAX_ALIGN
+                    )));
                 }
                 a.align = v;
             }
@@ -257,6 +270,20 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
     }
     if let (Some(option), false) = (gpu_only, a.gpu) {
         return Err(usage(format!("{option} goes with --gpu")));
+    }
+    if a.json {
+        let clash = [
+            (a.gpu, "--gpu"),
+            (a.svg.is_some(), "--svg"),
+            (a.map.is_some(), "--map"),
+            (a.capacity.is_some(), "--capacity"),
+            (a.find_min, "--find-min"),
+        ];
+        if let Some((_, o)) = clash.iter().find(|c| c.0) {
+            return Err(usage(format!(
+                "--json prints the verdict alone; it does not go with {o}"
+            )));
+        }
     }
     a.trace = trace.ok_or_else(|| usage("replay: missing TRACE (a snapshot pickle or CSV)"))?;
     Ok(Command::Replay(a))
@@ -293,8 +320,10 @@ pub(crate) fn parse_capacity(s: &str) -> Res<Capacity> {
     })?;
     match n.checked_mul(mult) {
         Some(0) => Err(usage(format!("--capacity: `{s}` is zero"))),
-        Some(b) => Ok(Capacity::Bytes(b)),
-        None => Err(usage(format!("--capacity: `{s}` overflows"))),
+        Some(b) if b <= MAX_CAPACITY => Ok(Capacity::Bytes(b)),
+        _ => Err(usage(format!(
+            "--capacity: `{s}` is past the largest capacity a replay takes ({MAX_CAPACITY} B)"
+        ))),
     }
 }
 

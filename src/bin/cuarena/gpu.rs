@@ -29,7 +29,8 @@ mod imp {
     use crate::args::ReplayArgs;
     use crate::gpu_table::{arena_row, baseline_row, print_gpu_details, print_table, ratio};
     use crate::replay::{
-        capacity_bytes, file_name, find_min, load, result_cell, write_file, write_map, Loaded,
+        capacity_bytes, file_name, find_min, load, print_details, result_cell, write_file,
+        write_map, Loaded,
     };
     use crate::{Failure, Res};
 
@@ -39,15 +40,20 @@ mod imp {
                 "--gpu needs a CUDA GPU and this machine has none usable: {reason}"
             )));
         }
+        let loaded = load(args)?;
+        let verdict = crate::verdict::compute(&loaded, args.align)?;
+        crate::verdict::print(&loaded, &verdict)?;
+        print_details(&loaded, args)?;
         let Loaded {
             trace,
             device,
             ops,
             peak,
-        } = load(args)?;
+            ..
+        } = loaded;
         let align = args.align;
         let capacity = match args.capacity {
-            Some(c) => capacity_bytes(c, peak, align),
+            Some(c) => capacity_bytes(c, peak, align)?,
             None => {
                 let m = find_min(&ops, align, Allocator::Compacting, peak).map_err(|e| {
                     Failure::Arena(format!("the arena completes the trace at no capacity: {e}"))

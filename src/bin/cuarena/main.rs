@@ -21,8 +21,10 @@ mod args;
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_table;
+mod json;
 mod progress;
 mod replay;
+mod verdict;
 
 use std::fmt;
 use std::process::ExitCode;

@@ -11,7 +11,7 @@ use cuarena::tools::trace::{
 use cuarena::tools::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
 use cuarena::{fmt_bytes, ArenaConfig};
 
-use crate::args::{Capacity, ReplayArgs};
+use crate::args::{Capacity, ReplayArgs, MAX_CAPACITY};
 use crate::progress::Progress;
 use crate::{Failure, Res};
 
@@ -54,29 +54,63 @@ fn print_row(label: &str, r: &ReplayReport, peak: u64) -> Res<()> {
     )
 }
 
-/// The capacity `c` means for a trace of `peak` live bytes.
-pub(crate) fn capacity_bytes(c: Capacity, peak: u64, align: u64) -> u64 {
-    match c {
+/// The capacity `c` means for a trace of `peak` live bytes; past
+/// [`MAX_CAPACITY`] a usage error naming the value.
+pub(crate) fn capacity_bytes(c: Capacity, peak: u64, align: u64) -> Res<u64> {
+    let bytes = match c {
         Capacity::Bytes(b) => round_up(b.max(1), align),
-        Capacity::Ratio(r) => round_up(((peak.max(1) as f64) * r).ceil() as u64, align),
+        Capacity::Ratio(r) => {
+            let want = (peak.max(1) as f64) * r;
+            if want > MAX_CAPACITY as f64 {
+                return Err(Failure::Usage(format!(
+                    "--capacity {r}: {r} x the peak live {peak} B is past the largest capacity \
+                     a replay takes ({MAX_CAPACITY} B)"
+                )));
+            }
+            round_up(want.ceil() as u64, align)
+        }
+    };
+    if bytes > MAX_CAPACITY {
+        return Err(Failure::Usage(format!(
+            "--capacity: {bytes} B is past the largest capacity a replay takes ({MAX_CAPACITY} B)"
+        )));
     }
+    Ok(bytes)
 }
 
 /// The trace read and turned into the program of one device.
 pub(crate) struct Loaded {
     pub(crate) trace: Trace,
+    /// The file as named on the command line.
+    pub(crate) name: String,
     pub(crate) device: u32,
     pub(crate) ops: Ops,
     /// Peak live bytes with sizes rounded to the alignment.
     pub(crate) peak: u64,
+    /// Milliseconds spent reading.
+    pub(crate) read_ms: f64,
 }
 
+/// What to say when a snapshot holds no events at all.
+const HOW_TO_RECORD: &str = "record one with \
+    torch.cuda.memory._record_memory_history(max_entries=100000) before the steps and \
+    torch.cuda.memory._dump_snapshot(path) after them";
+
+/// Reads the trace and builds the program of the device asked for
+/// (printing nothing: the verdict comes first).
 pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
     let t0 = Instant::now();
     let mut progress = Progress::new();
     progress.show(&format!("reading {}", args.trace.display()));
     let trace = Trace::read(&args.trace)?;
     progress.clear();
+    let name = args.trace.display().to_string();
+    if trace.events.is_empty() && trace.counts.skipped() == 0 {
+        return Err(Failure::Io(format!(
+            "{name}: the trace holds no allocator events (`device_traces` is empty: memory \
+             history was not being recorded); {HOW_TO_RECORD}"
+        )));
+    }
     let devices = trace.devices();
     let device = match args.device {
         Some(d) if devices.contains(&d) => d,
@@ -88,44 +122,89 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
         None => devices.first().copied().unwrap_or(0),
     };
     let ops = trace.ops_with(device, args.free_at);
-    let peak = ops.peak_live_rounded(args.align);
-    outln!(
-        "trace {}: {} events, device {device} of {devices:?}, read in {:.0} ms",
-        args.trace.display(),
-        trace.events.len(),
-        t0.elapsed().as_secs_f64() * 1e3
-    )?;
-    outln!(
-        "  {} allocs, {} frees, {} frees of blocks allocated before recording (skipped), \
-         {} implicit frees, {} live at end",
-        ops.allocs,
-        ops.frees,
-        ops.skipped_frees,
-        ops.implicit_frees,
-        ops.live_at_end
-    )?;
-    outln!(
-        "  peak live {} B as recorded, {} B ({}) with sizes rounded to {} B",
-        ops.peak_live_bytes,
-        peak,
-        fmt_bytes(peak),
-        args.align
-    )?;
     if ops.is_empty() {
         return Err(Failure::Io(format!(
-            "{}: the trace has no allocations on device {device}",
-            args.trace.display()
+            "{name}: the trace has no allocations on device {device} ({}); {HOW_TO_RECORD}",
+            trace.counts.summary()
         )));
     }
-    if args.free_at == FreePoint::FirstFree {
-        outln!("  blocks are freed at their first free event (--free-at first)")?;
-    }
-    Ok(Loaded {
+    let peak = ops.peak_live_rounded(args.align);
+    let l = Loaded {
         trace,
+        name,
         device,
         ops,
         peak,
-    })
+        read_ms: t0.elapsed().as_secs_f64() * 1e3,
+    };
+    crate::verdict::check_peak(&l)?;
+    Ok(l)
+}
+
+/// The trace's details, after the verdict.
+pub(crate) fn print_details(l: &Loaded, args: &ReplayArgs) -> Res<()> {
+    let ops = &l.ops;
+    outln!()?;
+    outln!(
+        "trace {}: {} events read in {:.0} ms: {}",
+        l.name,
+        l.trace.events.len(),
+        l.read_ms,
+        l.trace.counts.summary()
+    )?;
+    outln!(
+        "  before recording: {} blocks, {} live ({} from `segments`, {} freed in the trace); \
+         {} frees matched against them",
+        ops.initial_blocks,
+        fmt_bytes(ops.initial_bytes),
+        ops.initial_from_segments,
+        ops.initial_blocks - ops.initial_from_segments,
+        ops.initial_frees
+    )?;
+    outln!(
+        "  {} allocs, {} frees, {} implicit frees, {} frees still pending at the end, \
+         {} blocks live at the end ({})",
+        ops.allocs,
+        ops.frees,
+        ops.implicit_frees,
+        ops.pending_at_end,
+        ops.live_at_end,
+        fmt_bytes(ops.live_bytes_at_end)
+    )?;
+    match l.trace.active_at_dump(l.device) {
+        Some(a) => {
+            let active = a.allocated.saturating_add(a.pending_free);
+            outln!(
+                "  at the dump `segments` hold {} active ({} allocated, {} pending free) in {} \
+                 reserved; the replay ends with {} live: {}",
+                fmt_bytes(active),
+                fmt_bytes(a.allocated),
+                fmt_bytes(a.pending_free),
+                fmt_bytes(a.reserved),
+                fmt_bytes(ops.live_bytes_at_end),
+                if active == ops.live_bytes_at_end {
+                    "the same".to_owned()
+                } else {
+                    format!(
+                        "{} B apart (a trace that lost events?)",
+                        active.abs_diff(ops.live_bytes_at_end)
+                    )
+                }
+            )?;
+        }
+        None => outln!("  the trace has no `segments`: blocks live before recording are known only from their frees")?,
+    }
+    outln!(
+        "  peak live {} B as recorded, {} B ({}) with sizes rounded to {} B",
+        ops.peak_live_bytes,
+        l.peak,
+        fmt_bytes(l.peak),
+        args.align
+    )?;
+    if args.free_at == FreePoint::FirstFree {
+        outln!("  blocks are freed at their first free event (--free-at first)")?;
+    }
+    Ok(())
 }
 
 pub(crate) fn file_name(path: &Path) -> String {
@@ -173,18 +252,32 @@ fn replay_one(
 }
 
 pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
+    let loaded = load(args)?;
+    let verdict = crate::verdict::compute(&loaded, args.align)?;
+    if args.json {
+        crate::verdict::json(&loaded, &verdict, args.align)?;
+        return match verdict.capacity {
+            Some(_) => Ok(()),
+            None => Err(Failure::Arena(
+                "the arena completes the trace at no capacity".to_owned(),
+            )),
+        };
+    }
+    crate::verdict::print(&loaded, &verdict)?;
+    print_details(&loaded, args)?;
     let Loaded {
         trace,
         device,
         ops,
         peak,
-    } = load(args)?;
+        ..
+    } = loaded;
 
     let capacity = capacity_bytes(
         args.capacity.unwrap_or(Capacity::Ratio(1.0)),
         peak,
         args.align,
-    );
+    )?;
     let config = ArenaConfig::new(capacity).with_alignment_bytes(args.align);
     let want_timeline = args.svg.is_some() || args.map.is_some();
 

@@ -41,3 +41,8 @@ pub const MEMORY_PER_INPUT_BYTE: u64 = 16;
 
 /// Memory the pickle reader may charge whatever the input's size.
 pub const MEMORY_BASE_BYTES: u64 = 64 << 20;
+
+/// Largest block an `alloc` or free event (or a block of `segments`) may
+/// have: 1 PiB, past any device. A larger size is a corrupt trace, refused
+/// while reading, so no sum over blocks can wrap.
+pub const MAX_BLOCK_BYTES: u64 = 1 << 50;

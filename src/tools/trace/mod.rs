@@ -5,59 +5,82 @@
 //! bytes `1f 8b`, not by the file name):
 //!
 //! - the snapshot pickle that `torch.cuda.memory._dump_snapshot` writes (first
-//!   byte `0x80`): a dict whose `device_traces` holds one list of event dicts
-//!   per device. Every other key, and every extra key of an event (`frames`,
-//!   `compile_context`, ...), is ignored whatever its Python type.
+//!   byte `0x80`), in the layouts of the PyTorch 2.x releases: a dict whose
+//!   `device_traces` holds one list of event dicts per device and whose
+//!   `segments` lists the caching allocator's segments and their blocks at
+//!   the dump ([`Segment`]). Every other key, and every extra key of an event
+//!   (`frames`, `compile_context`, ...), is ignored whatever its Python type.
 //! - a CSV with the header `action,addr,size,stream,time_us` (an optional
-//!   `device` column, and any further columns, are accepted).
+//!   `device` column, and any further columns, are accepted; empty `addr`,
+//!   `stream` and `time_us` fields read as 0).
 //!
 //! Reading is pure: [`Trace`] holds the events, [`Trace::ops`] pairs allocs
-//! with frees into an [`Ops`] program, and [`replay()`] runs a program against a
-//! metadata-only arena. Malformed input of any kind is an
-//! [`crate::tools::ToolError::Trace`] naming the file and the 1-based line (CSV) or event
-//! (pickle); nothing here panics on bad input.
+//! with frees into an [`Ops`] program (with the blocks that were live when
+//! recording began, see [`ops`](Trace::ops)), and [`replay()`] runs a
+//! program against a metadata-only arena. Malformed input of any kind is a
+//! [`crate::tools::ToolError::Trace`] naming the file and the 1-based line
+//! (CSV) or event (pickle); nothing here panics on bad input.
+//!
+//! # Events kept
+//!
+//! Only what a replay uses is kept: `alloc`, `free_requested`,
+//! `free_completed`, the four segment actions and `oom`. `snapshot` events
+//! and actions this reader does not know are counted in
+//! [`Trace::counts`] and dropped as they are read.
 //!
 //! # Bounded input
 //!
-//! The readers never recurse on the input and never use more memory than a
-//! bound proportional to the decompressed size `D` of the file. Each limit
-//! below is a constant in [`limits`]; going past one is a
-//! [`ToolError::Limit`] that names it.
+//! The readers never recurse on the input, take time linear in its
+//! decompressed size `D` whatever the pickle shares through its memo (each
+//! distinct event dict is decoded once), and never use more memory than the
+//! bounds below. Each limit is a constant in [`limits`]; going past one is a
+//! [`ToolError::Limit`] that names it. A failed allocation of the reader's
+//! large buffers (the decompressed bytes, the events) is a
+//! [`ToolError::Limit`] too, never an abort.
 //!
 //! - gzip is inflated in a streaming way and stopped at
 //!   [`limits::MAX_DECOMPRESSED_BYTES`] (4 GiB; a larger plain file is
 //!   refused before it is read), or as soon as the output passes
 //!   [`limits::MAX_GZIP_RATIO`] (256) × the compressed bytes consumed plus
 //!   [`limits::GZIP_RATIO_SLACK_BYTES`] (64 MiB), so a gzip bomb stops early;
-//! - a CSV line is at most [`limits::MAX_CSV_LINE_BYTES`] (64 KiB);
+//! - a CSV is read line by line as it is inflated, never held whole; a line
+//!   is at most [`limits::MAX_CSV_LINE_BYTES`] (64 KiB);
 //! - a pickle nests containers at most [`limits::MAX_NESTING`] (1,000) deep,
 //!   has at most [`limits::MAX_MARKS`] (1,000) MARKs open, at most
 //!   [`limits::MAX_MEMO_ENTRIES`] (2^26) memo entries, integers of at most
 //!   [`limits::MAX_INT_BYTES`] (64) bytes, and no string or bytes longer
 //!   than what remains of the input; shared values (memo, DUP) are shared,
 //!   never copied;
-//! - everything the pickle reader builds (values, memo, stacks, the events
-//!   it returns) is charged against [`limits::MEMORY_PER_INPUT_BYTE`] (16)
-//!   × `D` + [`limits::MEMORY_BASE_BYTES`] (64 MiB).
+//! - everything the pickle reader builds (values, memo, stacks) is charged
+//!   against [`limits::MEMORY_PER_INPUT_BYTE`] (16) × `D` +
+//!   [`limits::MEMORY_BASE_BYTES`] (64 MiB);
+//! - an event is [`EVENT_BYTES`] (40) bytes, and the events vector grows by
+//!   an eighth at a time.
 //!
-//! The resulting bound: reading a trace takes at most about
-//! **2 × D (the decompressed bytes, as the buffer grows) + 2 × (16 × D +
-//! 64 MiB)** of memory (the factor 2 on the charges covers vectors' spare
-//! capacity), and time linear in `D`. The CSV reader keeps one event
-//! (~48 bytes) per line of at least 10 bytes, within the same bound.
+//! The resulting bound, for `E` events kept: a CSV takes at most about
+//! **1.125 × 40 × E + 128 KiB** (no more than one line is held besides the
+//! events); a pickle at most **D + 2 × (16 × D + 64 MiB) + 45 × E** (the
+//! decompressed bytes, the charged values with vectors' spare capacity,
+//! the events). `E` is at most `D / 8` for a CSV (the shortest line that
+//! is kept is 8 bytes).
 
+mod counts;
 mod csv;
+mod input;
 pub mod limits;
 mod ops;
 mod pickle;
 pub mod replay;
+mod segments;
+#[cfg(test)]
+mod tests;
 
-use std::cell::Cell;
 use std::io::Read;
 use std::path::Path;
 
 use crate::tools::{Result, ToolError};
 
+pub use counts::ActionCounts;
 #[cfg(feature = "cuda")]
 pub(crate) use ops::round_up;
 pub use ops::{FreePoint, Op, Ops};
@@ -65,9 +88,14 @@ pub use replay::{
     find_min_capacity, find_min_capacity_observed, find_min_capacity_with, replay, replay_prefix,
     replay_with, Allocator, MinCapacity, Outcome, ReplayOptions, ReplayReport,
 };
+pub use segments::{ActiveBytes, Block, BlockState, Reserved, Segment};
 
-/// What a trace event records (PyTorch's `action` strings).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Bytes one kept event takes in memory.
+pub const EVENT_BYTES: u64 = std::mem::size_of::<TraceEvent>() as u64;
+
+/// What a trace event records (PyTorch's `action` strings). Only the
+/// actions a replay uses; the others are counted in [`ActionCounts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
     /// `alloc`: a block was handed to a tensor.
     Alloc,
@@ -75,6 +103,7 @@ pub enum Action {
     /// `allocated_bytes` drops here.
     FreeRequested,
     /// `free_completed`: the block is reusable (other streams done with it).
+    /// PyTorch releases before 2.1 wrote `free` for it; it reads as this.
     FreeCompleted,
     /// `segment_alloc`: the caching allocator called `cudaMalloc`.
     SegmentAlloc,
@@ -84,33 +113,42 @@ pub enum Action {
     SegmentMap,
     /// `segment_unmap`: an expandable segment shrank.
     SegmentUnmap,
-    /// `oom`: an allocation failed.
+    /// `oom`: an allocation failed. Its [`TraceEvent::addr`] holds the bytes
+    /// the device had free (PyTorch's `device_free`), its `size` the request.
     Oom,
-    /// `snapshot`: a snapshot was taken.
-    Snapshot,
-    /// Any other action string, kept verbatim.
-    Other(String),
 }
 
 impl Action {
-    /// Parses PyTorch's action string; unknown strings become [`Action::Other`].
-    pub fn parse(s: &str) -> Action {
-        match s {
+    /// Every action, in [`ActionCounts`] order.
+    pub const ALL: [Action; 8] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Oom,
+    ];
+
+    /// Parses PyTorch's action string; `None` for one a replay does not
+    /// use (`snapshot`, or an unknown string).
+    pub fn parse(s: &str) -> Option<Action> {
+        Some(match s {
             "alloc" => Action::Alloc,
             "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
+            "free_completed" | "free" => Action::FreeCompleted,
             "segment_alloc" => Action::SegmentAlloc,
             "segment_free" => Action::SegmentFree,
             "segment_map" => Action::SegmentMap,
             "segment_unmap" => Action::SegmentUnmap,
             "oom" => Action::Oom,
-            "snapshot" => Action::Snapshot,
-            other => Action::Other(other.to_owned()),
-        }
+            _ => return None,
+        })
     }
 
     /// PyTorch's string for the action.
-    pub fn as_str(&self) -> &str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Action::Alloc => "alloc",
             Action::FreeRequested => "free_requested",
@@ -120,9 +158,12 @@ impl Action {
             Action::SegmentMap => "segment_map",
             Action::SegmentUnmap => "segment_unmap",
             Action::Oom => "oom",
-            Action::Snapshot => "snapshot",
-            Action::Other(s) => s,
         }
+    }
+
+    /// Whether the event has an `addr` PyTorch always writes (all but `oom`).
+    pub(crate) fn needs_addr(self) -> bool {
+        self != Action::Oom
     }
 }
 
@@ -133,21 +174,23 @@ impl std::fmt::Display for Action {
 }
 
 /// One recorded allocator event.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceEvent {
     /// What happened.
     pub action: Action,
-    /// Device address PyTorch handed out (reused after a free).
-    pub addr: u64,
-    /// Bytes, as recorded.
-    pub size: u64,
-    /// CUDA stream (an opaque identifier).
-    pub stream: i64,
-    /// Microsecond clock.
-    pub time_us: i64,
     /// Device ordinal (index of the `device_traces` list; 0 for a CSV
     /// without a `device` column).
     pub device: u32,
+    /// Device address PyTorch handed out (reused after a free). For
+    /// [`Action::Oom`]: the bytes the device had free (`device_free`, 0 when
+    /// absent), where PyTorch itself keeps it.
+    pub addr: u64,
+    /// Bytes, as recorded (for `oom`: the request).
+    pub size: u64,
+    /// CUDA stream (an opaque identifier; 0 when absent).
+    pub stream: i64,
+    /// Microsecond clock (0 when absent).
+    pub time_us: i64,
 }
 
 /// Which format a trace was read from.
@@ -159,7 +202,8 @@ pub enum TraceFormat {
     Pickle,
 }
 
-/// A recorded trace: every event of every device, in file order.
+/// A recorded trace: every kept event of every device, in file order, and
+/// the allocator's state at the dump when the file has it.
 #[derive(Debug, Clone)]
 pub struct Trace {
     /// Where it was read from (used in error messages and reports).
@@ -169,6 +213,15 @@ pub struct Trace {
     /// Events in recording order (per device; a pickle lists device 0's
     /// events first, then device 1's, ...).
     pub events: Vec<TraceEvent>,
+    /// The snapshot's `segments` (every device's), as at the dump; `None`
+    /// for a file without them (a CSV, or a pickle of `device_traces` alone).
+    pub segments: Option<Vec<Segment>>,
+    /// How many events of each action were read, and those skipped.
+    pub counts: ActionCounts,
+    /// Distinct event dicts a pickle's events were decoded from (the work
+    /// done: a dict the file shares through its memo is decoded once); 0 for
+    /// a CSV.
+    pub decoded_event_dicts: u64,
 }
 
 /// gzip's magic bytes.
@@ -178,251 +231,139 @@ const PICKLE_PROTO: u8 = 0x80;
 
 impl Trace {
     /// Reads a trace file: gzip is detected by its magic bytes and
-    /// decompressed, then the content is a snapshot pickle (first byte
-    /// `0x80`) or a CSV (header `action,addr,size,stream,time_us`).
+    /// inflated as it is read, then the content is a snapshot pickle (first
+    /// byte `0x80`) or a CSV (header `action,addr,size,stream,time_us`).
     pub fn read(path: &Path) -> Result<Trace> {
         let source = path.display().to_string();
-        if let Ok(meta) = std::fs::metadata(path) {
-            check_size(meta.len(), &source)?;
-        }
-        let bytes = std::fs::read(path).map_err(|e| ToolError::Trace {
+        let cannot = |e: std::io::Error| ToolError::Trace {
             path: source.clone(),
             record: 0,
             message: format!("cannot read file: {e}"),
-        })?;
-        Trace::from_bytes(&bytes, &source)
+        };
+        let file = std::fs::File::open(path).map_err(cannot)?;
+        if let Ok(meta) = file.metadata() {
+            // Refused unread: even gzipped, such a file inflates past the limit.
+            input::check_size(meta.len(), &source)?;
+            if meta.is_dir() {
+                return Err(ToolError::Trace {
+                    path: source,
+                    record: 0,
+                    message: "is a directory, not a trace file".to_owned(),
+                });
+            }
+        }
+        input::read(file, &source)
     }
 
     /// Like [`Trace::read`], from bytes already in memory; `source` names
     /// them in errors.
     pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
-        if bytes.starts_with(&GZIP_MAGIC) {
-            let raw = gunzip(bytes, source)?;
-            // A gzip inside a gzip is not a trace; don't recurse on it.
-            return Trace::from_plain_bytes(&raw, source);
-        }
-        Trace::from_plain_bytes(bytes, source)
+        input::read(bytes, source)
     }
 
-    fn from_plain_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
-        check_size(bytes.len() as u64, source)?;
-        match bytes.first() {
-            Some(&PICKLE_PROTO) => Trace::from_pickle_bytes(bytes, source),
-            Some(_) if csv::looks_like_csv(bytes) => Trace::from_csv_reader(bytes, source),
-            Some(_) => Err(ToolError::Trace {
-                path: source.to_owned(),
-                record: 0,
-                message: "unrecognized format: neither a pickle (first byte 0x80) nor a CSV \
-                          starting with `action,addr,size,stream,time_us`"
-                    .to_owned(),
-            }),
-            None => Err(ToolError::Trace {
-                path: source.to_owned(),
-                record: 0,
-                message: "empty file".to_owned(),
-            }),
-        }
-    }
-
-    /// Reads a CSV trace (not gzipped) from `reader`; `source` names it in
-    /// errors, whose `record` is the 1-based line.
+    /// Reads a CSV trace (not gzipped) from `reader`, line by line; `source`
+    /// names it in errors, whose `record` is the 1-based line.
     pub fn from_csv_reader<R: Read>(reader: R, source: &str) -> Result<Trace> {
-        let mut bytes = Vec::new();
-        reader
-            .take(limits::MAX_DECOMPRESSED_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| ToolError::Trace {
-                path: source.to_owned(),
-                record: 0,
-                message: format!("read error: {e}"),
-            })?;
-        check_size(bytes.len() as u64, source)?;
-        let events = csv::parse(&bytes, source)?;
+        let mut counts = ActionCounts::default();
+        let events = csv::parse(std::io::BufReader::new(reader), source, &mut counts)?;
         Ok(Trace {
             source: source.to_owned(),
             format: TraceFormat::Csv,
             events,
+            segments: None,
+            counts,
+            decoded_event_dicts: 0,
         })
     }
 
     /// Reads a `torch.cuda.memory._dump_snapshot` pickle (not gzipped);
     /// `source` names it in errors, whose `record` is the 1-based event.
     pub fn from_pickle_bytes(bytes: &[u8], source: &str) -> Result<Trace> {
-        check_size(bytes.len() as u64, source)?;
-        let events = pickle::parse(bytes, source)?;
+        input::check_size(bytes.len() as u64, source)?;
+        let mut counts = ActionCounts::default();
+        let p = pickle::parse(bytes, source, &mut counts)?;
         Ok(Trace {
             source: source.to_owned(),
             format: TraceFormat::Pickle,
-            events,
+            events: p.events,
+            segments: p.segments,
+            counts,
+            decoded_event_dicts: p.decoded_event_dicts,
         })
     }
 
-    /// Device ordinals that have at least one event, ascending.
+    /// Device ordinals that have at least one event or segment, ascending.
     pub fn devices(&self) -> Vec<u32> {
-        let mut d: Vec<u32> = self.events.iter().map(|e| e.device).collect();
-        d.sort_unstable();
-        d.dedup();
-        d
+        let mut d = std::collections::BTreeSet::new();
+        d.extend(self.events.iter().map(|e| e.device));
+        if let Some(segs) = &self.segments {
+            d.extend(segs.iter().map(|s| s.device));
+        }
+        d.into_iter().collect()
     }
 
     /// The alloc/free program of `device`, each alloc freed where its memory
     /// becomes reusable ([`FreePoint::Completed`]).
+    ///
+    /// The program starts with the blocks that were live when recording
+    /// began, reconstructed as PyTorch's memory viewer does: the blocks
+    /// active in `segments` at the dump that the trace did not allocate,
+    /// plus those the trace frees without having allocated them (allocated
+    /// before recording, or dropped from a ring buffer), at their sizes.
+    /// Blocks live at the dump take the size `segments` gives them (the
+    /// caching allocator's block, at least the size asked for), so the bytes
+    /// live at the end of the program are the bytes active in `segments`.
     pub fn ops(&self, device: u32) -> Ops {
         self.ops_with(device, FreePoint::Completed)
     }
 
     /// The alloc/free program of `device`, frees placed at `free_point`.
     pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Ops {
-        ops::build(&self.events, device, free_point)
+        ops::build(&self.events, self.segments.as_deref(), device, free_point)
     }
 
-    /// Bytes the caching allocator held from the driver (`segment_alloc`
-    /// and `segment_map` add, `segment_free` and `segment_unmap` subtract),
-    /// as `(event index, reserved bytes)` at every change on `device`.
-    /// Segments reserved before recording began are unknown; the series
-    /// starts at zero.
+    /// Bytes the blocks of `device` in `segments` held at the dump (`None`
+    /// without `segments`).
+    pub fn active_at_dump(&self, device: u32) -> Option<ActiveBytes> {
+        self.segments
+            .as_deref()
+            .map(|s| segments::active_bytes(s, device))
+    }
+
+    /// What the caching allocator reserved from the driver on `device`:
+    /// at the start of the recording (from `segments` and the segment
+    /// events), its peak, and every change.
+    pub fn reserved(&self, device: u32) -> Reserved {
+        segments::reserved(&self.events, self.segments.as_deref(), device)
+    }
+
+    /// Bytes reserved from the driver, as `(event index, reserved bytes)`
+    /// at the start and at every change on `device` (see
+    /// [`Trace::reserved`]).
     pub fn reserved_series(&self, device: u32) -> Vec<(u64, u64)> {
-        let mut reserved: u64 = 0;
-        let mut out = Vec::new();
-        for (i, e) in self.events.iter().enumerate() {
-            if e.device != device {
-                continue;
-            }
-            let next = match e.action {
-                Action::SegmentAlloc | Action::SegmentMap => reserved.saturating_add(e.size),
-                Action::SegmentFree | Action::SegmentUnmap => reserved.saturating_sub(e.size),
-                _ => continue,
-            };
-            reserved = next;
-            out.push((i as u64, reserved));
-        }
-        out
+        self.reserved(device).series
     }
 }
 
-/// Refuses input larger than [`limits::MAX_DECOMPRESSED_BYTES`].
-fn check_size(len: u64, source: &str) -> Result<()> {
-    if len > limits::MAX_DECOMPRESSED_BYTES {
-        return Err(ToolError::Limit {
+/// Refuses a block size past [`limits::MAX_BLOCK_BYTES`] in the events a
+/// program is built from.
+pub(crate) fn check_event_size(e: &TraceEvent, source: &str, record: u64) -> Result<()> {
+    let block = matches!(
+        e.action,
+        Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+    );
+    if block && e.size > limits::MAX_BLOCK_BYTES {
+        return Err(ToolError::Trace {
             path: source.to_owned(),
-            what: "(decompressed) input size in bytes",
-            name: "MAX_DECOMPRESSED_BYTES",
-            asked: len,
-            limit: limits::MAX_DECOMPRESSED_BYTES,
+            record,
+            message: format!(
+                "`{}` of size {} B, past the largest block a trace may hold ({} B, \
+                 limits::MAX_BLOCK_BYTES)",
+                e.action,
+                e.size,
+                limits::MAX_BLOCK_BYTES
+            ),
         });
     }
     Ok(())
-}
-
-/// Reads from a slice, counting the bytes handed out.
-struct Counting<'a> {
-    rest: &'a [u8],
-    consumed: &'a Cell<u64>,
-}
-
-impl Read for Counting<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.rest.read(buf)?;
-        self.consumed.set(self.consumed.get() + n as u64);
-        Ok(n)
-    }
-}
-
-/// Inflates gzip (several members too: `cat a.gz b.gz` is valid gzip),
-/// stopping at [`limits::MAX_DECOMPRESSED_BYTES`] or when the output
-/// outgrows [`limits::MAX_GZIP_RATIO`] × the input consumed so far plus
-/// [`limits::GZIP_RATIO_SLACK_BYTES`].
-fn gunzip(bytes: &[u8], source: &str) -> Result<Vec<u8>> {
-    let consumed = Cell::new(0u64);
-    let mut dec = flate2::read::MultiGzDecoder::new(Counting {
-        rest: bytes,
-        consumed: &consumed,
-    });
-    let mut raw = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match dec.read(&mut buf) {
-            Ok(0) => return Ok(raw),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(ToolError::Trace {
-                    path: source.to_owned(),
-                    record: 0,
-                    message: format!("gzip: {e}"),
-                })
-            }
-        };
-        raw.extend_from_slice(&buf[..n]);
-        let out = raw.len() as u64;
-        check_size(out, source)?;
-        let allowed = consumed
-            .get()
-            .saturating_mul(limits::MAX_GZIP_RATIO)
-            .saturating_add(limits::GZIP_RATIO_SLACK_BYTES);
-        if out > allowed {
-            return Err(ToolError::Limit {
-                path: source.to_owned(),
-                what: "gzip output in bytes (a gzip bomb?)",
-                name: "MAX_GZIP_RATIO × compressed bytes + GZIP_RATIO_SLACK_BYTES",
-                asked: out,
-                limit: allowed,
-            });
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn action_round_trips() {
-        for s in [
-            "alloc",
-            "free_requested",
-            "free_completed",
-            "segment_alloc",
-            "segment_free",
-            "segment_map",
-            "segment_unmap",
-            "oom",
-            "snapshot",
-            "user_defined",
-        ] {
-            assert_eq!(Action::parse(s).as_str(), s);
-        }
-        assert_eq!(Action::parse("weird"), Action::Other("weird".into()));
-    }
-
-    #[test]
-    fn detects_formats_and_rejects_garbage() {
-        let csv = b"action,addr,size,stream,time_us\nalloc,1,2,0,3\n";
-        let t = Trace::from_bytes(csv, "x").unwrap();
-        assert_eq!(t.format, TraceFormat::Csv);
-        assert_eq!(t.events.len(), 1);
-        assert!(matches!(
-            Trace::from_bytes(b"hello", "x"),
-            Err(ToolError::Trace { record: 0, .. })
-        ));
-        assert!(matches!(
-            Trace::from_bytes(b"", "x"),
-            Err(ToolError::Trace { record: 0, .. })
-        ));
-        // Truncated gzip.
-        assert!(matches!(
-            Trace::from_bytes(&[0x1f, 0x8b, 8, 0], "x"),
-            Err(ToolError::Trace { record: 0, .. })
-        ));
-    }
-
-    #[test]
-    fn reserved_series_follows_segments() {
-        let csv = b"action,addr,size,stream,time_us\n\
-                    segment_alloc,0,100,0,0\nalloc,0,10,0,1\nsegment_map,100,50,0,2\n\
-                    segment_free,0,100,0,3\n";
-        let t = Trace::from_bytes(csv, "x").unwrap();
-        assert_eq!(t.reserved_series(0), vec![(0, 100), (2, 150), (3, 50)]);
-        assert!(t.reserved_series(1).is_empty());
-    }
 }

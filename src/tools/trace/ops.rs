@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::{Action, TraceEvent};
+use super::{Action, BlockState, Segment, TraceEvent};
 
 /// Where a program frees a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,9 +62,9 @@ pub struct Ops {
     pub allocs: u64,
     /// Number of [`Op::Free`] that came from a free event.
     pub frees: u64,
-    /// Free events of addresses not live (allocated before recording began,
-    /// or by a lost event); skipped. Counted once per block even when both
-    /// free events appear.
+    /// Free events of addresses not live; skipped. A trace's program matches
+    /// them against blocks live before recording (see `initial_blocks`), so
+    /// only [`Ops::from_ops`] counts any.
     pub skipped_frees: u64,
     /// Allocs of an address that was still live: the earlier block's free
     /// was not recorded, so it is freed just before (an [`Op::Free`]).
@@ -80,6 +80,25 @@ pub struct Ops {
     /// The first event not turned into an op because ids ran past `u32`
     /// (`None`: the whole trace was used).
     pub truncated_at_event: Option<u64>,
+    /// Blocks live when recording began: the program's first
+    /// `initial_blocks` allocs (ids `0..initial_blocks`, at the device's
+    /// first event).
+    pub initial_blocks: u64,
+    /// Their bytes.
+    pub initial_bytes: u64,
+    /// Of those, the ones found active in `segments` at the dump that the
+    /// trace never frees (the others are freed in the trace).
+    pub initial_from_segments: u64,
+    /// Frees in the trace matched against blocks live before recording.
+    pub initial_frees: u64,
+    /// `free_requested` events with no `free_completed` by the end of the
+    /// trace ([`FreePoint::Completed`]): their blocks stay live to the end.
+    pub pending_at_end: u64,
+    /// Blocks live at the end given the larger size `segments` holds for
+    /// them.
+    pub resized_at_end: u64,
+    /// Bytes live at the end of the program.
+    pub live_bytes_at_end: u64,
 }
 
 impl Ops {
@@ -112,6 +131,42 @@ impl Ops {
             }
         }
         peak
+    }
+
+    /// Recomputes the summary from the ops and sizes: each alloc takes its
+    /// block's size, then peak, totals and what is live at the end.
+    pub(crate) fn finish(&mut self) {
+        let mut live_flag = vec![false; self.sizes.len()];
+        let mut live: u64 = 0;
+        self.peak_live_bytes = 0;
+        self.peak_op = 0;
+        self.total_alloc_bytes = 0;
+        for (i, op) in self.ops.iter_mut().enumerate() {
+            match op {
+                Op::Alloc { id, size } => {
+                    let s = self.sizes.get(*id as usize).copied().unwrap_or(*size);
+                    *size = s;
+                    if let Some(f) = live_flag.get_mut(*id as usize) {
+                        *f = true;
+                    }
+                    live = live.saturating_add(s);
+                    self.total_alloc_bytes = self.total_alloc_bytes.saturating_add(s);
+                }
+                Op::Free { id } => {
+                    if let Some(f) = live_flag.get_mut(*id as usize) {
+                        if std::mem::take(f) {
+                            live = live.saturating_sub(self.sizes[*id as usize]);
+                        }
+                    }
+                }
+            }
+            if live > self.peak_live_bytes {
+                self.peak_live_bytes = live;
+                self.peak_op = i;
+            }
+        }
+        self.live_at_end = live_flag.iter().filter(|&&f| f).count() as u64;
+        self.live_bytes_at_end = live;
     }
 
     /// Builds a program from explicit ops (synthetic workloads, tests).
@@ -155,6 +210,7 @@ impl Ops {
             }
         }
         out.live_at_end = live_flag.iter().filter(|&&f| f).count() as u64;
+        out.live_bytes_at_end = live;
         out
     }
 }
@@ -181,25 +237,35 @@ struct AddrState {
     awaiting_completed: bool,
 }
 
-/// For each `free_requested` event (by index) on `device`: whether a
-/// `free_completed` of the same address follows before the next alloc of
-/// that address. One backward pass.
-fn completed_follows(events: &[TraceEvent], device: u32) -> Vec<bool> {
-    let mut out = vec![false; events.len()];
-    let mut seen: HashMap<u64, bool> = HashMap::new();
+/// What follows a `free_requested` on its address.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// A `free_completed`: that one frees the block.
+    Completed,
+    /// An `alloc` (the completion was not recorded) or nothing at all.
+    Alloc,
+    /// Nothing: the free was still pending at the dump.
+    End,
+}
+
+/// For each `free_requested` event (by index) on `device`: what comes next
+/// on its address. One backward pass.
+fn next_on_addr(events: &[TraceEvent], device: u32) -> Vec<Next> {
+    let mut out = vec![Next::End; events.len()];
+    let mut seen: HashMap<u64, Next> = HashMap::new();
     for (i, e) in events.iter().enumerate().rev() {
         if e.device != device {
             continue;
         }
         match e.action {
             Action::FreeCompleted => {
-                seen.insert(e.addr, true);
+                seen.insert(e.addr, Next::Completed);
             }
             Action::Alloc => {
-                seen.insert(e.addr, false);
+                seen.insert(e.addr, Next::Alloc);
             }
             Action::FreeRequested => {
-                out[i] = seen.get(&e.addr).copied().unwrap_or(false);
+                out[i] = seen.get(&e.addr).copied().unwrap_or(Next::End);
             }
             _ => {}
         }
@@ -207,38 +273,56 @@ fn completed_follows(events: &[TraceEvent], device: u32) -> Vec<bool> {
     out
 }
 
-pub(super) fn build(events: &[TraceEvent], device: u32, free_point: FreePoint) -> Ops {
-    let mut out = Ops {
-        device,
-        ..Ops::default()
-    };
-    let has_completed = match free_point {
-        FreePoint::Completed => completed_follows(events, device),
+/// One pass of pairing over the events.
+struct Pass {
+    ops: Ops,
+    /// Frees of addresses with no live block: `(addr, size)`, once per block.
+    unmatched: Vec<(u64, u64)>,
+    /// Address -> id of the blocks live at the end.
+    live: HashMap<u64, u32>,
+}
+
+/// Pairs allocs with frees; `initial` blocks `(addr, id)` are live at the
+/// start (their allocs already in `base`).
+fn pair(
+    events: &[TraceEvent],
+    device: u32,
+    free_point: FreePoint,
+    base: Ops,
+    initial: &[(u64, u32)],
+) -> Pass {
+    let mut out = base;
+    let next = match free_point {
+        FreePoint::Completed => next_on_addr(events, device),
         FreePoint::FirstFree => Vec::new(),
     };
-    let mut addrs: HashMap<u64, AddrState> = HashMap::new();
-    let mut live_bytes: u64 = 0;
-
-    // Emits one op; keeps the parallel arrays and the peak in step.
-    fn push(out: &mut Ops, op: Op, event: usize, time_us: i64, live_bytes: u64) {
-        out.ops.push(op);
-        out.event_index.push(event as u64);
-        out.time_us.push(time_us);
-        if live_bytes > out.peak_live_bytes {
-            out.peak_live_bytes = live_bytes;
-            out.peak_op = out.ops.len() - 1;
-        }
-    }
-    fn free(out: &mut Ops, id: u32, event: usize, time_us: i64, live_bytes: &mut u64) {
-        let size = out.sizes.get(id as usize).copied().unwrap_or(0);
-        *live_bytes = live_bytes.saturating_sub(size);
-        push(out, Op::Free { id }, event, time_us, *live_bytes);
-    }
+    // A trace with no completions at all (an old or hand-made one) frees
+    // at the request; otherwise a request still pending at the end keeps
+    // its block live to the end, as the memory was not reusable yet.
+    let completes = events
+        .iter()
+        .any(|e| e.device == device && e.action == Action::FreeCompleted);
+    let mut addrs: HashMap<u64, AddrState> = initial
+        .iter()
+        .map(|&(addr, id)| {
+            let st = AddrState {
+                live: Some(id),
+                awaiting_completed: false,
+            };
+            (addr, st)
+        })
+        .collect();
+    let mut unmatched = Vec::new();
 
     for (i, e) in events.iter().enumerate() {
         if e.device != device {
             continue;
         }
+        let free = |out: &mut Ops, id: u32| {
+            out.ops.push(Op::Free { id });
+            out.event_index.push(i as u64);
+            out.time_us.push(e.time_us);
+        };
         match e.action {
             Action::Alloc => {
                 let Ok(id) = u32::try_from(out.sizes.len()) else {
@@ -248,38 +332,44 @@ pub(super) fn build(events: &[TraceEvent], device: u32, free_point: FreePoint) -
                 let st = addrs.entry(e.addr).or_default();
                 if let Some(prev) = st.live.take() {
                     out.implicit_frees += 1;
-                    free(&mut out, prev, i, e.time_us, &mut live_bytes);
+                    free(&mut out, prev);
                 }
-                let st = addrs.entry(e.addr).or_default();
                 *st = AddrState {
                     live: Some(id),
                     awaiting_completed: false,
                 };
                 out.sizes.push(e.size);
                 out.allocs += 1;
-                out.total_alloc_bytes = out.total_alloc_bytes.saturating_add(e.size);
-                live_bytes = live_bytes.saturating_add(e.size);
-                push(
-                    &mut out,
-                    Op::Alloc { id, size: e.size },
-                    i,
-                    e.time_us,
-                    live_bytes,
-                );
+                out.ops.push(Op::Alloc { id, size: e.size });
+                out.event_index.push(i as u64);
+                out.time_us.push(e.time_us);
             }
             Action::FreeRequested => {
-                if has_completed.get(i).copied().unwrap_or(false) {
-                    // Completed mode: the free_completed that follows frees it.
-                    continue;
+                match next.get(i) {
+                    // The free_completed that follows frees it.
+                    Some(Next::Completed) => continue,
+                    Some(Next::End) if completes => {
+                        out.pending_at_end += 1;
+                        let st = addrs.entry(e.addr).or_default();
+                        if st.live.is_none() {
+                            unmatched.push((e.addr, e.size));
+                            st.awaiting_completed = true;
+                        }
+                        continue;
+                    }
+                    _ => {}
                 }
                 let st = addrs.entry(e.addr).or_default();
                 st.awaiting_completed = true;
                 match st.live.take() {
                     Some(id) => {
                         out.frees += 1;
-                        free(&mut out, id, i, e.time_us, &mut live_bytes);
+                        free(&mut out, id);
                     }
-                    None => out.skipped_frees += 1,
+                    None => {
+                        out.skipped_frees += 1;
+                        unmatched.push((e.addr, e.size));
+                    }
                 }
             }
             Action::FreeCompleted => {
@@ -291,25 +381,119 @@ pub(super) fn build(events: &[TraceEvent], device: u32, free_point: FreePoint) -
                 match st.live.take() {
                     Some(id) => {
                         out.frees += 1;
-                        free(&mut out, id, i, e.time_us, &mut live_bytes);
+                        free(&mut out, id);
                     }
-                    None => out.skipped_frees += 1,
+                    None => {
+                        out.skipped_frees += 1;
+                        unmatched.push((e.addr, e.size));
+                    }
                 }
             }
             _ => {}
         }
     }
-    out.live_at_end = addrs.values().filter(|s| s.live.is_some()).count() as u64;
-    out
+    let live = addrs
+        .into_iter()
+        .filter_map(|(a, s)| s.live.map(|id| (a, id)))
+        .collect();
+    Pass {
+        ops: out,
+        unmatched,
+        live,
+    }
 }
 
+pub(super) fn build(
+    events: &[TraceEvent],
+    segments: Option<&[Segment]>,
+    device: u32,
+    free_point: FreePoint,
+) -> Ops {
+    let fresh = || Ops {
+        device,
+        ..Ops::default()
+    };
+    // First pass: which blocks the trace frees without having allocated
+    // them, and which it leaves live.
+    let first = pair(events, device, free_point, fresh(), &[]);
+
+    // Blocks live when recording began: freed without an alloc, or active
+    // in `segments` at the dump at an address the trace left no block of.
+    let mut initial: Vec<(u64, u64, bool)> = first
+        .unmatched
+        .iter()
+        .map(|&(addr, size)| (addr, size, false))
+        .collect();
+    let from_frees: std::collections::HashSet<u64> = first.unmatched.iter().map(|u| u.0).collect();
+    let mut active: HashMap<u64, u64> = HashMap::new();
+    for seg in segments.unwrap_or_default() {
+        if seg.device != device {
+            continue;
+        }
+        for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
+            active.insert(b.address, b.size);
+            let held = b.state == BlockState::ActiveAllocated
+                && !first.live.contains_key(&b.address)
+                && !from_frees.contains(&b.address);
+            if held {
+                initial.push((b.address, b.size, true));
+            }
+        }
+    }
+    initial.sort_unstable_by_key(|b| b.0);
+
+    let mut base = fresh();
+    let (first_event, first_time) = events
+        .iter()
+        .enumerate()
+        .find(|(_, e)| e.device == device)
+        .map_or((0, 0), |(i, e)| (i as u64, e.time_us));
+    let mut seeded = Vec::new();
+    for (id, &(addr, size, from_segments)) in initial.iter().enumerate() {
+        let Ok(id) = u32::try_from(id) else { break };
+        base.sizes.push(size);
+        base.ops.push(Op::Alloc { id, size });
+        base.event_index.push(first_event);
+        base.time_us.push(first_time);
+        base.initial_blocks += 1;
+        base.initial_bytes = base.initial_bytes.saturating_add(size);
+        if from_segments {
+            base.initial_from_segments += 1;
+        } else {
+            seeded.push((addr, id));
+        }
+    }
+    let k = base.initial_blocks;
+    let mut second = pair(events, device, free_point, base, &seeded);
+    let mut out = std::mem::take(&mut second.ops);
+
+    // Blocks live at the dump take the block size `segments` gives them.
+    for (addr, id) in &second.live {
+        let Some(&held) = active.get(addr) else {
+            continue;
+        };
+        if let Some(size) = out.sizes.get_mut(*id as usize) {
+            if held > *size && u64::from(*id) >= k {
+                *size = held;
+                out.resized_at_end += 1;
+            }
+        }
+    }
+    out.initial_frees = out
+        .ops
+        .iter()
+        .filter(|op| matches!(op, Op::Free { id } if u64::from(*id) < k))
+        .count() as u64;
+    out.finish();
+    out
+}
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn ev(action: &str, addr: u64, size: u64) -> TraceEvent {
         TraceEvent {
-            action: Action::parse(action),
+            action: Action::parse(action).unwrap(),
             addr,
             size,
             stream: 0,
@@ -318,11 +502,22 @@ mod tests {
         }
     }
 
+    fn block(address: u64, size: u64, state: BlockState) -> Block {
+        Block {
+            address,
+            size,
+            requested_size: size,
+            state,
+        }
+    }
+
+    use super::super::Block;
+
     #[test]
     fn pairs_each_alloc_once_in_both_modes() {
         let events = vec![
-            ev("free_requested", 9, 0), // allocated before recording
-            ev("free_completed", 9, 0),
+            ev("free_requested", 9, 8), // allocated before recording
+            ev("free_completed", 9, 8),
             ev("alloc", 1, 100),
             ev("alloc", 2, 50),
             ev("free_requested", 1, 100),
@@ -331,35 +526,81 @@ mod tests {
             ev("alloc", 1, 30), // address reused
             ev("free_requested", 1, 30),
             ev("free_completed", 1, 30),
-            ev("free_requested", 3, 10), // no free_completed follows
+            ev("free_requested", 3, 10), // still pending at the end
         ];
-        for fp in [FreePoint::Completed, FreePoint::FirstFree] {
-            let ops = build(&events, 0, fp);
-            assert_eq!(ops.allocs, 4, "{fp:?}");
-            assert_eq!(ops.frees, 3, "{fp:?}");
-            assert_eq!(ops.skipped_frees, 1, "{fp:?}");
-            assert_eq!(ops.live_at_end, 1, "{fp:?}");
+        let done = build(&events, None, 0, FreePoint::Completed);
+        let first = build(&events, None, 0, FreePoint::FirstFree);
+        for ops in [&done, &first] {
+            assert_eq!(ops.allocs, 4);
+            assert_eq!(ops.initial_blocks, 1);
+            assert_eq!(ops.initial_bytes, 8);
+            assert_eq!(ops.initial_frees, 1);
+            assert_eq!(ops.skipped_frees, 0);
             assert_eq!(ops.implicit_frees, 0);
             assert_eq!(ops.ops.len(), ops.event_index.len());
+            assert_eq!(ops.ops[0], Op::Alloc { id: 0, size: 8 });
         }
-        let done = build(&events, 0, FreePoint::Completed);
-        let first = build(&events, 0, FreePoint::FirstFree);
-        // Block 1 (100 B) is reusable only at event 6, after alloc 3.
+        // Completed: block 3's free is still pending at the end.
+        assert_eq!(
+            (done.frees, done.pending_at_end, done.live_at_end),
+            (3, 1, 2)
+        );
+        assert_eq!(done.live_bytes_at_end, 60);
+        assert_eq!((first.frees, first.live_at_end), (4, 1));
+        // Block 1 (100 B) is reusable only at event 6, after alloc 3; the
+        // initial 8 B are freed at event 1 (Completed) or 0 (first free).
         assert_eq!(done.peak_live_bytes, 160);
         assert_eq!(first.peak_live_bytes, 150);
-        assert_eq!(done.event_index[3], 6);
-        assert_eq!(first.event_index[2], 4);
+        assert_eq!(done.event_index[5], 6);
+        assert_eq!(first.event_index[1], 0);
+    }
+
+    #[test]
+    fn segments_give_the_blocks_live_before_recording() {
+        use super::super::Segment;
+        let events = vec![
+            ev("alloc", 1000, 100),
+            ev("free_requested", 500, 40), // initial, freed
+            ev("free_completed", 500, 40),
+            ev("alloc", 2000, 10), // live at the end, a 512 B block
+        ];
+        let seg = Segment {
+            device: 0,
+            address: 0,
+            total_size: 4096,
+            stream: 0,
+            expandable: false,
+            blocks: vec![
+                block(0, 300, BlockState::ActiveAllocated), // weights: initial
+                block(500, 40, BlockState::Inactive),
+                block(1000, 100, BlockState::Inactive),
+                block(2000, 512, BlockState::ActiveAllocated),
+            ],
+        };
+        // Event 0's block is freed with no record: the segment says inactive.
+        let ops = build(&events, Some(&[seg.clone()]), 0, FreePoint::Completed);
+        assert_eq!(ops.initial_blocks, 2);
+        assert_eq!(ops.initial_from_segments, 1);
+        assert_eq!(ops.initial_bytes, 340);
+        assert_eq!(ops.initial_frees, 1);
+        assert_eq!(ops.resized_at_end, 1);
+        // Live at the end: 300 (initial) + 512 (resized) + 100 (never freed).
+        assert_eq!(ops.live_bytes_at_end, 912);
+        assert_eq!(ops.peak_live_bytes, 300 + 40 + 100 + 512 - 40);
+        let other = Segment { device: 1, ..seg };
+        let ops = build(&events, Some(&[other]), 0, FreePoint::Completed);
+        assert_eq!((ops.initial_blocks, ops.resized_at_end), (1, 0));
     }
 
     #[test]
     fn implicit_free_and_rounding() {
         let events = vec![ev("alloc", 1, 100), ev("alloc", 1, 300), ev("alloc", 2, 1)];
-        let ops = build(&events, 0, FreePoint::Completed);
+        let ops = build(&events, None, 0, FreePoint::Completed);
         assert_eq!(ops.implicit_frees, 1);
         assert_eq!(ops.peak_live_bytes, 301);
         assert_eq!(ops.peak_live_rounded(256), 512 + 256);
         assert_eq!(ops.peak_live_rounded(0), 301);
-        assert!(build(&events, 1, FreePoint::Completed).is_empty());
+        assert!(build(&events, None, 1, FreePoint::Completed).is_empty());
     }
 
     #[test]
@@ -375,5 +616,6 @@ mod tests {
         assert_eq!(ops.skipped_frees, 2);
         assert_eq!(ops.peak_live_bytes, 10);
         assert_eq!(ops.live_at_end, 1);
+        assert_eq!(ops.live_bytes_at_end, 5);
     }
 }

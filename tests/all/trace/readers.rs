@@ -45,13 +45,19 @@ fn check_small_csv(t: &Trace) {
     assert_eq!(t.events[1].action, Action::Alloc);
     assert_eq!((t.events[1].addr, t.events[1].size), (4096, 1000));
     let ops = t.ops(0);
-    assert_eq!((ops.allocs, ops.frees, ops.skipped_frees), (3, 2, 1));
+    // 8192 is freed but never allocated: live from the start of recording.
+    assert_eq!((ops.allocs, ops.frees, ops.skipped_frees), (3, 3, 0));
+    assert_eq!(
+        (ops.initial_blocks, ops.initial_bytes, ops.initial_frees),
+        (1, 77, 1)
+    );
     assert_eq!(ops.live_at_end, 1);
-    assert_eq!(ops.peak_live_bytes, 1512);
-    assert_eq!(ops.peak_live_rounded(256), 1024 + 512);
-    assert_eq!(ops.ops.len(), 5);
-    assert_eq!(ops.event_index, vec![1, 2, 4, 5, 9]);
-    assert_eq!(ops.time_us, vec![2, 3, 5, 6, 10]);
+    assert_eq!(ops.live_bytes_at_end, 300);
+    assert_eq!(ops.peak_live_bytes, 77 + 1512);
+    assert_eq!(ops.peak_live_rounded(256), 256 + 1024 + 512);
+    assert_eq!(ops.ops.len(), 7);
+    assert_eq!(ops.event_index, vec![0, 1, 2, 4, 5, 7, 9]);
+    assert_eq!(ops.time_us, vec![1, 2, 3, 5, 6, 8, 10]);
     assert_eq!(t.reserved_series(0), vec![(0, 2097152)]);
 }
 

@@ -19,8 +19,8 @@
 //! see [`value`]) and charges everything it builds to a budget.
 //!
 //! It also keeps only what a trace needs: a container that appears as the
-//! value of a dict key other than `device_traces`, `action`, `addr`, `size`,
-//! `stream` and `time_us` (`segments`, `frames`, ...), or inside such a
+//! value of a dict key other than `device_traces`, `segments` and `blocks`
+//! (`frames`, `history`, `allocator_settings`, ...), or inside such a
 //! container, is built *skipped*: its items are dropped as they are put in.
 //! Scalars are always kept (the memo may hand them out again later).
 //!
@@ -33,19 +33,28 @@ mod stack;
 mod value;
 mod vm;
 
-use super::TraceEvent;
+use super::ActionCounts;
 use crate::tools::Result;
 
-/// Parses a snapshot pickle into events (device from the list index).
-pub(super) fn parse(bytes: &[u8], source: &str) -> Result<Vec<TraceEvent>> {
-    let (top, mut budget) = vm::Vm::new(bytes, source).run()?;
-    snapshot::events_of(top, &mut budget, source)
+/// Parses a snapshot pickle into events (device from the list index) and
+/// its segments, counting the actions into `counts`.
+pub(super) fn parse(
+    bytes: &[u8],
+    source: &str,
+    counts: &mut ActionCounts,
+) -> Result<snapshot::Parsed> {
+    let (top, _budget) = vm::Vm::new(bytes, source).run()?;
+    snapshot::parse_top(top, source, counts)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::trace::Action;
+    use crate::tools::trace::{Action, TraceEvent};
+
+    fn parse_events(bytes: &[u8], source: &str) -> Result<Vec<TraceEvent>> {
+        parse(bytes, source, &mut ActionCounts::default()).map(|p| p.events)
+    }
     use crate::tools::ToolError;
     use serde_pickle::{HashableValue, Value};
     use std::collections::BTreeMap;
@@ -82,7 +91,7 @@ mod tests {
             vec![event("alloc", 1 << 40, 512)],
             vec![event("alloc", 5, 6), event("free_completed", 5, 6)],
         ]);
-        let ev = parse(&bytes, "p").unwrap();
+        let ev = parse_events(&bytes, "p").unwrap();
         assert_eq!(ev.len(), 3);
         assert_eq!((ev[0].addr, ev[0].device), (1 << 40, 0));
         assert_eq!(ev[2].action, Action::FreeCompleted);
@@ -99,7 +108,7 @@ mod tests {
         b.resize(2 + 2 * n - 1, b'a');
         b.push(b'.');
         assert!(matches!(
-            parse(&b, "p"),
+            parse_events(&b, "p"),
             Err(ToolError::Limit {
                 name: "MAX_NESTING",
                 ..
@@ -111,11 +120,11 @@ mod tests {
     fn rejects_non_snapshots_and_bad_events() {
         let list = serde_pickle::value_to_vec(&Value::List(vec![]), Default::default()).unwrap();
         assert!(matches!(
-            parse(&list, "p"),
+            parse_events(&list, "p"),
             Err(ToolError::Trace { record: 0, .. })
         ));
         let bytes = snapshot(vec![vec![event("alloc", 1, 2), event("alloc", -1, 2)]]);
-        match parse(&bytes, "p") {
+        match parse_events(&bytes, "p") {
             Err(ToolError::Trace {
                 record, message, ..
             }) => {
@@ -125,7 +134,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            parse(&[0x80, 0x04, 0x95], "p"),
+            parse_events(&[0x80, 0x04, 0x95], "p"),
             Err(ToolError::Trace { record: 0, .. })
         ));
     }

@@ -1,12 +1,25 @@
-//! From the VM's value to [`TraceEvent`]s: `device_traces[d]` is device
-//! `d`'s list of event dicts. Only the top dict, `device_traces`, its lists
-//! and the event dicts' needed fields were kept by the VM; everything else
-//! arrives as skipped (empty) containers or scalars, and is not looked at.
+//! From the VM's value to [`TraceEvent`]s and [`Segment`]s:
+//! `device_traces[d]` is device `d`'s list of event dicts, `segments` the
+//! allocator's segments at the dump, each with its `blocks`. Only the top
+//! dict, these lists and their dicts' fields were kept by the VM;
+//! everything else arrives as skipped (empty) containers or scalars, and is
+//! not looked at.
+//!
+//! Work stays linear in the input whatever the pickle shares through its
+//! memo: an event dict that appears many times is decoded once, and a
+//! device's event list, a segment or a block list that appears twice is an
+//! error (PyTorch never writes one object twice; reading it again would
+//! multiply the work).
 
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
-use super::value::{Budget, Kind, Node, Value};
-use crate::tools::trace::{Action, TraceEvent};
+use super::value::{Kind, Node, Value};
+use crate::tools::trace::csv::push_event;
+use crate::tools::trace::limits::MAX_BLOCK_BYTES;
+use crate::tools::trace::{
+    check_event_size, Action, ActionCounts, Block, BlockState, Segment, TraceEvent,
+};
 use crate::tools::{Result, ToolError};
 
 fn err(source: &str, record: u64, message: String) -> ToolError {
@@ -20,8 +33,8 @@ fn err(source: &str, record: u64, message: String) -> ToolError {
 /// The list (or tuple) `v`, or an error naming `what`.
 fn list_of(v: &Value, what: &str, source: &str, record: u64) -> Result<Rc<Node>> {
     match v {
-        Value::Node(n) if matches!(n.kind, Kind::List | Kind::Tuple) && !n.skipped => Ok(n.clone()),
-        Value::Node(n) if n.skipped => Err(err(
+        Value::Node(n) if matches!(n.kind, Kind::List | Kind::Tuple) => Ok(n.clone()),
+        Value::Skipped(_) => Err(err(
             source,
             record,
             format!("{what} sits where the reader skips values; not a PyTorch snapshot layout"),
@@ -34,8 +47,40 @@ fn list_of(v: &Value, what: &str, source: &str, record: u64) -> Result<Rc<Node>>
     }
 }
 
-/// Turns the unpickled top value into events, charging them to `budget`.
-pub(super) fn events_of(top: Value, budget: &mut Budget, source: &str) -> Result<Vec<TraceEvent>> {
+/// The dict `v`, or an error naming `what`.
+fn dict_of<'v>(v: &'v Value, what: &str, source: &str, record: u64) -> Result<&'v Rc<Node>> {
+    match v {
+        Value::Node(n) if n.kind == Kind::Dict => Ok(n),
+        other => Err(err(
+            source,
+            record,
+            format!("{what} is a {}, not a dict", other.type_name()),
+        )),
+    }
+}
+
+/// Refuses a node seen before (see the module doc).
+fn once(seen: &mut HashSet<*const Node>, n: &Rc<Node>, what: &str, source: &str) -> Result<()> {
+    if !seen.insert(Rc::as_ptr(n)) {
+        return Err(err(
+            source,
+            0,
+            format!("{what} is the same object as an earlier one; not a PyTorch snapshot"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a snapshot pickle holds for a trace.
+pub(crate) struct Parsed {
+    pub(crate) events: Vec<TraceEvent>,
+    pub(crate) segments: Option<Vec<Segment>>,
+    /// Distinct event dicts decoded.
+    pub(crate) decoded_event_dicts: u64,
+}
+
+/// Turns the unpickled top value into events and segments.
+pub(super) fn parse_top(top: Value, source: &str, counts: &mut ActionCounts) -> Result<Parsed> {
     let top = match top {
         Value::Node(n) if n.kind == Kind::Dict => n,
         other => {
@@ -69,46 +114,77 @@ pub(super) fn events_of(top: Value, budget: &mut Budget, source: &str) -> Result
             ),
         ));
     };
-    let devices = list_of(&traces, "`device_traces`", source, 0)?;
-    let devices = devices.items();
+    let mut seen = HashSet::new();
+    let mut decoded = 0;
+    let events = events_of(&traces, source, counts, &mut seen, &mut decoded)?;
+    let segments = match top.get("segments") {
+        Some(v) => Some(segments_of(&v, source, &mut seen)?),
+        None => None,
+    };
+    Ok(Parsed {
+        events,
+        segments,
+        decoded_event_dicts: decoded,
+    })
+}
 
+fn events_of(
+    traces: &Value,
+    source: &str,
+    counts: &mut ActionCounts,
+    seen: &mut HashSet<*const Node>,
+    decoded: &mut u64,
+) -> Result<Vec<TraceEvent>> {
+    let devices = list_of(traces, "`device_traces`", source, 0)?;
+    let devices = devices.items();
     let mut events = Vec::new();
+    // Event dicts that appear more than once, decoded once.
+    let mut shared: HashMap<*const Node, Decoded> = HashMap::new();
+    let mut record = 0u64;
     for (dev, list) in devices.iter().enumerate() {
         let device = u32::try_from(dev)
             .map_err(|_| err(source, 0, format!("device index {dev} out of range")))?;
         let what = format!("`device_traces[{dev}]`");
         let list = list_of(list, &what, source, 0)?;
+        once(seen, &list, &what, source)?;
         for ev in list.items().iter() {
-            let record = events.len() as u64 + 1;
-            let e = parse_event(ev, device, source, record)?;
-            let extra = match &e.action {
-                Action::Other(s) => s.len() as u64,
-                _ => 0,
+            record += 1;
+            let d = dict_of(ev, &format!("device {device} event"), source, record)?;
+            let decoded = if Rc::strong_count(d) > 1 {
+                let key = Rc::as_ptr(d);
+                match shared.get(&key) {
+                    Some(p) => p.clone(),
+                    None => {
+                        *decoded += 1;
+                        let p = parse_event(d, device, source, record)?;
+                        shared.insert(key, p.clone());
+                        p
+                    }
+                }
+            } else {
+                *decoded += 1;
+                parse_event(d, device, source, record)?
             };
-            budget.charge(std::mem::size_of::<TraceEvent>() as u64 * 2 + extra, source)?;
-            events.push(e);
+            match decoded {
+                Ok(e) => {
+                    counts.keep(e.action);
+                    push_event(&mut events, e, source)?;
+                }
+                Err(name) => counts.skip(&name),
+            }
         }
     }
     Ok(events)
 }
 
-fn parse_event(ev: &Value, device: u32, source: &str, record: u64) -> Result<TraceEvent> {
-    let d = match ev {
-        Value::Node(n) if n.kind == Kind::Dict && !n.skipped => n,
-        other => {
-            return Err(err(
-                source,
-                record,
-                format!(
-                    "device {device} event is a {}, not a dict",
-                    other.type_name()
-                ),
-            ))
-        }
-    };
-    let action = match d.get("action") {
-        Some(Value::Str(s)) => Action::parse(&s),
-        Some(Value::Bytes(b)) => Action::parse(&String::from_utf8_lossy(&b)),
+/// An event kept, or the name of the action it was skipped for.
+type Decoded = std::result::Result<TraceEvent, Rc<str>>;
+
+/// One event dict, or the name of an action a replay does not use.
+fn parse_event(d: &Node, device: u32, source: &str, record: u64) -> Result<Decoded> {
+    let name = match d.get("action") {
+        Some(Value::Str(s)) => s.to_string(),
+        Some(Value::Bytes(b)) => String::from_utf8_lossy(&b).into_owned(),
         Some(other) => {
             return Err(err(
                 source,
@@ -118,47 +194,163 @@ fn parse_event(ev: &Value, device: u32, source: &str, record: u64) -> Result<Tra
         }
         None => return Err(err(source, record, "event has no `action`".to_owned())),
     };
-    // addr and size are required; stream and time_us default to 0 because
-    // older PyTorch versions and synthetic snapshots omit them.
-    let field = |name: &str, required: bool| -> Result<i128> {
-        match d.get(name) {
+    let Some(action) = Action::parse(&name) else {
+        return Ok(Err(name.into()));
+    };
+    let f = Fields {
+        d,
+        source,
+        record,
+        what: action.as_str(),
+    };
+    // `oom` writes `device_free` where the others write `addr`; `stream`
+    // and `time_us` are absent from old releases and hand-made snapshots.
+    let addr = if action == Action::Oom {
+        f.unsigned("device_free", Some(0))?
+    } else {
+        f.unsigned("addr", None)?
+    };
+    let e = TraceEvent {
+        action,
+        device,
+        addr,
+        size: f.unsigned("size", None)?,
+        stream: f.signed("stream")?,
+        time_us: f.signed("time_us")?,
+    };
+    check_event_size(&e, source, record)?;
+    Ok(Ok(e))
+}
+
+/// Integer fields of one dict, with errors naming the record.
+struct Fields<'a> {
+    d: &'a Node,
+    source: &'a str,
+    record: u64,
+    what: &'a str,
+}
+
+impl Fields<'_> {
+    fn int(&self, name: &str) -> Result<Option<i128>> {
+        match self.d.get(name) {
+            None | Some(Value::None) => Ok(None),
             Some(Value::Huge) => Err(err(
-                source,
-                record,
+                self.source,
+                self.record,
                 format!("`{name}` is an int wider than 128 bits"),
             )),
-            Some(v) => v.as_int().ok_or_else(|| {
+            Some(v) => v.as_int().map(Some).ok_or_else(|| {
                 err(
-                    source,
-                    record,
+                    self.source,
+                    self.record,
                     format!("`{name}` is a {}, not an int", v.type_name()),
                 )
             }),
-            None if required => Err(err(
-                source,
-                record,
-                format!("`{}` event has no `{name}`", action.as_str()),
-            )),
-            None => Ok(0),
         }
-    };
-    let unsigned = |name: &str| -> Result<u64> {
-        let v = field(name, true)?;
-        u64::try_from(v).map_err(|_| err(source, record, format!("`{name}` = {v} is out of range")))
-    };
-    let signed = |name: &str| -> Result<i64> {
-        let v = field(name, false)?;
-        // Streams are pointer-sized identifiers: keep the bits of a u64.
-        i64::try_from(v)
-            .or_else(|_| u64::try_from(v).map(|u| u as i64))
-            .map_err(|_| err(source, record, format!("`{name}` = {v} is out of range")))
-    };
-    Ok(TraceEvent {
-        addr: unsigned("addr")?,
-        size: unsigned("size")?,
-        stream: signed("stream")?,
-        time_us: signed("time_us")?,
-        action,
-        device,
-    })
+    }
+
+    /// An unsigned field; `default` when absent, or an error without one.
+    fn unsigned(&self, name: &str, default: Option<u64>) -> Result<u64> {
+        match (self.int(name)?, default) {
+            (Some(v), _) => u64::try_from(v).map_err(|_| {
+                err(
+                    self.source,
+                    self.record,
+                    format!("`{name}` = {v} is out of range"),
+                )
+            }),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(err(
+                self.source,
+                self.record,
+                format!("`{}` has no `{name}`", self.what),
+            )),
+        }
+    }
+
+    /// A signed field, 0 when absent; a u64 keeps its bits (streams are
+    /// pointer-sized identifiers).
+    fn signed(&self, name: &str) -> Result<i64> {
+        match self.int(name)? {
+            None => Ok(0),
+            Some(v) => i64::try_from(v)
+                .or_else(|_| u64::try_from(v).map(|u| u as i64))
+                .map_err(|_| {
+                    err(
+                        self.source,
+                        self.record,
+                        format!("`{name}` = {v} is out of range"),
+                    )
+                }),
+        }
+    }
+}
+
+fn segments_of(v: &Value, source: &str, seen: &mut HashSet<*const Node>) -> Result<Vec<Segment>> {
+    let list = list_of(v, "`segments`", source, 0)?;
+    let mut out = Vec::new();
+    for (i, s) in list.items().iter().enumerate() {
+        let what = format!("`segments[{i}]`");
+        let d = dict_of(s, &what, source, 0)?;
+        once(seen, d, &what, source)?;
+        let f = Fields {
+            d,
+            source,
+            record: 0,
+            what: &what,
+        };
+        let address = f.unsigned("address", None)?;
+        let device = f.unsigned("device", Some(0))?;
+        let device = u32::try_from(device)
+            .map_err(|_| err(source, 0, format!("{what}: device {device} out of range")))?;
+        let mut seg = Segment {
+            device,
+            address,
+            total_size: f.unsigned("total_size", None)?,
+            stream: f.signed("stream")?,
+            expandable: matches!(d.get("is_expandable"), Some(Value::Bool(true))),
+            blocks: Vec::new(),
+        };
+        if let Some(blocks) = d.get("blocks") {
+            let what = format!("{what}.blocks");
+            let blocks = list_of(&blocks, &what, source, 0)?;
+            once(seen, &blocks, &what, source)?;
+            let mut next = address;
+            for (j, b) in blocks.items().iter().enumerate() {
+                let what = format!("{what}[{j}]");
+                let bd = dict_of(b, &what, source, 0)?;
+                let f = Fields {
+                    d: bd,
+                    source,
+                    record: 0,
+                    what: &what,
+                };
+                let size = f.unsigned("size", None)?;
+                if size > MAX_BLOCK_BYTES {
+                    return Err(err(
+                        source,
+                        0,
+                        format!(
+                            "{what}: size {size} B is past the largest block ({MAX_BLOCK_BYTES} B)"
+                        ),
+                    ));
+                }
+                // PyTorch 2.0 wrote no block addresses: they follow each other.
+                let address = f.unsigned("address", Some(next))?;
+                next = address.saturating_add(size);
+                let state = match bd.get("state") {
+                    Some(Value::Str(s)) => BlockState::parse(&s),
+                    _ => BlockState::Unknown,
+                };
+                seg.blocks.push(Block {
+                    address,
+                    size,
+                    requested_size: f.unsigned("requested_size", Some(size))?,
+                    state,
+                });
+            }
+        }
+        out.push(seg);
+    }
+    Ok(out)
 }

@@ -5,13 +5,36 @@ use super::value::Value;
 
 /// Values under these dict keys are kept; a container appearing as the
 /// value of any other key is built skipped (see [`Node`]).
-pub(super) const NEEDED_KEYS: [&str; 6] = [
+pub(super) const NEEDED_KEYS: [&str; 8] = [
     "device_traces",
+    "segments",
+    "blocks",
     "action",
     "addr",
     "size",
     "stream",
     "time_us",
+];
+
+/// Dict keys whose entries are kept at all (see [`super::value::extend`]):
+/// the needed containers and the scalar fields of events, segments and
+/// blocks.
+pub(super) const KEPT_KEYS: [&str; 15] = [
+    "device_traces",
+    "segments",
+    "blocks",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "device_free",
+    "device",
+    "address",
+    "total_size",
+    "state",
+    "requested_size",
+    "is_expandable",
 ];
 
 /// The value stack, with, per slot, whether the nearest container at or
@@ -27,6 +50,7 @@ impl Stack {
     pub(super) fn push(&mut self, v: Value) {
         let skipped = match &v {
             Value::Node(n) => n.skipped,
+            Value::Skipped(_) => true,
             _ => self.skipped.last().copied().unwrap_or(false),
         };
         self.values.push(v);

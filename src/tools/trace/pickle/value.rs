@@ -11,6 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use super::stack::KEPT_KEYS;
 use crate::tools::trace::limits::{MAX_NESTING, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE};
 use crate::tools::{Result, ToolError};
 
@@ -30,6 +31,10 @@ pub(super) enum Value {
     /// Anything built by REDUCE, NEWOBJ or a global: kept opaque.
     Object,
     Node(Rc<Node>),
+    /// A container built where nothing in it is needed (see
+    /// [`super::stack`]): nothing is allocated for it, and what is put in
+    /// it is dropped at once.
+    Skipped(Kind),
 }
 
 impl Value {
@@ -44,6 +49,7 @@ impl Value {
             Value::Bytes(_) => "bytes",
             Value::Object => "object",
             Value::Node(n) => n.kind.name(),
+            Value::Skipped(k) => k.name(),
         }
     }
 
@@ -168,8 +174,28 @@ pub(super) fn extend(node: &Rc<Node>, new: Vec<Value>, source: &str) -> Result<(
         });
     }
     node.depth.set(depth);
-    if !node.skipped {
-        node.items.borrow_mut().extend(new);
+    if node.skipped {
+        return Ok(());
+    }
+    let mut new = new;
+    if node.kind == Kind::Dict {
+        // Only the keys a trace reads are kept: an event's other keys
+        // (`frames`, `compile_context`, ...) would cost memory per event.
+        let mut keep = false;
+        let mut i = 0;
+        new.retain(|v| {
+            if i % 2 == 0 {
+                keep = matches!(v, Value::Str(k) if KEPT_KEYS.contains(&&**k));
+            }
+            i += 1;
+            keep
+        });
+    }
+    let mut items = node.items.borrow_mut();
+    if items.is_empty() {
+        *items = new;
+    } else {
+        items.extend(new);
     }
     Ok(())
 }

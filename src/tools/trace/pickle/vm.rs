@@ -106,10 +106,12 @@ impl<'a> Vm<'a> {
         Ok(self.stack.truncate(mark))
     }
 
-    /// The container on top of the stack, which must be of `kind`.
-    fn target(&self, kind: &[Kind], op: &str) -> Result<Rc<Node>> {
+    /// The container on top of the stack, which must be of `kind`; `None`
+    /// for a skipped one (what is put in it is dropped).
+    fn target(&self, kind: &[Kind], op: &str) -> Result<Option<Rc<Node>>> {
         match self.top(op)? {
-            Value::Node(n) if kind.contains(&n.kind) => Ok(n.clone()),
+            Value::Node(n) if kind.contains(&n.kind) => Ok(Some(n.clone())),
+            Value::Skipped(k) if kind.contains(k) => Ok(None),
             other => Err(self.bad(format!("{op} onto a {}", other.type_name()))),
         }
     }
@@ -118,8 +120,11 @@ impl<'a> Vm<'a> {
         if kind == Kind::Dict && items.len() % 2 != 0 {
             return Err(self.bad(format!("{op} with an odd number of items")));
         }
+        if self.stack.next_container_skipped() {
+            return self.push(Value::Skipped(kind));
+        }
         self.budget.charge(NODE, self.source)?;
-        let node = Rc::new(Node::new(kind, self.stack.next_container_skipped()));
+        let node = Rc::new(Node::new(kind, false));
         extend(&node, items, self.source)?;
         self.push(Value::Node(node))
     }
@@ -205,31 +210,36 @@ impl<'a> Vm<'a> {
                 b's' => {
                     let v = self.pop("SETITEM")?;
                     let k = self.pop("SETITEM")?;
-                    let d = self.target(&[Kind::Dict], "SETITEM")?;
-                    extend(&d, vec![k, v], self.source)?;
+                    if let Some(d) = self.target(&[Kind::Dict], "SETITEM")? {
+                        extend(&d, vec![k, v], self.source)?;
+                    }
                 }
                 b'u' => {
                     let items = self.pop_mark("SETITEMS")?;
                     if items.len() % 2 != 0 {
                         return Err(self.bad("SETITEMS with an odd number of items".into()));
                     }
-                    let d = self.target(&[Kind::Dict], "SETITEMS")?;
-                    extend(&d, items, self.source)?;
+                    if let Some(d) = self.target(&[Kind::Dict], "SETITEMS")? {
+                        extend(&d, items, self.source)?;
+                    }
                 }
                 b'a' => {
                     let v = self.pop("APPEND")?;
-                    let l = self.target(&[Kind::List], "APPEND")?;
-                    extend(&l, vec![v], self.source)?;
+                    if let Some(l) = self.target(&[Kind::List], "APPEND")? {
+                        extend(&l, vec![v], self.source)?;
+                    }
                 }
                 b'e' => {
                     let items = self.pop_mark("APPENDS")?;
-                    let l = self.target(&[Kind::List], "APPENDS")?;
-                    extend(&l, items, self.source)?;
+                    if let Some(l) = self.target(&[Kind::List], "APPENDS")? {
+                        extend(&l, items, self.source)?;
+                    }
                 }
                 0x90 => {
                     let items = self.pop_mark("ADDITEMS")?;
-                    let s = self.target(&[Kind::Set], "ADDITEMS")?;
-                    extend(&s, items, self.source)?;
+                    if let Some(s) = self.target(&[Kind::Set], "ADDITEMS")? {
+                        extend(&s, items, self.source)?;
+                    }
                 }
                 b'N' => self.push(Value::None)?,
                 0x88 => self.push(Value::Bool(true))?,
