@@ -22,6 +22,8 @@ mod hostile;
 mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
+#[cfg(feature = "tools")]
+mod snapshots;
 mod spill;
 mod threads;
 #[cfg(feature = "tools")]

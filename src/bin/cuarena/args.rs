@@ -36,7 +36,7 @@ exit status:
      written
   4  --gpu, and no usable CUDA GPU (or a build without the `cuda` feature)
 
-Record a trace in PyTorch (2.1 or later) around a few training steps:
+Record a trace in PyTorch (2.0 or later) around a few training steps:
   torch.cuda.memory._record_memory_history(max_entries=1_000_000)
   ...  # the steps
   torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")
@@ -48,25 +48,33 @@ cuarena replay: replay a PyTorch allocation trace on cuarena and two baselines
 
 usage: cuarena replay TRACE [options]
 
-  TRACE                      a torch.cuda.memory._dump_snapshot pickle, or a CSV with
-                             the header action,addr,size,stream,time_us; either may
-                             be gzipped
+  TRACE                      a torch.cuda.memory._dump_snapshot pickle (PyTorch 2.x),
+                             or a CSV with the header action,addr,size,stream,time_us;
+                             either may be gzipped
 
-Without --gpu the replays run on metadata-only arenas (placement and planning,
-no bytes, no GPU needed): cuarena (targeted compaction), a naive compacting
-arena (full compaction on failure) and a non-moving best-fit allocator, all at
-the same capacity.
+The first lines answer the question: the peak live bytes (counting the tensors
+live before recording began, from the snapshot's `segments`); what PyTorch's
+caching allocator reserved at its peak, and its ratio to peak live (what
+caching and fragmentation cost); the capacity at which cuarena runs the trace;
+and for each `oom` event, what was asked, what PyTorch had allocated and
+reserved and the device had free, and whether an arena holding all of that
+memory would have served it (and where it would still fail, if it would).
+Then the details: the replays run on metadata-only arenas (placement and
+planning, no bytes, no GPU needed): cuarena (targeted compaction), a naive
+compacting arena (full compaction on failure) and a non-moving best-fit
+allocator, all at the same capacity.
 
 options:
   --capacity BYTES|RATIO     arena capacity: bytes (e.g. 15000000000, 14GiB, 512MiB)
                              or a ratio of peak live bytes (e.g. 1.02 or 1.02x);
                              default 1.0, with --gpu the smallest the metadata
-                             search finds
+                             search finds; at most 2^60 bytes
   --find-min                 also search for the smallest capacity that completes,
                              for cuarena and for the non-moving baseline
   --device N                 device of the trace to replay (default: first with events)
-  --align BYTES              arena alignment, a power of two (default 256)
+  --align BYTES              arena alignment, a power of two up to 2^30 (default 256)
   --free-at completed|first  free at free_completed (default) or at the first free event
+  --json                     print the verdict alone, as one JSON object (fields below)
   --svg FILE                 write a timeline of the arena replay as SVG
   --map FILE                 write memory maps before/after the largest compaction as SVG
   --gpu                      replay on the GPU with real bytes, against a capped CUDA
@@ -82,15 +90,42 @@ options:
                              each end of the others)
   -h, --help                 this text
 
+--json fields (bytes are integers; null where the trace does not say):
+  trace, format (pickle|csv), device, devices, events (kept), events_skipped
+  alignment_bytes            every size is rounded up to it
+  peak_live_bytes            peak of the bytes live at once, sizes rounded
+  peak_live_event            index of the (kept) event where it is first reached
+  live_before_recording_bytes, blocks_before_recording
+                             tensors live when recording began (from `segments`
+                             and from frees of blocks the trace never allocated)
+  frees_matched_before_recording
+                             frees in the trace matched against those blocks
+  live_at_end_bytes          live at the end of the replay; equals
+  segments_active_bytes      the bytes `segments` held active at the dump
+  pytorch_reserved_initial_bytes, pytorch_reserved_peak_bytes
+                             what the caching allocator reserved from the driver
+                             when recording began and at its peak
+  pytorch_reserved_complete  false when the trace has no `segments` (a CSV): the
+                             reserved figures then omit what was reserved before
+  pytorch_reserved_over_peak_live
+  arena_capacity_bytes, arena_capacity_over_peak_live
+                             the capacity at which cuarena completes the trace
+  oom_events                 number of `oom` events on the device
+  ooms                       the first 8, each: event, requested_bytes,
+                             allocated_bytes, reserved_bytes, device_free_bytes,
+                             arena_bytes (reserved + device free),
+                             arena_serves_request, arena_fails_at_event (null: it
+                             runs the rest of the trace)
+
 exit status:
   0  done: cuarena completed the trace at the capacity replayed (with --find-min
      and no --capacity: a smallest capacity was found); or stdout was closed by
      its reader (`| head`): the command stops there, quietly
   1  cuarena did not complete the trace at --capacity (default 1.0 x peak live),
      or no capacity completes, or a check of the bytes on the GPU failed
-  2  bad command line
-  3  the trace cannot be read or parsed, or an output file or stdout cannot be
-     written
+  2  bad command line (the message names the value)
+  3  the trace cannot be read or parsed (the message names the record and the
+     value), or an output file or stdout cannot be written
   4  --gpu, and no usable CUDA GPU (or a build without the `cuda` feature)
 
 A progress line goes to stderr while the capacities are searched (when stderr
