@@ -42,6 +42,18 @@ pub enum ToolError {
         limit: u64,
     },
 
+    /// Reading a trace needed more memory than the process could allocate
+    /// (an allocation failed: reported, never an abort).
+    #[error("trace {path}: out of memory: could not allocate {asked} bytes for {what}")]
+    OutOfMemory {
+        /// File being read.
+        path: String,
+        /// What the memory was for.
+        what: &'static str,
+        /// Bytes the failed allocation would have brought the total to.
+        asked: u64,
+    },
+
     /// A verification found bytes that are not what was written: a tensor
     /// lost its data (reported by the replay and scenario checks, never expected).
     #[error("data mismatch: {mismatched_words} words of {what} do not hold what was written")]

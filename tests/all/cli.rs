@@ -177,6 +177,8 @@ mod hostile_files {
 
     const PROBE_FILE: &str = "CUARENA_RSS_PROBE_FILE";
     const PROBE_STDERR: &str = "CUARENA_RSS_PROBE_STDERR";
+    /// Address-space limit (bytes) for the command, when set.
+    const PROBE_AS: &str = "CUARENA_RSS_PROBE_AS";
 
     /// What one run of `cuarena replay FILE` did.
     struct Run {
@@ -218,14 +220,33 @@ mod hostile_files {
         let hwm = own_hwm_kib();
         let err = std::fs::File::create(&err_path).unwrap();
         let t0 = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cuarena"))
-            .arg("replay")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cuarena"));
+        cmd.arg("replay")
             .arg(&file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("the cuarena binary runs");
+            .stderr(err);
+        if let Some(limit) = std::env::var("CUARENA_RSS_PROBE_AS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the hook only calls `setrlimit`, which is
+            // async-signal-safe, on a stack value.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let l = libc::rlimit {
+                        rlim_cur: limit as libc::rlim_t,
+                        rlim_max: limit as libc::rlim_t,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_AS, &l) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("the cuarena binary runs");
         let pid = child.id() as libc::pid_t;
         let mut status: libc::c_int = 0;
         // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
@@ -261,8 +282,17 @@ mod hostile_files {
 
     /// Runs `cuarena replay path` from a fresh probe process.
     fn replay(path: &Path, dir: &Path) -> Run {
+        replay_limited(path, dir, None)
+    }
+
+    /// Like [`replay`], with an address-space limit of `limit` bytes.
+    fn replay_limited(path: &Path, dir: &Path, limit: Option<u64>) -> Run {
         let err_path = dir.join("stderr.txt");
-        let o = Command::new(std::env::current_exe().unwrap())
+        let mut probe = Command::new(std::env::current_exe().unwrap());
+        if let Some(l) = limit {
+            probe.env(PROBE_AS, l.to_string());
+        }
+        let o = probe
             .args([
                 "--exact",
                 "cli::hostile_files::rss_probe",
@@ -306,6 +336,76 @@ mod hostile_files {
     /// The readers' bound for `d` decompressed bytes: 2 D + 2 (16 D + 64 MiB).
     fn reader_bound(d: u64) -> u64 {
         2 * d + 2 * (MEMORY_PER_INPUT_BYTE * d + MEMORY_BASE_BYTES)
+    }
+
+    /// gzip of a CSV: `prefix_lines` lines of distinct pseudo-random unknown
+    /// actions (they compress poorly, buying ratio budget, and are skipped),
+    /// then `n` 9-byte `oom` lines (kept, 40 bytes each in memory).
+    fn short_line_csv_gz(prefix_lines: usize, n: usize) -> Vec<u8> {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(b"action,addr,size,stream,time_us\n").unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..prefix_lines {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            writeln!(enc, "z{x:016x}{:016x},1,1,1,1", x.rotate_left(29)).unwrap();
+        }
+        let line = b"oom,,1,,\n".repeat(1 << 16);
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(1 << 16);
+            enc.write_all(&line[..9 * k]).unwrap();
+            left -= k;
+        }
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn csv_of_short_lines_stays_within_the_event_bound() {
+        let dir = std::env::temp_dir().join(format!("cuarena-cli-csv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = replay(&dir.join("no-such-trace.csv"), &dir);
+
+        // 4 million kept events: 160 MB of events at most (an eighth more
+        // as the vector grows), none of the 36 MB of text held.
+        let n = 4 << 20;
+        let path = dir.join("short.csv.gz");
+        std::fs::write(&path, short_line_csv_gz(0, n)).unwrap();
+        let r = replay(&path, &dir);
+        let bound = base.peak_rss_bytes.max(r.probe_hwm_bytes)
+            + (n as u64) * cuarena::tools::trace::EVENT_BYTES * 9 / 8
+            + (8 << 20);
+        println!(
+            "short.csv.gz: exit {}, {:?}, peak RSS {} KiB (bound {} KiB)",
+            r.code,
+            r.elapsed,
+            r.peak_rss_bytes >> 10,
+            bound >> 10
+        );
+        // It holds no allocation: an error, after reading every line.
+        assert_eq!(r.code, 3, "{}", r.stderr);
+        assert!(r.stderr.contains("no allocations"), "{}", r.stderr);
+        assert!(r.stderr.contains(&format!("{n} oom")), "{}", r.stderr);
+        assert!(r.peak_rss_bytes <= bound, "{} > {bound}", r.peak_rss_bytes);
+
+        // The hostile shape under a 256 MiB address-space limit: an
+        // incompressible prefix buys budget for 12 million events (480 MB);
+        // the events' allocation fails and is an error, never an abort.
+        std::fs::write(&path, short_line_csv_gz(12_000, 12_000_000)).unwrap();
+        let r = replay_limited(&path, &dir, Some(256 << 20));
+        let _ = std::fs::remove_dir_all(&dir);
+        println!(
+            "under 256 MiB: exit {}, {:?}: {}",
+            r.code, r.elapsed, r.stderr
+        );
+        assert_eq!(r.code, 3, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("out of memory: could not allocate"),
+            "{}",
+            r.stderr
+        );
     }
 
     #[test]

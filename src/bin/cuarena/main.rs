@@ -84,9 +84,10 @@ impl From<ToolError> for Failure {
                 message,
             } => Failure::Io(format!("trace {path}: {message}")),
             // A program the trace made that cannot run is the trace's fault.
-            ToolError::Trace { .. } | ToolError::Limit { .. } | ToolError::Program { .. } => {
-                Failure::Io(e.to_string())
-            }
+            ToolError::Trace { .. }
+            | ToolError::Limit { .. }
+            | ToolError::OutOfMemory { .. }
+            | ToolError::Program { .. } => Failure::Io(e.to_string()),
             ToolError::Usage { .. } => Failure::Usage(e.to_string()),
             _ => Failure::Arena(e.to_string()),
         }

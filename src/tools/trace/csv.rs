@@ -219,7 +219,7 @@ pub(super) fn push_event(
         events.try_reserve_exact(grow).map_err(|_| {
             out_of_memory(
                 source,
-                "bytes of the trace's events",
+                "the trace's events",
                 ((events.len() + grow) as u64).saturating_mul(super::EVENT_BYTES),
             )
         })?;

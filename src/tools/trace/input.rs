@@ -26,12 +26,10 @@ pub(super) fn check_size(len: u64, source: &str) -> Result<()> {
 
 /// A memory failure while reading, as the limit it ran into.
 pub(super) fn out_of_memory(source: &str, what: &'static str, asked: u64) -> ToolError {
-    ToolError::Limit {
+    ToolError::OutOfMemory {
         path: source.to_owned(),
         what,
-        name: "the memory this process can allocate",
         asked,
-        limit: 0,
     }
 }
 
@@ -205,7 +203,7 @@ fn gather<R: Read>(mut r: R, source: &str, layer: &str) -> Result<Vec<u8>> {
             out.try_reserve_exact(grow).map_err(|_| {
                 out_of_memory(
                     source,
-                    "bytes of the decompressed trace",
+                    "the decompressed trace",
                     (out.len() + grow) as u64,
                 )
             })?;

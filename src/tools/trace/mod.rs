@@ -36,7 +36,7 @@
 //! bounds below. Each limit is a constant in [`limits`]; going past one is a
 //! [`ToolError::Limit`] that names it. A failed allocation of the reader's
 //! large buffers (the decompressed bytes, the events) is a
-//! [`ToolError::Limit`] too, never an abort.
+//! [`ToolError::OutOfMemory`], never an abort.
 //!
 //! - gzip is inflated in a streaming way and stopped at
 //!   [`limits::MAX_DECOMPRESSED_BYTES`] (4 GiB; a larger plain file is
