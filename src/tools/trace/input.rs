@@ -201,11 +201,7 @@ fn gather<R: Read>(mut r: R, source: &str, layer: &str) -> Result<Vec<u8>> {
         if out.capacity() - out.len() < n {
             let grow = (out.len() / 2).max(n).max(1 << 20);
             out.try_reserve_exact(grow).map_err(|_| {
-                out_of_memory(
-                    source,
-                    "the decompressed trace",
-                    (out.len() + grow) as u64,
-                )
+                out_of_memory(source, "the decompressed trace", (out.len() + grow) as u64)
             })?;
         }
         out.extend_from_slice(&buf[..n]);

@@ -47,6 +47,7 @@ impl Vm<'_> {
         self.push(Value::Bytes(b.into()))
     }
 
+    #[inline]
     pub(super) fn memo_put(&mut self, index: u64) -> Result<()> {
         let v = self.top("memo put")?.clone();
         let index = u32::try_from(index).map_err(|_| self.bad("memo index past u32".into()))?;
@@ -78,6 +79,7 @@ impl Vm<'_> {
         Ok(())
     }
 
+    #[inline]
     pub(super) fn memo_get(&mut self, index: u64) -> Result<()> {
         let v = u32::try_from(index)
             .ok()

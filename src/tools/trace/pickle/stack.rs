@@ -47,6 +47,7 @@ pub(super) struct Stack {
 }
 
 impl Stack {
+    #[inline]
     pub(super) fn push(&mut self, v: Value) {
         let skipped = match &v {
             Value::Node(n) => n.skipped,
@@ -57,6 +58,12 @@ impl Stack {
         self.skipped.push(skipped);
     }
 
+    /// Drops the values above `len` where they lie.
+    pub(super) fn drop_to(&mut self, len: usize) {
+        self.skipped.truncate(len);
+        self.values.truncate(len);
+    }
+
     pub(super) fn truncate(&mut self, len: usize) -> Vec<Value> {
         self.skipped.truncate(len);
         self.values.split_off(len)
@@ -64,10 +71,17 @@ impl Stack {
 
     /// Whether a container made now should be skipped: after a key that is
     /// not needed, or inside a skipped container.
+    #[inline]
     pub(super) fn next_container_skipped(&self) -> bool {
-        match self.values.last() {
+        self.skipped_after(self.values.len())
+    }
+
+    /// [`Stack::next_container_skipped`] once the stack is cut to `len`.
+    #[inline]
+    pub(super) fn skipped_after(&self, len: usize) -> bool {
+        match len.checked_sub(1).and_then(|i| self.values.get(i)) {
             Some(Value::Str(k)) => !NEEDED_KEYS.contains(&&**k),
-            Some(_) => self.skipped.last().copied().unwrap_or(false),
+            Some(_) => self.skipped[len - 1],
             None => false,
         }
     }

@@ -51,6 +51,7 @@ impl<'a> Vm<'a> {
         }
     }
 
+    #[inline]
     pub(super) fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
         let left = self.input.len() - self.pos;
         if n > left as u64 {
@@ -63,6 +64,7 @@ impl<'a> Vm<'a> {
         Ok(s)
     }
 
+    #[inline]
     pub(super) fn uint(&mut self, n: u64, what: &str) -> Result<u64> {
         let b = self.take(n, what)?;
         Ok(b.iter()
@@ -70,12 +72,14 @@ impl<'a> Vm<'a> {
             .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
+    #[inline]
     pub(super) fn push(&mut self, v: Value) -> Result<()> {
         self.budget.charge(SLOT, self.source)?;
         self.stack.push(v);
         Ok(())
     }
 
+    #[inline]
     fn floor(&self) -> usize {
         self.marks.last().copied().unwrap_or(0)
     }
@@ -91,11 +95,59 @@ impl<'a> Vm<'a> {
             .ok_or_else(|| self.bad(format!("{op} on an empty stack")))
     }
 
+    #[inline]
     pub(super) fn top(&self, op: &str) -> Result<&Value> {
         match self.stack.values.last() {
             Some(v) if self.stack.values.len() > self.floor() => Ok(v),
             _ => Err(self.bad(format!("{op} on an empty stack"))),
         }
+    }
+
+    /// Pops the last MARK and the items above it into a new container of
+    /// `kind`; for one that is built skipped they are dropped where they
+    /// lie (no vector is made for them).
+    fn build_from_mark(&mut self, kind: Kind, op: &str) -> Result<()> {
+        let mark = *self
+            .marks
+            .last()
+            .ok_or_else(|| self.bad(format!("{op} without a MARK")))?;
+        if self.stack.skipped_after(mark) {
+            if kind == Kind::Dict && (self.stack.values.len() - mark) % 2 != 0 {
+                return Err(self.bad(format!("{op} with an odd number of items")));
+            }
+            self.marks.pop();
+            self.stack.drop_to(mark);
+            return self.push(Value::Skipped(kind));
+        }
+        let items = self.pop_mark(op)?;
+        self.new_node(kind, items, op)
+    }
+
+    /// Pops the last MARK and puts the items above it into the container
+    /// below them, which must be of `kind`; items for a skipped container
+    /// are dropped where they lie.
+    fn fill_from_mark(&mut self, kind: Kind, op: &str) -> Result<()> {
+        let mark = *self
+            .marks
+            .last()
+            .ok_or_else(|| self.bad(format!("{op} without a MARK")))?;
+        if kind == Kind::Dict && (self.stack.values.len() - mark) % 2 != 0 {
+            return Err(self.bad(format!("{op} with an odd number of items")));
+        }
+        let floor = self.marks.len().checked_sub(2).map_or(0, |i| self.marks[i]);
+        let below = mark.checked_sub(1).filter(|&i| i >= floor);
+        if let Some(i) = below {
+            if matches!(self.stack.values[i], Value::Skipped(k) if k == kind) {
+                self.marks.pop();
+                self.stack.drop_to(mark);
+                return Ok(());
+            }
+        }
+        let items = self.pop_mark(op)?;
+        if let Some(t) = self.target(&[kind], op)? {
+            extend(&t, items, self.source)?;
+        }
+        Ok(())
     }
 
     fn pop_mark(&mut self, op: &str) -> Result<Vec<Value>> {
@@ -182,22 +234,10 @@ impl<'a> Vm<'a> {
                 b']' => self.new_node(Kind::List, Vec::new(), "EMPTY_LIST")?,
                 b')' => self.new_node(Kind::Tuple, Vec::new(), "EMPTY_TUPLE")?,
                 0x8f => self.new_node(Kind::Set, Vec::new(), "EMPTY_SET")?,
-                b'd' => {
-                    let items = self.pop_mark("DICT")?;
-                    self.new_node(Kind::Dict, items, "DICT")?;
-                }
-                b'l' => {
-                    let items = self.pop_mark("LIST")?;
-                    self.new_node(Kind::List, items, "LIST")?;
-                }
-                b't' => {
-                    let items = self.pop_mark("TUPLE")?;
-                    self.new_node(Kind::Tuple, items, "TUPLE")?;
-                }
-                0x91 => {
-                    let items = self.pop_mark("FROZENSET")?;
-                    self.new_node(Kind::Set, items, "FROZENSET")?;
-                }
+                b'd' => self.build_from_mark(Kind::Dict, "DICT")?,
+                b'l' => self.build_from_mark(Kind::List, "LIST")?,
+                b't' => self.build_from_mark(Kind::Tuple, "TUPLE")?,
+                0x91 => self.build_from_mark(Kind::Set, "FROZENSET")?,
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
                     let mut items = Vec::with_capacity(n);
@@ -214,33 +254,15 @@ impl<'a> Vm<'a> {
                         extend(&d, vec![k, v], self.source)?;
                     }
                 }
-                b'u' => {
-                    let items = self.pop_mark("SETITEMS")?;
-                    if items.len() % 2 != 0 {
-                        return Err(self.bad("SETITEMS with an odd number of items".into()));
-                    }
-                    if let Some(d) = self.target(&[Kind::Dict], "SETITEMS")? {
-                        extend(&d, items, self.source)?;
-                    }
-                }
+                b'u' => self.fill_from_mark(Kind::Dict, "SETITEMS")?,
                 b'a' => {
                     let v = self.pop("APPEND")?;
                     if let Some(l) = self.target(&[Kind::List], "APPEND")? {
                         extend(&l, vec![v], self.source)?;
                     }
                 }
-                b'e' => {
-                    let items = self.pop_mark("APPENDS")?;
-                    if let Some(l) = self.target(&[Kind::List], "APPENDS")? {
-                        extend(&l, items, self.source)?;
-                    }
-                }
-                0x90 => {
-                    let items = self.pop_mark("ADDITEMS")?;
-                    if let Some(s) = self.target(&[Kind::Set], "ADDITEMS")? {
-                        extend(&s, items, self.source)?;
-                    }
-                }
+                b'e' => self.fill_from_mark(Kind::List, "APPENDS")?,
+                0x90 => self.fill_from_mark(Kind::Set, "ADDITEMS")?,
                 b'N' => self.push(Value::None)?,
                 0x88 => self.push(Value::Bool(true))?,
                 0x89 => self.push(Value::Bool(false))?,
