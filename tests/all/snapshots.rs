@@ -397,3 +397,133 @@ fn bad_values_exit_with_their_own_codes() {
         );
     }
 }
+
+// ---- the recorded fixtures, against the facts Python computed ------------
+
+/// The facts recorded beside `snap_NAME.pickle.gz`.
+fn facts(name: &str) -> serde_json::Value {
+    let p = data().join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+fn fixture(name: &str) -> Trace {
+    Trace::read(&data().join(format!("{name}.pickle.gz"))).unwrap()
+}
+
+#[test]
+fn recorded_fixtures_read_as_python_reads_them() {
+    for name in [
+        "snap_after_load",
+        "snap_ring_buffer",
+        "snap_oom_caught",
+        "snap_expandable",
+        "snap_two_devices",
+    ] {
+        let t = fixture(name);
+        let f = facts(name);
+        let devices = f["devices"].as_object().unwrap();
+        assert_eq!(t.devices().len(), devices.len(), "{name}");
+        for (d, df) in devices {
+            let device: u32 = d.parse().unwrap();
+            // Every event of every action, per device.
+            for (action, n) in df["events"].as_object().unwrap() {
+                let a = Action::parse(action).unwrap_or_else(|| panic!("{name}: {action}"));
+                let got = t
+                    .events
+                    .iter()
+                    .filter(|e| e.device == device && e.action == a)
+                    .count() as u64;
+                assert_eq!(got, n.as_u64().unwrap(), "{name} device {d} {action}");
+            }
+            let active = t.active_at_dump(device).unwrap();
+            let num = |k: &str| df[k].as_u64().unwrap();
+            assert_eq!(active.allocated, num("active_allocated_size"), "{name}");
+            assert_eq!(
+                active.requested,
+                num("active_allocated_requested_size"),
+                "{name}"
+            );
+            assert_eq!(
+                active.allocated_blocks,
+                num("active_allocated_blocks"),
+                "{name}"
+            );
+            assert_eq!(active.reserved, num("segments_total_size"), "{name}");
+            // The program ends with what PyTorch had allocated at the dump,
+            // and its peak is at least that.
+            let ops = t.ops(device);
+            assert_eq!(ops.live_bytes_at_end, active.allocated, "{name}");
+            assert!(ops.peak_live_rounded(256) >= active.allocated, "{name}");
+            let r = t.reserved(device);
+            assert_eq!(r.at_dump, Some(num("segments_total_size")), "{name}");
+        }
+    }
+}
+
+#[test]
+fn recorded_after_load_and_ring_buffer_count_what_was_live_before() {
+    for name in ["snap_after_load", "snap_ring_buffer"] {
+        let t = fixture(name);
+        let ops = t.ops(0);
+        let f = facts(name);
+        // Weights and optimizer state were live before recording (115
+        // blocks at the dump, of which the trace allocated none): the
+        // program holds them from its start.
+        assert!(ops.initial_from_segments > 0, "{name}");
+        assert!(ops.initial_frees > 0, "{name}");
+        assert_eq!(
+            ops.initial_frees,
+            ops.initial_blocks - ops.initial_from_segments
+        );
+        // PyTorch's own peak counts them too: ours is within the rounding
+        // of its block sizes, where the program dropped them before.
+        let torch_peak = f["peak_allocated"].as_u64().unwrap();
+        let peak = ops.peak_live_rounded(512);
+        assert!(
+            peak as f64 >= 0.95 * torch_peak as f64,
+            "{name}: {peak} vs {torch_peak}"
+        );
+        assert!(peak > ops.initial_bytes, "{name}");
+    }
+}
+
+#[test]
+fn recorded_oom_session_gets_its_verdict() {
+    let p = data().join("snap_oom_caught.pickle.gz");
+    let o = cuarena(&["replay", &p.to_string_lossy(), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["oom_events"], 2);
+    let ooms = v["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 2);
+    for o in ooms {
+        // The 1.40 GiB and the 3 GiB requests, with the device's free bytes.
+        assert!(o["requested_bytes"].as_u64().unwrap() >= 1_400 << 20, "{o}");
+        assert!(o["device_free_bytes"].as_u64().unwrap() > 0, "{o}");
+        assert_eq!(
+            o["arena_bytes"].as_u64().unwrap(),
+            (o["reserved_bytes"].as_u64().unwrap() + o["device_free_bytes"].as_u64().unwrap())
+                / 256
+                * 256
+        );
+    }
+    let f = facts("snap_oom_caught");
+    assert!(
+        v["peak_live_bytes"].as_u64().unwrap() as f64
+            >= 0.95 * f["peak_allocated"].as_f64().unwrap()
+    );
+    assert_eq!(v["pytorch_reserved_peak_bytes"], f["peak_reserved"]);
+}
+
+#[test]
+fn recorded_expandable_segments_follow_map_and_unmap() {
+    let t = fixture("snap_expandable");
+    let f = facts("snap_expandable");
+    let segs = t.segments.as_ref().unwrap();
+    assert!(segs.iter().all(|s| s.expandable));
+    let r = t.reserved(0);
+    // Nothing was reserved before recording: the expandable segments grew
+    // from empty, and the peak is PyTorch's.
+    assert_eq!(r.initial, Some(0));
+    assert_eq!(r.peak, f["peak_reserved"].as_u64().unwrap());
+}

@@ -29,7 +29,7 @@ impl Vm<'_> {
                 .iter()
                 .rev()
                 .fold(fill, |acc, &x| (acc << 8) | i128::from(x));
-            i64::try_from(v).map_or(Value::Wide(v), Value::Int)
+            i64::try_from(v).map_or_else(|_| Value::Wide(Box::new(v)), Value::Int)
         };
         self.push(v)
     }
@@ -37,14 +37,14 @@ impl Vm<'_> {
     pub(super) fn text(&mut self, n: u64, op: &str) -> Result<()> {
         let b = self.take(n, op)?;
         self.budget.charge(n + 16, self.source)?;
-        let s: Rc<str> = String::from_utf8_lossy(b).into();
+        let s = Rc::new(String::from_utf8_lossy(b).into_owned());
         self.push(Value::Str(s))
     }
 
     pub(super) fn bytes(&mut self, n: u64, op: &str) -> Result<()> {
         let b = self.take(n, op)?;
         self.budget.charge(n + 16, self.source)?;
-        self.push(Value::Bytes(b.into()))
+        self.push(Value::Bytes(Rc::new(b.to_vec())))
     }
 
     #[inline]

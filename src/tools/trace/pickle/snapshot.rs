@@ -339,7 +339,7 @@ fn segments_of(v: &Value, source: &str, seen: &mut HashSet<*const Node>) -> Resu
                 let address = f.unsigned("address", Some(next))?;
                 next = address.saturating_add(size);
                 let state = match bd.get("state") {
-                    Some(Value::Str(s)) => BlockState::parse(&s),
+                    Some(Value::Str(s)) => BlockState::parse(s.as_str()),
                     _ => BlockState::Unknown,
                 };
                 seg.blocks.push(Block {

@@ -80,7 +80,7 @@ impl Stack {
     #[inline]
     pub(super) fn skipped_after(&self, len: usize) -> bool {
         match len.checked_sub(1).and_then(|i| self.values.get(i)) {
-            Some(Value::Str(k)) => !NEEDED_KEYS.contains(&&**k),
+            Some(Value::Str(k)) => !NEEDED_KEYS.contains(&k.as_str()),
             Some(_) => self.skipped[len - 1],
             None => false,
         }

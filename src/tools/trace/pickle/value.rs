@@ -21,13 +21,15 @@ pub(super) enum Value {
     None,
     Bool(bool),
     Int(i64),
-    /// An int outside `i64` that fits in `i128`.
-    Wide(i128),
+    /// An int outside `i64` that fits in `i128` (boxed: rare, and a value
+    /// stays 16 bytes).
+    Wide(Box<i128>),
     /// An int wider than `i128` (its value is not kept).
     Huge,
     Float(#[allow(dead_code)] f64),
-    Str(Rc<str>),
-    Bytes(Rc<[u8]>),
+    /// A str (`Rc<String>`, a thin pointer: a value stays 16 bytes).
+    Str(Rc<String>),
+    Bytes(Rc<Vec<u8>>),
     /// Anything built by REDUCE, NEWOBJ or a global: kept opaque.
     Object,
     Node(Rc<Node>),
@@ -57,7 +59,7 @@ impl Value {
     pub(super) fn as_int(&self) -> Option<i128> {
         match self {
             Value::Int(i) => Some(i128::from(*i)),
-            Value::Wide(i) => Some(*i),
+            Value::Wide(i) => Some(**i),
             Value::Bool(b) => Some(i128::from(*b)),
             _ => None,
         }
@@ -127,7 +129,7 @@ impl Node {
         items
             .chunks_exact(2)
             .rev()
-            .find(|kv| matches!(&kv[0], Value::Str(s) if &**s == key))
+            .find(|kv| matches!(&kv[0], Value::Str(s) if s.as_str() == key))
             .map(|kv| kv[1].clone())
     }
 }
@@ -185,7 +187,7 @@ pub(super) fn extend(node: &Rc<Node>, new: Vec<Value>, source: &str) -> Result<(
         let mut i = 0;
         new.retain(|v| {
             if i % 2 == 0 {
-                keep = matches!(v, Value::Str(k) if KEPT_KEYS.contains(&&**k));
+                keep = matches!(v, Value::Str(k) if KEPT_KEYS.contains(&k.as_str()));
             }
             i += 1;
             keep
@@ -275,4 +277,11 @@ mod tests {
         assert_eq!(b.depth.get(), 2);
         assert!(extend(&a, vec![Value::Int(1)], "s").is_err());
     }
+}
+#[cfg(test)]
+#[test]
+fn values_are_two_words() {
+    // The stack, the memo and every container hold values: their size is
+    // most of the reader's memory.
+    assert_eq!(std::mem::size_of::<Value>(), 16);
 }
