@@ -47,7 +47,7 @@ pub(super) struct Stack {
 }
 
 impl Stack {
-    #[inline]
+    #[inline(always)]
     pub(super) fn push(&mut self, v: Value) {
         let skipped = match &v {
             Value::Node(n) => n.skipped,

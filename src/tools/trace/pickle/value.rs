@@ -236,7 +236,7 @@ impl Budget {
     }
 
     /// Charges `bytes`, or fails once the total passes the limit.
-    #[inline]
+    #[inline(always)]
     pub(super) fn charge(&mut self, bytes: u64, source: &str) -> Result<()> {
         self.used = self.used.saturating_add(bytes);
         if self.used > self.limit {

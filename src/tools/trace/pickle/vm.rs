@@ -72,7 +72,7 @@ impl<'a> Vm<'a> {
             .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn push(&mut self, v: Value) -> Result<()> {
         self.budget.charge(SLOT, self.source)?;
         self.stack.push(v);
