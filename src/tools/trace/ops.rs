@@ -578,7 +578,12 @@ mod tests {
             ],
         };
         // Event 0's block is freed with no record: the segment says inactive.
-        let ops = build(&events, Some(std::slice::from_ref(&seg)), 0, FreePoint::Completed);
+        let ops = build(
+            &events,
+            Some(std::slice::from_ref(&seg)),
+            0,
+            FreePoint::Completed,
+        );
         assert_eq!(ops.initial_blocks, 2);
         assert_eq!(ops.initial_from_segments, 1);
         assert_eq!(ops.initial_bytes, 340);
