@@ -408,6 +408,70 @@ mod hostile_files {
         );
     }
 
+    /// `{"device_traces": [[alloc]], "segments": [{"address": 0,
+    /// "total_size": 2^40, "blocks": [B] * n}]}`: one block dict, then
+    /// n - 1 DUPs (one byte per block).
+    fn dup_blocks_pickle(n: usize) -> Vec<u8> {
+        fn s(t: &str) -> Vec<u8> {
+            let mut b = vec![0x8c, t.len() as u8];
+            b.extend_from_slice(t.as_bytes());
+            b
+        }
+        let mut b = vec![0x80, 4, b'}'];
+        b.extend(s("device_traces"));
+        b.extend(b"]]}(");
+        b.extend(s("action"));
+        b.extend(s("alloc"));
+        b.extend(s("addr"));
+        b.extend(b"K\x01");
+        b.extend(s("size"));
+        b.extend(b"K\x05uaas");
+        b.extend(s("segments"));
+        b.extend(b"]}(");
+        b.extend(s("address"));
+        b.extend(b"K\x00");
+        b.extend(s("total_size"));
+        b.extend(b"\x8a\x06\x00\x00\x00\x00\x00\x01");
+        b.extend(s("blocks"));
+        b.extend(b"]}");
+        b.extend(s("size"));
+        b.extend(b"M\x00\x02s");
+        b.extend(s("state"));
+        b.extend(s("inactive"));
+        b.extend(b"s\x940(h\x00");
+        b.resize(b.len() + n - 1, b'2');
+        b.extend(b"euas.");
+        b
+    }
+
+    #[test]
+    fn dup_shared_blocks_stay_within_the_memory_bound() {
+        // Review finding: each DUP byte becomes a 32-byte `Block` in a
+        // vector that doubles, outside the charged budget (1.27 GB of RSS
+        // for this 20 MB file on a60c355, over the ~0.85 GB bound; an
+        // abort in `segments_of` under an address-space limit).
+        let dir = std::env::temp_dir().join(format!("cuarena-cli-dupblk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = replay(&dir.join("no-such-trace.pickle"), &dir);
+        let path = dir.join("dup_blocks.pickle");
+        let bytes = dup_blocks_pickle(20_000_000);
+        let file = bytes.len() as u64;
+        std::fs::write(&path, &bytes).unwrap();
+        drop(bytes);
+        let r = replay(&path, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let bound = base.peak_rss_bytes.max(r.probe_hwm_bytes) + file + reader_bound(file);
+        println!(
+            "dup_blocks.pickle: {file} B, exit {}, {:?}, peak RSS {} KiB (bound {} KiB)",
+            r.code,
+            r.elapsed,
+            r.peak_rss_bytes >> 10,
+            bound >> 10
+        );
+        assert!(r.code == 0 || r.code == 3, "{}", r.stderr);
+        assert!(r.peak_rss_bytes <= bound, "{} > {bound}", r.peak_rss_bytes);
+    }
+
     #[test]
     fn cli_hostile_traces_fail_cleanly_within_the_memory_bound() {
         let dir = std::env::temp_dir().join(format!("cuarena-cli-hostile-{}", std::process::id()));

@@ -442,3 +442,239 @@ fn real_snapshots_read_as_before() {
         assert!(t.events == reference_events(&bytes), "{name}");
     }
 }
+
+// ---- Review findings (branch `review`): each test fails on a60c355. ----
+
+/// SHORT_BINUNICODE `s`.
+fn short_str(s: &str) -> Vec<u8> {
+    let mut b = vec![0x8c, s.len() as u8];
+    b.extend_from_slice(s.as_bytes());
+    b
+}
+
+/// `{"device_traces": [[{"action": "alloc", "addr": 1, "size": 5}]],
+///   "segments": [{"address": 0, "total_size": 2^40, "blocks": [B] * n}]}`
+/// where B is one block dict (memo 1) holding `dups` duplicated `size` keys
+/// (memo 0 is the key), the list made of one memo get and n - 1 DUPs.
+fn shared_block_snapshot(dups: usize, n: usize) -> Vec<u8> {
+    let mut b = vec![b'}'];
+    b.extend(short_str("device_traces"));
+    b.extend(b"]]}(");
+    for (k, v) in [("action", None), ("addr", Some(1u8)), ("size", Some(5))] {
+        b.extend(short_str(k));
+        match v {
+            None => b.extend(short_str("alloc")),
+            Some(v) => b.extend([b'K', v]),
+        }
+    }
+    b.extend(b"uaas");
+    b.extend(short_str("segments"));
+    b.extend(b"]}(");
+    b.extend(short_str("address"));
+    b.extend(b"K\x00");
+    b.extend(short_str("total_size"));
+    b.extend(b"\x8a\x06\x00\x00\x00\x00\x00\x01");
+    b.extend(short_str("blocks"));
+    b.extend(b"]}");
+    b.extend(short_str("size"));
+    b.extend(b"\x940(");
+    for _ in 0..dups {
+        b.extend(b"h\x00K\x01");
+    }
+    b.extend(b"u\x940(h\x01");
+    b.resize(b.len() + n - 1, b'2');
+    b.extend(b"euas");
+    pickle(&b)
+}
+
+#[test]
+fn shared_block_dict_with_duplicate_keys_reads_in_linear_work() {
+    let t = read(&shared_block_snapshot(3, 4)).unwrap();
+    let segs = t.segments.as_ref().unwrap();
+    assert_eq!(segs[0].blocks.len(), 4);
+    assert_eq!(segs[0].blocks[3].size, 1);
+    // 655 KB: one block dict of 131,072 `size` keys (each lookup of an
+    // absent key scans them all) shared by 131,072 blocks: 5 x 10^10 steps,
+    // 51 s on a60c355. Linear work (or a clear error) reads it in far less.
+    let r = read(&shared_block_snapshot(1 << 17, 1 << 17));
+    println!("{}", describe(&r));
+}
+
+#[test]
+fn event_dict_shared_between_devices_keeps_each_device() {
+    // serde-pickle does not memoize: share the dict by hand.
+    // {"device_traces": [[E], [E]]} with E memoized (memo 0), as Python's
+    // pickle writes `e = {...}; {"device_traces": [[e], [e]]}`.
+    let mut b = vec![b'}'];
+    b.extend(short_str("device_traces"));
+    b.extend(b"(]((");
+    b.extend(short_str("action"));
+    b.extend(short_str("alloc"));
+    b.extend(short_str("addr"));
+    b.extend(b"M\x00\x10");
+    b.extend(short_str("size"));
+    b.extend(b"M\x00\x04");
+    b.extend(b"d\x94e](h\x00el");
+    b.extend(b"s");
+    let r = read(&pickle(&b));
+    match r {
+        // Refusing the shared dict is fine too.
+        Err(ToolError::Trace { .. }) => {}
+        Ok(t) => {
+            assert_eq!(t.events.len(), 2);
+            assert_eq!(
+                (t.events[0].device, t.events[1].device),
+                (0, 1),
+                "device 1's event read as device 0's"
+            );
+            assert_eq!(t.devices(), vec![0, 1]);
+        }
+        other => panic!("{}", describe(&other)),
+    }
+}
+
+#[test]
+fn repeated_unmatched_frees_of_one_address_are_separate_blocks() {
+    // Two blocks at 4096 freed without being allocated (as PyTorch's viewer
+    // reads it: two blocks live before recording, each freed once), then
+    // an alloc left live. Nothing else is live at the end.
+    let csv = "action,addr,size,stream,time_us\n\
+               free_completed,4096,512,0,0\n\
+               free_completed,4096,2048,0,1\n\
+               alloc,8192,256,0,2\n";
+    let t = Trace::from_csv_reader(csv.as_bytes(), "hostile").unwrap();
+    let ops = t.ops(0);
+    assert_eq!(ops.initial_blocks, 2);
+    assert_eq!(ops.initial_bytes, 2560);
+    assert_eq!(ops.initial_frees, 2, "one initial block is never freed");
+    assert_eq!(ops.live_bytes_at_end, 256);
+}
+
+#[test]
+fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
+    use std::collections::BTreeMap;
+    let s = |x: &str| HashableValue::String(x.to_owned());
+    let dict = |kv: Vec<(&str, Value)>| {
+        Value::Dict(
+            kv.into_iter()
+                .map(|(k, v)| (s(k), v))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    let block = |addr: i64, size: i64, state: &str| {
+        dict(vec![
+            ("address", Value::I64(addr)),
+            ("size", Value::I64(size)),
+            ("requested_size", Value::I64(size)),
+            ("state", Value::String(state.into())),
+        ])
+    };
+    let ev = |a: &str, addr: i64, size: i64| {
+        dict(vec![
+            ("action", Value::String(a.into())),
+            ("addr", Value::I64(addr)),
+            ("size", Value::I64(size)),
+        ])
+    };
+    let seg = dict(vec![
+        ("device", Value::I64(0)),
+        ("address", Value::I64(0)),
+        ("total_size", Value::I64(8192)),
+        (
+            "blocks",
+            Value::List(vec![
+                // Freed by its tensor before recording, still used by a
+                // stream at the dump: its memory was held all along.
+                block(0, 1024, "active_pending_free"),
+                block(1024, 512, "active_allocated"),
+                block(1536, 8192 - 1536, "inactive"),
+            ]),
+        ),
+    ]);
+    let top = dict(vec![
+        ("segments", Value::List(vec![seg])),
+        (
+            "device_traces",
+            Value::List(vec![Value::List(vec![
+                ev("alloc", 1024, 512),
+                ev("alloc", 2048, 512),
+                ev("free_requested", 2048, 512),
+                ev("free_completed", 2048, 512),
+            ])]),
+        ),
+    ]);
+    let bytes = serde_pickle::value_to_vec(&top, Default::default()).unwrap();
+    let t = read(&bytes).unwrap();
+    let ops = t.ops(0);
+    let active = t.active_at_dump(0).unwrap();
+    assert_eq!(
+        ops.live_bytes_at_end,
+        active.allocated + active.pending_free,
+        "bytes live at the end differ from the bytes active in `segments`"
+    );
+    assert_eq!(ops.peak_live_bytes, 1024 + 512 + 512);
+}
+
+#[test]
+fn json_segments_active_bytes_do_not_wrap() {
+    use std::collections::BTreeMap;
+    let s = |x: &str| HashableValue::String(x.to_owned());
+    let dict = |kv: Vec<(&str, Value)>| {
+        Value::Dict(
+            kv.into_iter()
+                .map(|(k, v)| (s(k), v))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    // 2^14 pending-free blocks of 2^50 B (sum 2^64, saturating) plus one
+    // allocated block: allocated + pending_free overflows u64.
+    let mut blocks: Vec<Value> = (0..1i64 << 14)
+        .map(|i| {
+            dict(vec![
+                ("address", Value::I64(i << 40)),
+                ("size", Value::I64(1 << 50)),
+                ("state", Value::String("active_pending_free".into())),
+            ])
+        })
+        .collect();
+    blocks.push(dict(vec![
+        ("address", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+        ("state", Value::String("active_allocated".into())),
+    ]));
+    let seg = dict(vec![
+        ("address", Value::I64(0)),
+        ("total_size", Value::I64(1 << 62)),
+        ("blocks", Value::List(blocks)),
+    ]);
+    let ev = dict(vec![
+        ("action", Value::String("alloc".into())),
+        ("addr", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+    ]);
+    let top = dict(vec![
+        ("segments", Value::List(vec![seg])),
+        ("device_traces", Value::List(vec![Value::List(vec![ev])])),
+    ]);
+    let path =
+        std::env::temp_dir().join(format!("cuarena-review-ovf-{}.pickle", std::process::id()));
+    std::fs::write(
+        &path,
+        serde_pickle::value_to_vec(&top, Default::default()).unwrap(),
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_cuarena"))
+        .arg("replay")
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.code().is_some(), "killed: {o:?}");
+    // A wrapped sum reads 511; saturating reads u64::MAX (or refuse it).
+    assert!(
+        !out.contains("\"segments_active_bytes\":511,"),
+        "wrapped: {out}"
+    );
+}
