@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use cuarena::tools::trace::{
     find_min_capacity_observed, replay_prefix, replay_with, Allocator, FreePoint, MinCapacity, Ops,
-    Outcome, ReplayOptions, ReplayReport, Trace,
+    Outcome, ReplayOptions, ReplayReport, Trace, TraceFormat,
 };
 use cuarena::tools::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
 use cuarena::{fmt_bytes, ArenaConfig};
@@ -106,9 +106,14 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
     progress.clear();
     let name = args.trace.display().to_string();
     if trace.events.is_empty() && trace.counts.skipped() == 0 {
+        let why = match trace.format {
+            TraceFormat::Pickle => {
+                "`device_traces` is empty: memory history was not being recorded"
+            }
+            TraceFormat::Csv => "the CSV has a header and no event lines",
+        };
         return Err(Failure::Io(format!(
-            "{name}: the trace holds no allocator events (`device_traces` is empty: memory \
-             history was not being recorded); {HOW_TO_RECORD}"
+            "{name}: the trace holds no allocator events ({why}); {HOW_TO_RECORD}"
         )));
     }
     let devices = trace.devices();
@@ -123,9 +128,10 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
     };
     let ops = trace.ops_with(device, args.free_at);
     if ops.is_empty() {
+        let on_device = trace.events.iter().filter(|e| e.device == device).count();
         return Err(Failure::Io(format!(
-            "{name}: the trace has no allocations on device {device} ({}); {HOW_TO_RECORD}",
-            trace.counts.summary()
+            "{name}: the trace has no allocations on device {device} ({on_device} events on it), \
+             and no blocks live before recording; {HOW_TO_RECORD}"
         )));
     }
     let peak = ops.peak_live_rounded(args.align);
@@ -173,7 +179,11 @@ pub(crate) fn print_details(l: &Loaded, args: &ReplayArgs) -> Res<()> {
     )?;
     match l.trace.active_at_dump(l.device) {
         Some(a) => {
-            let active = a.allocated.saturating_add(a.pending_free);
+            // Frees at the first free event leave pending blocks freed.
+            let active = match args.free_at {
+                FreePoint::Completed => a.allocated.saturating_add(a.pending_free),
+                FreePoint::FirstFree => a.allocated,
+            };
             outln!(
                 "  at the dump `segments` hold {} active ({} allocated, {} pending free) in {} \
                  reserved; the replay ends with {} live: {}",

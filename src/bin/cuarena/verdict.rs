@@ -6,6 +6,7 @@
 use cuarena::fmt_bytes;
 use cuarena::tools::trace::{
     find_min_capacity, replay_with, Action, Op, Ops, Outcome, ReplayOptions, Reserved,
+    DEVICE_FREE_UNKNOWN,
 };
 use cuarena::ArenaConfig;
 
@@ -26,9 +27,11 @@ pub(crate) struct Oom {
     pub(crate) allocated: u64,
     /// Bytes PyTorch had reserved then.
     pub(crate) reserved: u64,
-    /// Bytes the device had free (`device_free`).
-    pub(crate) device_free: u64,
-    /// `reserved + device_free`, rounded down to the alignment.
+    /// Bytes the device had free (`device_free`; `None` when the event does
+    /// not say).
+    pub(crate) device_free: Option<u64>,
+    /// `reserved + device_free`, rounded down to the alignment (at most
+    /// the largest capacity a replay takes).
     pub(crate) arena_bytes: u64,
     /// Whether that arena serves the request.
     pub(crate) serves: bool,
@@ -115,13 +118,19 @@ pub(crate) fn compute(l: &Loaded, align: u64) -> Res<Verdict> {
         let pos = ops.event_index.partition_point(|&x| x <= event);
         let allocated = live_after(ops, pos, align);
         let at = reserved.at(event);
-        let arena_bytes = at.saturating_add(e.addr) / align * align;
+        // Without the device's free bytes, the arena holds what PyTorch had.
+        let free = (e.addr != DEVICE_FREE_UNKNOWN).then_some(e.addr);
+        let arena_bytes = at
+            .saturating_add(free.unwrap_or(0))
+            .min(crate::args::MAX_CAPACITY)
+            / align
+            * align;
         let mut oom = Oom {
             event,
             requested: e.size,
             allocated,
             reserved: at,
-            device_free: e.addr,
+            device_free: free,
             arena_bytes,
             serves: false,
             fails_at: Some(event),
@@ -201,14 +210,16 @@ pub(crate) fn print(l: &Loaded, v: &Verdict) -> Res<()> {
         None => outln!("  cuarena runs it in         no capacity found (see below)")?,
     }
     for o in &v.ooms {
+        let free = match o.device_free {
+            Some(f) => format!("{} free on the device", fmt_bytes(f)),
+            None => "the device's free bytes not recorded".to_owned(),
+        };
         outln!(
-            "  oom at event {}: asked {}, with {} allocated, {} reserved by PyTorch and {} free \
-             on the device",
+            "  oom at event {}: asked {}, with {} allocated, {} reserved by PyTorch and {free}",
             o.event,
             fmt_bytes(o.requested),
             fmt_bytes(o.allocated),
             fmt_bytes(o.reserved),
-            fmt_bytes(o.device_free)
         )?;
         let what = match (o.serves, o.fails_at) {
             (true, None) => "serves it and runs the rest of the trace".to_owned(),
@@ -290,7 +301,7 @@ pub(crate) fn json(l: &Loaded, v: &Verdict, align: u64) -> Res<()> {
                 .num("requested_bytes", o.requested)
                 .num("allocated_bytes", o.allocated)
                 .num("reserved_bytes", o.reserved)
-                .num("device_free_bytes", o.device_free)
+                .opt_num("device_free_bytes", o.device_free)
                 .num("arena_bytes", o.arena_bytes)
                 .bool("arena_serves_request", o.serves)
                 .opt_num("arena_fails_at_event", o.fails_at);

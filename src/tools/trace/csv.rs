@@ -195,7 +195,10 @@ pub(super) fn parse<R: BufRead>(
         let event = TraceEvent {
             action,
             device,
-            addr: num_u64(cols.addr, "addr", action.needs_addr())?,
+            addr: match (action, field(cols.addr).is_empty()) {
+                (Action::Oom, true) => super::DEVICE_FREE_UNKNOWN,
+                _ => num_u64(cols.addr, "addr", action.needs_addr())?,
+            },
             size: num_u64(cols.size, "size", true)?,
             stream: num_i64(cols.stream, "stream")?,
             time_us: num_i64(cols.time_us, "time_us")?,

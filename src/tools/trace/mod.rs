@@ -55,14 +55,18 @@
 //!   against [`limits::MEMORY_PER_INPUT_BYTE`] (16) × `D` +
 //!   [`limits::MEMORY_BASE_BYTES`] (64 MiB);
 //! - an event is [`EVENT_BYTES`] (40) bytes, and the events vector grows by
-//!   an eighth at a time.
+//!   an eighth at a time; a dict keeps each key a trace reads once (a key
+//!   set again replaces its value), so a lookup scans at most 15 keys;
+//! - an event list, a segment or a block that is the same object as an
+//!   earlier one is an error (PyTorch writes each once).
 //!
 //! The resulting bound, for `E` events kept: a CSV takes at most about
 //! **1.125 × 40 × E + 128 KiB** (no more than one line is held besides the
 //! events); a pickle at most **D + 2 × (16 × D + 64 MiB) + 45 × E** (the
 //! decompressed bytes, the charged values with vectors' spare capacity,
-//! the events). `E` is at most `D / 8` for a CSV (the shortest line that
-//! is kept is 8 bytes).
+//! the events) + **48 × B** for the `B` blocks of `segments` (each block
+//! must be a dict of its own, so `B` is at most `D / 3`). `E` is at most
+//! `D / 8` for a CSV (the shortest line that is kept is 8 bytes).
 
 mod counts;
 mod csv;
@@ -89,6 +93,10 @@ pub use replay::{
     replay_with, Allocator, MinCapacity, Outcome, ReplayOptions, ReplayReport,
 };
 pub use segments::{ActiveBytes, Block, BlockState, Reserved, Segment};
+
+/// [`TraceEvent::addr`] of an `oom` event that does not say how many bytes
+/// the device had free.
+pub const DEVICE_FREE_UNKNOWN: u64 = u64::MAX;
 
 /// Bytes one kept event takes in memory.
 pub const EVENT_BYTES: u64 = std::mem::size_of::<TraceEvent>() as u64;
@@ -182,8 +190,8 @@ pub struct TraceEvent {
     /// without a `device` column).
     pub device: u32,
     /// Device address PyTorch handed out (reused after a free). For
-    /// [`Action::Oom`]: the bytes the device had free (`device_free`, 0 when
-    /// absent), where PyTorch itself keeps it.
+    /// [`Action::Oom`]: the bytes the device had free (`device_free`), where
+    /// PyTorch itself keeps it, or [`DEVICE_FREE_UNKNOWN`] when absent.
     pub addr: u64,
     /// Bytes, as recorded (for `oom`: the request).
     pub size: u64,

@@ -276,20 +276,22 @@ fn next_on_addr(events: &[TraceEvent], device: u32) -> Vec<Next> {
 /// One pass of pairing over the events.
 struct Pass {
     ops: Ops,
-    /// Frees of addresses with no live block: `(addr, size)`, once per block.
-    unmatched: Vec<(u64, u64)>,
+    /// Frees of addresses with no live block: `(addr, size, event)`, once
+    /// per block.
+    unmatched: Vec<(u64, u64, u64)>,
     /// Address -> id of the blocks live at the end.
     live: HashMap<u64, u32>,
 }
 
-/// Pairs allocs with frees; `initial` blocks `(addr, id)` are live at the
-/// start (their allocs already in `base`).
+/// Pairs allocs with frees; `seeds` maps the index of a free event that
+/// finds no live block to the block live before recording it frees (its
+/// alloc already in `base`).
 fn pair(
     events: &[TraceEvent],
     device: u32,
     free_point: FreePoint,
     base: Ops,
-    initial: &[(u64, u32)],
+    seeds: &HashMap<u64, u32>,
 ) -> Pass {
     let mut out = base;
     let next = match free_point {
@@ -302,16 +304,7 @@ fn pair(
     let completes = events
         .iter()
         .any(|e| e.device == device && e.action == Action::FreeCompleted);
-    let mut addrs: HashMap<u64, AddrState> = initial
-        .iter()
-        .map(|&(addr, id)| {
-            let st = AddrState {
-                live: Some(id),
-                awaiting_completed: false,
-            };
-            (addr, st)
-        })
-        .collect();
+    let mut addrs: HashMap<u64, AddrState> = HashMap::new();
     let mut unmatched = Vec::new();
 
     for (i, e) in events.iter().enumerate() {
@@ -352,7 +345,7 @@ fn pair(
                         out.pending_at_end += 1;
                         let st = addrs.entry(e.addr).or_default();
                         if st.live.is_none() {
-                            unmatched.push((e.addr, e.size));
+                            unmatched.push((e.addr, e.size, i as u64));
                             st.awaiting_completed = true;
                         }
                         continue;
@@ -361,14 +354,14 @@ fn pair(
                 }
                 let st = addrs.entry(e.addr).or_default();
                 st.awaiting_completed = true;
-                match st.live.take() {
+                match st.live.take().or_else(|| seeds.get(&(i as u64)).copied()) {
                     Some(id) => {
                         out.frees += 1;
                         free(&mut out, id);
                     }
                     None => {
                         out.skipped_frees += 1;
-                        unmatched.push((e.addr, e.size));
+                        unmatched.push((e.addr, e.size, i as u64));
                     }
                 }
             }
@@ -378,14 +371,14 @@ fn pair(
                     // The companion of a free_requested already paired.
                     continue;
                 }
-                match st.live.take() {
+                match st.live.take().or_else(|| seeds.get(&(i as u64)).copied()) {
                     Some(id) => {
                         out.frees += 1;
                         free(&mut out, id);
                     }
                     None => {
                         out.skipped_frees += 1;
-                        unmatched.push((e.addr, e.size));
+                        unmatched.push((e.addr, e.size, i as u64));
                     }
                 }
             }
@@ -415,14 +408,18 @@ pub(super) fn build(
     };
     // First pass: which blocks the trace frees without having allocated
     // them, and which it leaves live.
-    let first = pair(events, device, free_point, fresh(), &[]);
+    let first = pair(events, device, free_point, fresh(), &HashMap::new());
 
-    // Blocks live when recording began: freed without an alloc, or active
-    // in `segments` at the dump at an address the trace left no block of.
-    let mut initial: Vec<(u64, u64, bool)> = first
+    // Blocks live when recording began: freed without an alloc (each free
+    // its own block, `Some(event)`), or active in `segments` at the dump at
+    // an address the trace left no block of (`None`). A block pending free
+    // at the dump that the trace never mentions was freed by its tensor
+    // before recording, but its memory stayed in use throughout: live from
+    // the start when frees are placed where memory is reusable.
+    let mut initial: Vec<(u64, u64, Option<u64>)> = first
         .unmatched
         .iter()
-        .map(|&(addr, size)| (addr, size, false))
+        .map(|&(addr, size, event)| (addr, size, Some(event)))
         .collect();
     let from_frees: std::collections::HashSet<u64> = first.unmatched.iter().map(|u| u.0).collect();
     let mut active: HashMap<u64, u64> = HashMap::new();
@@ -432,15 +429,16 @@ pub(super) fn build(
         }
         for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
             active.insert(b.address, b.size);
-            let held = b.state == BlockState::ActiveAllocated
-                && !first.live.contains_key(&b.address)
-                && !from_frees.contains(&b.address);
-            if held {
-                initial.push((b.address, b.size, true));
+            let held = match b.state {
+                BlockState::ActiveAllocated => true,
+                _ => free_point == FreePoint::Completed,
+            };
+            if held && !first.live.contains_key(&b.address) && !from_frees.contains(&b.address) {
+                initial.push((b.address, b.size, None));
             }
         }
     }
-    initial.sort_unstable_by_key(|b| b.0);
+    initial.sort_unstable_by_key(|b| (b.0, b.2));
 
     let mut base = fresh();
     let (first_event, first_time) = events
@@ -448,8 +446,8 @@ pub(super) fn build(
         .enumerate()
         .find(|(_, e)| e.device == device)
         .map_or((0, 0), |(i, e)| (i as u64, e.time_us));
-    let mut seeded = Vec::new();
-    for (id, &(addr, size, from_segments)) in initial.iter().enumerate() {
+    let mut seeds = HashMap::new();
+    for (id, &(_, size, freed_at)) in initial.iter().enumerate() {
         let Ok(id) = u32::try_from(id) else { break };
         base.sizes.push(size);
         base.ops.push(Op::Alloc { id, size });
@@ -457,14 +455,15 @@ pub(super) fn build(
         base.time_us.push(first_time);
         base.initial_blocks += 1;
         base.initial_bytes = base.initial_bytes.saturating_add(size);
-        if from_segments {
-            base.initial_from_segments += 1;
-        } else {
-            seeded.push((addr, id));
+        match freed_at {
+            Some(event) => {
+                seeds.insert(event, id);
+            }
+            None => base.initial_from_segments += 1,
         }
     }
     let k = base.initial_blocks;
-    let mut second = pair(events, device, free_point, base, &seeded);
+    let mut second = pair(events, device, free_point, base, &seeds);
     let mut out = std::mem::take(&mut second.ops);
 
     // Blocks live at the dump take the block size `segments` gives them.

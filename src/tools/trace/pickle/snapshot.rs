@@ -16,9 +16,11 @@ use std::rc::Rc;
 
 use super::value::{Kind, Node, Value};
 use crate::tools::trace::csv::push_event;
+use crate::tools::trace::input::out_of_memory;
 use crate::tools::trace::limits::MAX_BLOCK_BYTES;
 use crate::tools::trace::{
     check_event_size, Action, ActionCounts, Block, BlockState, Segment, TraceEvent,
+    DEVICE_FREE_UNKNOWN,
 };
 use crate::tools::{Result, ToolError};
 
@@ -152,8 +154,9 @@ fn events_of(
             let d = dict_of(ev, &format!("device {device} event"), source, record)?;
             let decoded = if Rc::strong_count(d) > 1 {
                 let key = Rc::as_ptr(d);
+                // Decoded once; the device is the list's, not the first one's.
                 match shared.get(&key) {
-                    Some(p) => p.clone(),
+                    Some(p) => p.clone().map(|e| TraceEvent { device, ..e }),
                     None => {
                         *decoded += 1;
                         let p = parse_event(d, device, source, record)?;
@@ -206,7 +209,7 @@ fn parse_event(d: &Node, device: u32, source: &str, record: u64) -> Result<Decod
     // `oom` writes `device_free` where the others write `addr`; `stream`
     // and `time_us` are absent from old releases and hand-made snapshots.
     let addr = if action == Action::Oom {
-        f.unsigned("device_free", Some(0))?
+        f.unsigned("device_free", Some(DEVICE_FREE_UNKNOWN))?
     } else {
         f.unsigned("addr", None)?
     };
@@ -308,7 +311,20 @@ fn segments_of(v: &Value, source: &str, seen: &mut HashSet<*const Node>) -> Resu
             address,
             total_size: f.unsigned("total_size", None)?,
             stream: f.signed("stream")?,
-            expandable: matches!(d.get("is_expandable"), Some(Value::Bool(true))),
+            expandable: match d.get("is_expandable") {
+                None | Some(Value::None) => false,
+                Some(Value::Bool(b)) => b,
+                Some(other) => {
+                    return Err(err(
+                        source,
+                        0,
+                        format!(
+                            "{what}: `is_expandable` is a {}, not a bool",
+                            other.type_name()
+                        ),
+                    ))
+                }
+            },
             blocks: Vec::new(),
         };
         if let Some(blocks) = d.get("blocks") {
@@ -319,6 +335,9 @@ fn segments_of(v: &Value, source: &str, seen: &mut HashSet<*const Node>) -> Resu
             for (j, b) in blocks.items().iter().enumerate() {
                 let what = format!("{what}[{j}]");
                 let bd = dict_of(b, &what, source, 0)?;
+                // Each block its own dict: a shared one would let a file of
+                // one byte a block (DUP) build 32 bytes a block.
+                once(seen, bd, &what, source)?;
                 let f = Fields {
                     d: bd,
                     source,
@@ -340,8 +359,25 @@ fn segments_of(v: &Value, source: &str, seen: &mut HashSet<*const Node>) -> Resu
                 next = address.saturating_add(size);
                 let state = match bd.get("state") {
                     Some(Value::Str(s)) => BlockState::parse(s.as_str()),
-                    _ => BlockState::Unknown,
+                    None | Some(Value::None) => BlockState::Unknown,
+                    Some(other) => {
+                        return Err(err(
+                            source,
+                            0,
+                            format!("{what}: `state` is a {}, not a str", other.type_name()),
+                        ))
+                    }
                 };
+                if seg.blocks.len() == seg.blocks.capacity() {
+                    let grow = (seg.blocks.len() / 2).max(16);
+                    seg.blocks.try_reserve_exact(grow).map_err(|_| {
+                        out_of_memory(
+                            source,
+                            "the blocks of `segments`",
+                            (seg.blocks.len() + grow) as u64 * 32,
+                        )
+                    })?;
+                }
                 seg.blocks.push(Block {
                     address,
                     size,

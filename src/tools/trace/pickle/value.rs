@@ -122,13 +122,12 @@ impl Node {
         self.items.borrow()
     }
 
-    /// The value of the last `key` entry of a dict whose key is the string
-    /// `key` (a later SETITEM of the same key wins, as in Python).
+    /// The value of the string key `key` of a dict (each kept key is held
+    /// once, with the last value the file set).
     pub(super) fn get(&self, key: &str) -> Option<Value> {
         let items = self.items.borrow();
         items
             .chunks_exact(2)
-            .rev()
             .find(|kv| matches!(&kv[0], Value::Str(s) if s.as_str() == key))
             .map(|kv| kv[1].clone())
     }
@@ -194,7 +193,24 @@ pub(super) fn extend(node: &Rc<Node>, new: Vec<Value>, source: &str) -> Result<(
         });
     }
     let mut items = node.items.borrow_mut();
-    if items.is_empty() {
+    if node.kind == Kind::Dict {
+        // A key set again replaces its value, as in Python: a dict holds
+        // each of the kept keys once, so a lookup is a short scan however
+        // many times the file repeats a key.
+        let mut pairs = new.into_iter();
+        while let (Some(k), Some(v)) = (pairs.next(), pairs.next()) {
+            let at = items
+                .chunks_exact(2)
+                .position(|kv| matches!((&kv[0], &k), (Value::Str(a), Value::Str(b)) if a == b));
+            match at {
+                Some(i) => items[2 * i + 1] = v,
+                None => {
+                    items.push(k);
+                    items.push(v);
+                }
+            }
+        }
+    } else if items.is_empty() {
         *items = new;
     } else {
         items.extend(new);
