@@ -256,7 +256,7 @@ mod tests {
         assert_eq!(ev[1].stream, -1);
         assert_eq!(
             (ev[2].action, ev[2].addr, ev[2].size),
-            (Action::Oom, 0, 4096)
+            (Action::Oom, super::super::DEVICE_FREE_UNKNOWN, 4096)
         );
         assert_eq!(counts.snapshot, 1);
         assert_eq!(counts.of(Action::Oom), 1);
