@@ -28,11 +28,14 @@
 //!   event recorded behind the copy that reads it and is reused only once
 //!   that event has completed (`cuEventQuery`, never a wait); while every
 //!   buffer is still being read, the pool makes another (see `pool`).
-//! - Device scratch (the plan's records, tile descriptors, flags, side
-//!   buffer) is sized from the region's capacity when the backend is made;
-//!   a plan that outgrows it grows it in stream order (`cuMemFreeAsync`,
-//!   `cuMemAllocAsync`), so the old buffer is freed only after the kernels
-//!   that use it, with no host synchronisation.
+//! - Device scratch (the plan's records, tile descriptors, flags) is sized
+//!   from the region's capacity when the backend is made; a plan that
+//!   outgrows it, or first needs the side buffer, grows it in stream order
+//!   (`cuMemFreeAsync`, `cuMemAllocAsync`), so the old buffer is freed only
+//!   after the kernels that use it, with no host synchronisation.
+//! - The handle table's device copy still grows with `cuMemAlloc` when the
+//!   arena has more slots than it holds (a driver allocation, not a wait
+//!   for queued work; [`CudaBackend::reserve_table`] does it ahead of time).
 //!
 //! # The move kernel
 //!

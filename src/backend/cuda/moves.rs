@@ -26,18 +26,13 @@ impl CudaBackend {
     /// Sizes plan execution's scratch from the region's capacity, so that
     /// a compaction grows nothing (see [`stage::presize_for`]): staging for
     /// plans of that many moves (two page-locked buffers), descriptors and
-    /// flags for a chunk over the whole region, part of the side buffer.
-    /// Where memory is short for that, a first chunk's share (the buffers
-    /// then grow in stream order when a plan first needs them, which does
-    /// not block the host either).
+    /// flags for a chunk over the whole region. Where memory is short for
+    /// that, a first chunk's share (the buffers then grow in stream order
+    /// when a plan first needs them, which does not block the host either).
     pub(super) fn presize(&mut self) -> Result<()> {
-        let (moves, tiles, side) = stage::presize_for(
-            self.capacity_bytes,
-            self.primary.info.tile_bytes,
-            u64::from(self.options.side_buffer_bytes),
-        );
-        if self.reserve_scratch(moves, tiles, side, 2).is_err() {
-            self.reserve_scratch(stage::FIRST_CHUNK_MOVES, 4096, 0, 0)?;
+        let (moves, tiles) = stage::presize_for(self.capacity_bytes, self.primary.info.tile_bytes);
+        if self.reserve_scratch(moves, tiles, 2).is_err() {
+            self.reserve_scratch(stage::FIRST_CHUNK_MOVES, 4096, 0)?;
         }
         // The upload stream's kernels use these buffers: order it after
         // their allocation on the arena stream.
@@ -53,16 +48,9 @@ impl CudaBackend {
     }
 
     /// Grows the scratch to hold a plan of `moves` moves in chunks of up to
-    /// `chunk_tiles` tiles and a side buffer of `side_bytes`, with
-    /// `staging` idle page-locked buffers of the plan's size in the pool
-    /// (and, if any, one for table updates).
-    fn reserve_scratch(
-        &mut self,
-        moves: usize,
-        chunk_tiles: usize,
-        side_bytes: usize,
-        staging: usize,
-    ) -> Result<()> {
+    /// `chunk_tiles` tiles, with `staging` idle page-locked buffers of the
+    /// plan's size in the pool (and, if any, one for table updates).
+    fn reserve_scratch(&mut self, moves: usize, chunk_tiles: usize, staging: usize) -> Result<()> {
         let pooled = self.ctx.has_async_alloc();
         let words = stage::staging_words(moves);
         let stream = &self.stream;
@@ -78,10 +66,6 @@ impl CudaBackend {
             .grow(chunk_tiles * 4, usize::MAX, true, stream, pooled, b)?
         {
             s.epoch = 0;
-        }
-        if side_bytes > 0 {
-            s.side
-                .grow(side_bytes, side_bytes, false, stream, pooled, b)?;
         }
         for _ in 0..staging {
             let size = s.staging.size_for(words);

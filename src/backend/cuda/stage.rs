@@ -40,20 +40,16 @@ pub(crate) const PRESIZE_MAX_TILES: usize = 1 << 20;
 
 /// What plan execution's scratch is sized for when a backend of
 /// `capacity_bytes` is made, so that compactions grow nothing: `(moves of
-/// a plan, tiles of a chunk, side-buffer bytes)`.
+/// a plan, tiles of a chunk)`.
 ///
 /// A plan's moves are its live blocks at most; one per 4 KiB of region
 /// (at least a first chunk's, at most [`PRESIZE_MAX_MOVES`]). A chunk's
 /// tiles are at most its bytes over the tile size plus one per move, and
-/// its bytes at most the region ([`PRESIZE_MAX_TILES`] at most). The side
-/// buffer gets 1/256 of the region, up to the options' cap. Larger plans
-/// grow the buffers in stream order when they first need it, which costs
-/// the host an allocation, never a wait.
-pub(crate) fn presize_for(
-    capacity_bytes: u64,
-    tile_bytes: u64,
-    side_cap_bytes: u64,
-) -> (usize, usize, usize) {
+/// its bytes at most the region ([`PRESIZE_MAX_TILES`] at most). Larger
+/// plans grow the buffers in stream order when they first need it, which
+/// costs the host an allocation, never a wait; so does the side buffer,
+/// which stays empty until a plan first slides a block by a small shift.
+pub(crate) fn presize_for(capacity_bytes: u64, tile_bytes: u64) -> (usize, usize) {
     let clamp = |v: u64, lo: usize, hi: usize| usize::try_from(v).unwrap_or(hi).clamp(lo, hi);
     let moves = clamp(capacity_bytes / 4096, FIRST_CHUNK_MOVES, PRESIZE_MAX_MOVES);
     let chunk_moves = moves.min(MAX_CHUNK_MOVES + MAX_CHUNK_MOVES / 4);
@@ -62,8 +58,7 @@ pub(crate) fn presize_for(
         1,
         PRESIZE_MAX_TILES,
     );
-    let side = clamp((capacity_bytes / 256).min(side_cap_bytes), 0, usize::MAX);
-    (moves, tiles, side)
+    (moves, tiles)
 }
 
 /// Bytes of one `TileDesc` (kernels/moves.h).
@@ -530,23 +525,20 @@ mod tests {
     fn scratch_is_sized_from_the_capacity() {
         // A small arena: a first chunk, its tiles and the region's.
         assert_eq!(
-            presize_for(1 << 20, 32 << 10, 32 << 20),
-            (FIRST_CHUNK_MOVES, 32 + FIRST_CHUNK_MOVES, 4096)
+            presize_for(1 << 20, 32 << 10),
+            (FIRST_CHUNK_MOVES, 32 + FIRST_CHUNK_MOVES)
         );
         // 64 MiB: 16,384 moves (plans of 10,000 need no growth).
-        let (moves, tiles, side) = presize_for(64 << 20, 32 << 10, 32 << 20);
-        assert_eq!((moves, tiles, side), (16_384, 2048 + 16_384, 256 << 10));
-        // An 80 GB card's worth: everything at its cap.
+        assert_eq!(presize_for(64 << 20, 32 << 10), (16_384, 2048 + 16_384));
+        // An 80 GB card's worth: both at their caps.
         assert_eq!(
-            presize_for(80 << 30, 32 << 10, 32 << 20),
-            (PRESIZE_MAX_MOVES, PRESIZE_MAX_TILES, 32 << 20)
+            presize_for(80 << 30, 32 << 10),
+            (PRESIZE_MAX_MOVES, PRESIZE_MAX_TILES)
         );
         // A 5 GiB region: a full chunk's moves plus the region's tiles.
-        let (moves, tiles, _) = presize_for(5 << 30, 32 << 10, 32 << 20);
+        let (moves, tiles) = presize_for(5 << 30, 32 << 10);
         assert_eq!(moves, PRESIZE_MAX_MOVES);
         assert_eq!(tiles, 163_840 + MAX_CHUNK_MOVES + MAX_CHUNK_MOVES / 4);
-        // No side buffer when the options allow none.
-        assert_eq!(presize_for(1 << 30, 32 << 10, 0).2, 0);
     }
 
     #[test]
