@@ -70,6 +70,19 @@ extern "C" __global__ void test_slow_iota_f32(float* out, u32 n, float start, lo
         out[i] = start + (float)i;
 }
 
+// Holds the stream until the host sets *gate (page-locked host memory
+// mapped for the device), or `timeout_ns` of the global timer passed: work
+// queued behind it cannot start before the host says so.
+extern "C" __global__ void test_gate(const volatile unsigned int* gate, u64 timeout_ns) {
+    u64 t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    u64 t = t0;
+    while (*gate == 0u && t - t0 < timeout_ns) {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    }
+}
+
 #include "cuarena.cuh"
 
 // Resolves `handle` through the device handle table and writes iota into

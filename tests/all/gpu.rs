@@ -173,6 +173,141 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     a.free(y).expect("free y");
 }
 
+/// A gate on the arena stream: a kernel that holds the stream until the
+/// host opens it (a flag in page-locked host memory mapped for the
+/// device), or a timeout passes.
+struct Gate {
+    host: *mut u32,
+    device: u64,
+}
+
+impl Gate {
+    fn new() -> Self {
+        use cuarena::backend::cuda::cudarc::driver::{result, sys};
+        // SAFETY: a page-locked allocation of 4 bytes, mapped for the
+        // device; the context is current (the arena made it so).
+        let host = unsafe { result::malloc_host(4, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+            .expect("cuMemHostAlloc")
+            .cast::<u32>();
+        // SAFETY: `host` points to 4 writable bytes, ours.
+        unsafe { host.write_volatile(0) };
+        let mut device = 0;
+        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
+            .result()
+            .expect("cuMemHostGetDevicePointer");
+        Gate { host, device }
+    }
+
+    fn open(&self) {
+        // SAFETY: `host` is live until drop; the kernel only reads it.
+        unsafe { self.host.write_volatile(1) };
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+        // SAFETY: callers synchronise the stream of the gate kernel before
+        // dropping the gate (the kernel no longer reads it).
+        let _ =
+            unsafe { cuarena::backend::cuda::cudarc::driver::result::free_host(self.host.cast()) };
+    }
+}
+
+/// A compacting call never waits for work queued before it: with the
+/// arena stream held by a gate kernel, four compactions in a row (more
+/// than the staging buffers of one plan in flight, the first larger than
+/// the scratch sized at creation, so it grows) return while the gate is
+/// still closed; then every byte is where the table says.
+#[test]
+fn compactions_behind_queued_work_return_without_waiting() {
+    if !gpu_available() {
+        return;
+    }
+    // 16 MiB: scratch sized at creation for plans of 4096 moves.
+    let mut a = Arena::cuda(ArenaConfig::new(16 * MIB), 0).expect("CUDA arena");
+    let module = test_module(a.backend());
+    let gate_fn = module.load_function("test_gate").expect("kernel");
+    let n = 12_000usize;
+    let blocks: Vec<Handle> = (0..n).map(|_| a.alloc(512).expect("block")).collect();
+    let words = |i: usize| -> Vec<u32> { (0..128).map(|k| (i * 1000 + k) as u32).collect() };
+    for (i, &h) in blocks.iter().enumerate() {
+        a.upload::<u32>(h, &words(i)).expect("upload");
+    }
+    a.synchronize().expect("sync");
+    let stats0 = a.backend().host_stats();
+
+    let gate = Gate::new();
+    let timeout_ns: u64 = 20_000_000_000;
+    let stream = a.stream().clone();
+    {
+        let mut b = stream.launch_builder(&gate_fn);
+        b.arg(&gate.device).arg(&timeout_ns);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: test_gate(const u32*, u64) reads the mapped flag only.
+        unsafe { b.launch(cfg) }.expect("launch");
+    }
+    let passed = stream.context().new_event(None).expect("event");
+    passed.record(&stream).expect("record");
+
+    let t0 = std::time::Instant::now();
+    let mut live: Vec<(usize, Handle)> = blocks.into_iter().enumerate().collect();
+    let mut moves = Vec::new();
+    for _ in 0..4 {
+        // Free every other live block, then compact: 6000, 3000, 1500 and
+        // 750 moves.
+        let mut keep = Vec::new();
+        for (k, (i, h)) in live.into_iter().enumerate() {
+            if k % 2 == 0 {
+                a.free(h).expect("free");
+            } else {
+                keep.push((i, h));
+            }
+        }
+        live = keep;
+        moves.push(a.compact().expect("compact").moves);
+    }
+    let host = t0.elapsed();
+    let still_queued = !passed.try_is_complete().expect("query");
+    let stats = a.backend().host_stats();
+    gate.open();
+    a.synchronize().expect("no kernel error");
+    drop(gate);
+    println!(
+        "4 compactions ({moves:?} moves) behind a closed gate in {host:.1?} of host time; \
+         {} staging buffers ({} bytes), {} device buffers grown",
+        stats.staging_buffers, stats.staging_bytes, stats.buffers_grown
+    );
+    assert!(
+        still_queued,
+        "a compaction waited for the work queued before it ({host:?} on the host)"
+    );
+    assert_eq!(
+        stats.blocked_calls, stats0.blocked_calls,
+        "blocked on the device"
+    );
+    assert!(
+        moves[0] > 4096,
+        "the first plan outgrew the scratch sized at creation"
+    );
+    assert!(
+        stats.buffers_grown > stats0.buffers_grown,
+        "and grew it in stream order"
+    );
+    for (i, h) in live {
+        assert_eq!(
+            a.download::<u32>(h).expect("download"),
+            words(i),
+            "block {i}"
+        );
+    }
+}
+
 #[test]
 fn kernels_resolve_handles_through_the_device_table() {
     if !gpu_available() {

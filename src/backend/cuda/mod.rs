@@ -17,6 +17,26 @@
 //! stream and carry no cudarc events: cudarc would track the region as one
 //! buffer, serialising unrelated work on different streams.
 //!
+//! # Never waiting for queued work
+//!
+//! A compaction returns once its moves are checked, staged and enqueued:
+//! nothing on that path waits for the device, however much work the
+//! streams hold ([`CudaBackend::host_stats`] counts any exception).
+//!
+//! - The host writes a plan's records, and a table update's entries, into
+//!   page-locked staging buffers taken from a pool; each goes back with an
+//!   event recorded behind the copy that reads it and is reused only once
+//!   that event has completed (`cuEventQuery`, never a wait); while every
+//!   buffer is still being read, the pool makes another (see `pool`).
+//! - Device scratch (the plan's records, tile descriptors, flags) is sized
+//!   from the region's capacity when the backend is made; a plan that
+//!   outgrows it, or first needs the side buffer, grows it in stream order
+//!   (`cuMemFreeAsync`, `cuMemAllocAsync`), so the old buffer is freed only
+//!   after the kernels that use it, with no host synchronisation.
+//! - The handle table's device copy still grows with `cuMemAlloc` when the
+//!   arena has more slots than it holds (a driver allocation, not a wait
+//!   for queued work; [`CudaBackend::reserve_table`] does it ahead of time).
+//!
 //! # The move kernel
 //!
 //! A wave runs in chunks of moves (the first of 1024, growing to 65536 and
@@ -80,6 +100,7 @@ mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod options;
+mod pool;
 mod scratch;
 mod stage;
 mod streams;
@@ -120,6 +141,33 @@ impl From<DriverError> for crate::error::DriverError {
     fn from(e: DriverError) -> Self {
         crate::error::DriverError::new(e.0 as u32, format!("{:?}", e.0))
     }
+}
+
+/// What [`Backend::execute`](crate::backend::Backend::execute) and
+/// [`Backend::sync_table`](crate::backend::Backend::sync_table) cost the
+/// host ([`CudaBackend::host_stats`]), cumulative since the backend was
+/// made. Neither waits for the device: staging memory that queued copies
+/// still read is replaced from a pool, and scratch on the device grows in
+/// stream order. `blocked_*` counts the exceptions (a device without
+/// memory pools, error paths); it stays 0 on Hopper.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct HostStats {
+    /// Host time inside both calls: checking, laying out, uploading and
+    /// launching (waits included).
+    pub staging_time: std::time::Duration,
+    /// Of which the host was blocked on the device.
+    pub blocked_time: std::time::Duration,
+    /// Blocking driver calls made there.
+    pub blocked_calls: u64,
+    /// Device scratch buffers that grew after the backend was made.
+    pub buffers_grown: u64,
+    /// Page-locked staging buffers made (at creation and since).
+    pub staging_buffers: u64,
+    /// Their bytes.
+    pub staging_bytes: u64,
+    /// Staging buffers that queued copies may still read (as last seen).
+    pub staging_in_flight: usize,
 }
 
 /// How large the region is.
@@ -321,14 +369,12 @@ impl CudaBackend {
             stream,
             ctx,
         };
-        // Small scratch up front, so that a typical plan allocates nothing
-        // even when the region took nearly all free memory.
-        backend.reserve_scratch(stage::staging_words(stage::FIRST_CHUNK_MOVES), 4096)?;
         backend
             .scratch
             .ctl
             .reserve(2 * CTL_WORDS * 4, true, &backend.stream)?;
         backend.scratch.status.reserve(CTL_WORDS)?;
+        backend.presize()?;
         Ok(backend)
     }
 
@@ -394,6 +440,22 @@ impl CudaBackend {
         self.scratch.side.bytes
     }
 
+    /// What plan execution and table updates cost the host so far, and
+    /// what their staging memory grew to (see [`HostStats`]).
+    pub fn host_stats(&self) -> HostStats {
+        let s = &self.scratch;
+        let c = &s.counters;
+        HostStats {
+            staging_time: c.staging,
+            blocked_time: c.blocked.time,
+            blocked_calls: c.blocked.calls,
+            buffers_grown: c.grown,
+            staging_buffers: s.staging.made() + s.table_staging.made(),
+            staging_bytes: 8 * (s.staging.words() + s.table_staging.words()) as u64,
+            staging_in_flight: s.staging.busy_len() + s.table_staging.busy_len(),
+        }
+    }
+
     /// Waits for all work on the arena stream and reports any error the
     /// kernels found since the last check.
     pub fn synchronize(&mut self) -> Result<()> {
@@ -427,7 +489,11 @@ impl CudaBackend {
             let want = need.max(old_bytes.saturating_mul(2)).max(64 * entry);
             // SAFETY: a plain allocation in the bound context.
             let ptr = unsafe { result::malloc_sync(want) }.map_err(driver_err("cuMemAlloc"))?;
-            let mut grown = DeviceBuf { ptr, bytes: want };
+            let mut grown = DeviceBuf {
+                ptr,
+                bytes: want,
+                pooled: false,
+            };
             let stream = self.stream.cu_stream();
             // SAFETY: `grown` holds `want` bytes and the old table
             // `old_bytes` < want; both are ordered on the arena stream after
@@ -481,7 +547,7 @@ impl Drop for CudaBackend {
         let ptr = region.leak();
         // SAFETY: `ptr` came from cuMemAlloc in `with_options`.
         let _ = unsafe { result::free_sync(ptr) };
-        self.scratch.release();
+        self.scratch.release(&self.stream);
     }
 }
 

@@ -2,9 +2,14 @@
 //! uploads, waves of moves) and the launches of the move kernels.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::{result, sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
+use super::buffers::Blocked;
+use super::pool::Pool;
+use super::scratch::Staging;
 use super::wave::WaveArgs;
 use super::{driver_err, stage, CudaBackend, CTL_WORDS};
 use crate::backend::{check_disjoint, check_pattern, check_range, Backend};
@@ -18,20 +23,58 @@ use crate::stream::StreamId;
 const ERR_TIMEOUT: u32 = 2;
 
 impl CudaBackend {
-    pub(super) fn reserve_scratch(&mut self, words: usize, chunk_tiles: usize) -> Result<()> {
+    /// Sizes plan execution's scratch from the region's capacity, so that
+    /// a compaction grows nothing (see [`stage::presize_for`]): staging for
+    /// plans of that many moves (two page-locked buffers), descriptors and
+    /// flags for a chunk over the whole region. Where memory is short for
+    /// that, a first chunk's share (the buffers then grow in stream order
+    /// when a plan first needs them, which does not block the host either).
+    pub(super) fn presize(&mut self) -> Result<()> {
+        let (moves, tiles) = stage::presize_for(self.capacity_bytes, self.primary.info.tile_bytes);
+        if self.reserve_scratch(moves, tiles, 2).is_err() {
+            self.reserve_scratch(stage::FIRST_CHUNK_MOVES, 4096, 0)?;
+        }
+        // The upload stream's kernels use these buffers: order it after
+        // their allocation on the arena stream.
+        let s = &self.scratch;
+        s.grown
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        s.upload_stream
+            .wait(&s.grown)
+            .map_err(driver_err("cuStreamWaitEvent"))?;
+        self.scratch.counters = Default::default();
+        Ok(())
+    }
+
+    /// Grows the scratch to hold a plan of `moves` moves in chunks of up to
+    /// `chunk_tiles` tiles, with `staging` idle page-locked buffers of the
+    /// plan's size in the pool (and, if any, one for table updates).
+    fn reserve_scratch(&mut self, moves: usize, chunk_tiles: usize, staging: usize) -> Result<()> {
+        let pooled = self.ctx.has_async_alloc();
+        let words = stage::staging_words(moves);
+        let stream = &self.stream;
         let s = &mut self.scratch;
-        s.moves.reserve(words * 8, false, &self.stream)?;
-        // Two halves (see `chunk_done`).
-        s.tiles.reserve(
-            2 * chunk_tiles * stage::TILE_DESC_BYTES,
-            false,
-            &self.stream,
-        )?;
-        if s.flags.reserve(chunk_tiles * 4, true, &self.stream)? {
+        let b = &mut s.counters.blocked;
+        s.moves
+            .grow(words * 8, usize::MAX, false, stream, pooled, b)?;
+        // Two halves (see `chunk_done`), each 256-aligned.
+        let desc = (chunk_tiles * stage::TILE_DESC_BYTES).next_multiple_of(256);
+        s.tiles
+            .grow(2 * desc, usize::MAX, false, stream, pooled, b)?;
+        if s.flags
+            .grow(chunk_tiles * 4, usize::MAX, true, stream, pooled, b)?
+        {
             s.epoch = 0;
         }
-        s.staging[0].reserve(words)?;
-        s.staging[1].reserve(words)?;
+        for _ in 0..staging {
+            let size = s.staging.size_for(words);
+            s.staging.add_idle(Staging::new(&self.ctx, size)?);
+        }
+        if staging > 0 {
+            let size = s.table_staging.size_for(0);
+            s.table_staging.add_idle(Staging::new(&self.ctx, size)?);
+        }
         Ok(())
     }
 
@@ -89,6 +132,29 @@ impl CudaBackend {
         self.stream
             .wait(&s.chunk_uploaded)
             .map_err(driver_err("cuStreamWaitEvent"))
+    }
+}
+
+/// Hands `staging` back to `pool` behind the work enqueued on `stream`
+/// so far (the copies that read it): its event is recorded there. If that
+/// fails, waits for the stream (an error path, counted in `blocked`) and
+/// hands it back idle.
+fn hand_back(
+    pool: &mut Pool<Staging>,
+    staging: Staging,
+    stream: &cudarc::driver::CudaStream,
+    blocked: &mut Blocked,
+) -> Result<()> {
+    match staging.done.record(stream) {
+        Ok(()) => {
+            pool.put_busy(staging);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = blocked.count(|| stream.synchronize());
+            pool.put_idle(staging);
+            Err(driver_err("cuEventRecord")(e))
+        }
     }
 }
 
@@ -286,6 +352,26 @@ impl Backend for CudaBackend {
     }
 
     fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
+        let t = Instant::now();
+        let r = self.sync_table_now(entries, first);
+        self.scratch.counters.staging += t.elapsed();
+        r
+    }
+
+    fn execute(&mut self, plan: &Plan) -> Result<()> {
+        let t = Instant::now();
+        let r = self.execute_now(plan);
+        self.scratch.counters.staging += t.elapsed();
+        r
+    }
+}
+
+impl CudaBackend {
+    /// [`Backend::sync_table`]: the entries go through a page-locked
+    /// buffer that no queued upload reads (from a pool, never waited for)
+    /// and up in the order of the arena stream, after the moves that
+    /// produced their offsets.
+    fn sync_table_now(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -298,39 +384,46 @@ impl Backend for CudaBackend {
         self.reserve_table(slots)?;
         let bytes: &[u8] = bytemuck::cast_slice(entries);
         let words = bytes.len().div_ceil(8);
-        // This staging buffer must not change under the upload before last
-        // (the last one used the other buffer).
-        let p = self.scratch.table_parity;
-        self.scratch.table_upload_done[p]
-            .synchronize()
-            .map_err(driver_err("cuEventSynchronize"))?;
-        self.scratch.table_staging[p].reserve(words)?;
+        let ctx = Arc::clone(&self.ctx);
+        let mut staging = self
+            .scratch
+            .table_staging
+            .take(words, |w| Staging::new(&ctx, w))?;
         let staged =
-            &mut bytemuck::cast_slice_mut::<u64, u8>(self.scratch.table_staging[p].as_mut_slice())
-                [..bytes.len()];
+            &mut bytemuck::cast_slice_mut::<u64, u8>(staging.buf.as_mut_slice())[..bytes.len()];
         staged.copy_from_slice(bytes);
         let entry = std::mem::size_of::<TableEntry>();
         // SAFETY: the table holds `slots` entries (reserved above); the
-        // source is page-locked staging that is not touched again before
-        // `table_upload_done[p]` (recorded right after) completes; the copy is
-        // ordered on the arena stream after the moves that produced these
-        // offsets.
-        unsafe {
+        // source is page-locked staging that no queued copy reads (the
+        // pool hands out only buffers whose event completed) and that the
+        // host does not touch again before `staging.done`, recorded right
+        // after on the same stream, completes. The copy is ordered on the
+        // arena stream after the moves that produced these offsets.
+        let copied = unsafe {
             result::memcpy_htod_async(
                 self.scratch.table.ptr + (first * entry) as u64,
                 &*staged,
                 self.stream.cu_stream(),
             )
         }
-        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
-        self.scratch.table_upload_done[p]
-            .record(&self.stream)
-            .map_err(driver_err("cuEventRecord"))?;
-        self.scratch.table_parity = 1 - p;
-        Ok(())
+        .map_err(driver_err("cuMemcpyHtoDAsync"));
+        let stream = Arc::clone(&self.stream);
+        let back = hand_back(
+            &mut self.scratch.table_staging,
+            staging,
+            &stream,
+            &mut self.scratch.counters.blocked,
+        );
+        copied?;
+        back
     }
 
-    fn execute(&mut self, plan: &Plan) -> Result<()> {
+    /// [`Backend::execute`]: never waits for the device. The plan's
+    /// records are staged in a page-locked buffer that no queued upload
+    /// reads (from a pool: buffers still read by the uploads of earlier
+    /// plans, queued behind whatever the streams hold, are replaced, not
+    /// waited for), and device scratch that must grow grows in stream order.
+    fn execute_now(&mut self, plan: &Plan) -> Result<()> {
         self.check_status(false)?;
         if plan.is_empty() {
             return Ok(());
@@ -339,180 +432,33 @@ impl Backend for CudaBackend {
             .bind_to_thread()
             .map_err(driver_err("cuCtxSetCurrent"))?;
         let (wave_words, words) = stage::wave_offsets(plan);
-        // This plan's staging buffer must not change under the uploads of
-        // the plan before last (the last plan's use the other buffer).
-        let p = self.scratch.parity;
-        self.scratch.upload_done[p]
-            .synchronize()
-            .map_err(driver_err("cuEventSynchronize"))?;
-        self.scratch.staging[p].reserve(words)?;
-        self.scratch.moves.reserve(words * 8, false, &self.stream)?;
-
-        let prep_cap = self.sm_count.saturating_mul(8);
-        let stream = self.stream.cu_stream();
-        // Uploads overwrite `moves`, which the last plan's kernels read.
-        let upload = std::sync::Arc::clone(&self.scratch.upload_stream);
-        self.scratch
-            .plan_start
-            .record(&self.stream)
-            .map_err(driver_err("cuEventRecord"))?;
-        upload
-            .wait(&self.scratch.plan_start)
-            .map_err(driver_err("cuStreamWaitEvent"))?;
-        let result = (|| -> Result<()> {
-            for (w, wave) in plan.waves.iter().enumerate() {
-                let n = wave.moves.len();
-                if n == 0 {
-                    continue;
-                }
-                let wo = wave_words[w];
-                let mut prev_end = None;
-                let mut chunk_count = 0usize;
-                let mut chunks = super::chunks::Chunks::new(n, self.copy_bytes_per_ns);
-                while let Some((start, len)) = chunks.next_chunk() {
-                    let host_start = std::time::Instant::now();
-                    // Check and lay out this chunk while the GPU runs the
-                    // last, for the primary kernel's tiles; a chunk whose
-                    // moves are large on average goes to the large kernel,
-                    // whose tiles differ.
-                    let words = &mut self.scratch.staging[p].as_mut_slice()[wo..];
-                    let recs = stage::wave_records(words, n)?;
-                    let primary_shift = self.primary.info.tile_bytes.trailing_zeros();
-                    let (options, primary, large) = (&self.options, &self.primary, &self.large);
-                    let (staged, tiles, large) = stage::stage_for_kernel(
-                        w,
-                        start,
-                        &wave.moves[start..start + len],
-                        recs,
-                        &mut prev_end,
-                        self.capacity_bytes,
-                        primary_shift,
-                        |staged| {
-                            options.for_chunk(staged.bytes, len as u64)?;
-                            let set = super::kernels::KernelSet::pick(primary, large, true);
-                            Some(set.info.tile_bytes.trailing_zeros())
-                        },
-                    )?;
-                    // Deferring tiles share what the options allow; the
-                    // rest wait (the prep kernel checks the room).
-                    let most = self.options.side_buffer_bytes;
-                    let side_cap = staged.side_bytes.min(u64::from(most)) as u32;
-                    // Growing buffers waits for the device: that time is not
-                    // the host's staging rate, which sizes the next chunk.
-                    let grow_start = std::time::Instant::now();
-                    let s = &mut self.scratch;
-                    s.side
-                        .reserve_capped(side_cap as usize, most as usize, false, &self.stream)?;
-                    // This chunk's half of the descriptors. Growing waits for
-                    // both streams (prep kernels run on the upload stream).
-                    let q = s.chunk_parity;
-                    // Halves start 256-aligned: a half is the buffer's half
-                    // rounded down, so the need is rounded up to match.
-                    let desc_bytes =
-                        (tiles as usize * stage::TILE_DESC_BYTES).next_multiple_of(256);
-                    if (s.tiles.bytes / 2) & !255 < desc_bytes {
-                        upload
-                            .synchronize()
-                            .map_err(driver_err("cuStreamSynchronize"))?;
-                        s.tiles.reserve(2 * desc_bytes, false, &self.stream)?;
-                    }
-                    let half = ((s.tiles.bytes / 2) & !255) as u64;
-                    let tiles_ptr = s.tiles.ptr + q as u64 * half;
-                    let ctl_ptr = s.ctl.ptr + (q * CTL_WORDS * 4) as u64;
-                    if s.flags.reserve(tiles as usize * 4, true, &self.stream)? {
-                        s.epoch = 0;
-                    }
-                    let grow_time = grow_start.elapsed();
-                    // The chunk's records: one upload.
-                    let chunk_words =
-                        wo + stage::REC_WORDS * start..wo + stage::REC_WORDS * (start + len);
-                    let chunk_dev = s.moves.ptr + 8 * chunk_words.start as u64;
-                    let staging = &s.staging[p].as_mut_slice()[chunk_words];
-                    // SAFETY: `moves` holds the plan's staging words
-                    // (reserved above) at the same offsets as the page-locked
-                    // staging buffer, and the chunk's words lie inside this
-                    // wave's area, which no kernel enqueued after `plan_start`
-                    // reads before this chunk. The staging words are not
-                    // written again before `upload_done[p]`, recorded after
-                    // the arena stream has waited for the last upload, has
-                    // completed.
-                    unsafe { result::memcpy_htod_async(chunk_dev, staging, upload.cu_stream()) }
-                        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
-                    let epoch = self.next_epoch()?;
-                    let args = WaveArgs {
-                        base: self.region_ptr,
-                        moves: chunk_dev,
-                        tiles: tiles_ptr,
-                        flags: self.scratch.flags.ptr,
-                        ctl: ctl_ptr,
-                        n_moves: len as u32,
-                        n_tiles: tiles,
-                        epoch,
-                        pad: 0,
-                        side: self.scratch.side.ptr,
-                        side_cap,
-                        pad2: 0,
-                    };
-                    self.launch_chunk(&args, large, prep_cap, q)?;
-                    let host_ns = host_start.elapsed().saturating_sub(grow_time).as_nanos();
-                    chunks.feedback(
-                        len,
-                        staged.bytes,
-                        u64::try_from(host_ns).unwrap_or(u64::MAX),
-                    );
-                    self.scratch.chunk_parity = 1 - q;
-                    chunk_count += 1;
-                }
-                if chunk_count > 1 {
-                    // Rule 3 across the chunks of the wave, on the upload
-                    // stream: it reads only the records, so it runs beside
-                    // the last chunk's moves instead of after them.
-                    let args = WaveArgs {
-                        base: self.region_ptr,
-                        moves: self.scratch.moves.ptr + 8 * wo as u64,
-                        tiles: self.scratch.tiles.ptr,
-                        flags: self.scratch.flags.ptr,
-                        ctl: self.scratch.ctl.ptr,
-                        n_moves: n as u32,
-                        n_tiles: 0,
-                        epoch: self.scratch.epoch,
-                        pad: 0,
-                        side: 0,
-                        side_cap: 0,
-                        pad2: 0,
-                    };
-                    let cfg = LaunchConfig {
-                        grid_dim: ((n as u32).div_ceil(256).clamp(1, prep_cap), 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    let mut check = upload.launch_builder(&self.primary.kernels.check);
-                    check.arg(&args);
-                    // SAFETY: `cuarena_check(WaveArgs)` reads the wave's
-                    // records (n of them, uploaded above on this stream)
-                    // and sets bits of ctl[1] atomically; nothing else.
-                    unsafe { check.launch(cfg) }
-                        .map_err(driver_err("cuLaunchKernel(cuarena_check)"))?;
-                }
-            }
-            Ok(())
-        })();
+        let ctx = Arc::clone(&self.ctx);
+        let mut staging = self
+            .scratch
+            .staging
+            .take(words, |w| Staging::new(&ctx, w))?;
+        let result = self.enqueue_plan(plan, &wave_words, words, &mut staging);
         // Whatever happened, the arena stream waits for every upload
-        // enqueued (so synchronising it covers them, as buffer growth and
-        // drop assume), and the uploads read this staging buffer: the plan
-        // after next waits for them.
-        if let Err(e) = self.arena_waits_for_uploads() {
-            // The arena stream may not wait for the uploads: wait here, so
-            // that neither the staging buffer nor `moves` is reused under
-            // them (both only wait for the arena stream).
-            let _ = self.scratch.upload_stream.synchronize();
-            return Err(e);
-        }
-        self.scratch.upload_done[p]
-            .record(&self.stream)
-            .map_err(driver_err("cuEventRecord"))?;
-        self.scratch.parity = 1 - p;
+        // enqueued (so that synchronising it covers them, as drop assumes,
+        // and the next plan's uploads, ordered after its start on the arena
+        // stream, cannot overwrite `moves` under them), and the staging
+        // buffer goes back to the pool behind the uploads that read it.
+        let waited = self.arena_waits_for_uploads();
+        let upload = Arc::clone(&self.scratch.upload_stream);
+        let s = &mut self.scratch;
+        let back = match waited {
+            Ok(()) => hand_back(&mut s.staging, staging, &upload, &mut s.counters.blocked),
+            Err(e) => {
+                // The arena stream may not wait for the uploads: wait here,
+                // so that neither the staging buffer nor `moves` is reused
+                // under them (an error path: the arena poisons itself).
+                let _ = s.counters.blocked.count(|| upload.synchronize());
+                s.staging.put_idle(staging);
+                Err(e)
+            }
+        };
         result?;
+        back?;
 
         // Bring the error word home without waiting for it.
         let s = &mut self.scratch;
@@ -521,7 +467,7 @@ impl Backend for CudaBackend {
         // SAFETY: `status` is page-locked host memory owned by self and read
         // only after `status_ready` completes; ctl holds both blocks,
         // `2 * CTL_WORDS` u32s (the size of `status`).
-        unsafe { result::memcpy_dtoh_async(status, s.ctl.ptr, stream) }
+        unsafe { result::memcpy_dtoh_async(status, s.ctl.ptr, self.stream.cu_stream()) }
             .map_err(driver_err("cuMemcpyDtoHAsync"))?;
         s.status_ready
             .record(&self.stream)
@@ -529,9 +475,224 @@ impl Backend for CudaBackend {
         s.status_pending.store(true, Ordering::Release);
         Ok(())
     }
-}
 
-impl CudaBackend {
+    /// Grows the device copy of the plan's records to `bytes` (in the
+    /// order of the arena stream, before the plan starts there: the
+    /// uploads wait for that start).
+    fn grow_moves(&mut self, bytes: usize) -> Result<()> {
+        if self.scratch.moves.bytes >= bytes {
+            return Ok(());
+        }
+        // The old records are read by the last plan's prep and check
+        // kernels on the upload stream: the arena stream, where the old
+        // buffer is freed, waits for them first.
+        self.arena_waits_for_uploads()?;
+        let pooled = self.ctx.has_async_alloc();
+        let s = &mut self.scratch;
+        let b = &mut s.counters.blocked;
+        if s.moves
+            .grow(bytes, usize::MAX, false, &self.stream, pooled, b)?
+        {
+            s.counters.grown += 1;
+        }
+        Ok(())
+    }
+
+    /// Grows what one chunk needs on the device: the side buffer to
+    /// `side_bytes` (up to the options' cap), each half of the descriptors
+    /// to `desc_bytes`, the flags to `tiles`. Never blocks the host where
+    /// the device has memory pools: the old buffers are freed and the new
+    /// ones made in the order of the arena stream, which first waits for
+    /// the upload stream (whose prep kernels read the old descriptors),
+    /// and the upload stream then waits for the arena stream (its next
+    /// prep kernel writes the new ones).
+    fn grow_chunk_scratch(
+        &mut self,
+        side_bytes: usize,
+        desc_bytes: usize,
+        tiles: usize,
+    ) -> Result<()> {
+        let s = &self.scratch;
+        let need = s.side.bytes < side_bytes
+            || (s.tiles.bytes / 2) & !255 < desc_bytes
+            || s.flags.bytes < tiles * 4;
+        if !need {
+            return Ok(());
+        }
+        self.arena_waits_for_uploads()?;
+        let pooled = self.ctx.has_async_alloc();
+        let most = self.options.side_buffer_bytes as usize;
+        let stream = &self.stream;
+        let s = &mut self.scratch;
+        let b = &mut s.counters.blocked;
+        let mut grown = 0;
+        grown += u64::from(s.side.grow(side_bytes, most, false, stream, pooled, b)?);
+        grown += u64::from(
+            s.tiles
+                .grow(2 * desc_bytes, usize::MAX, false, stream, pooled, b)?,
+        );
+        if s.flags
+            .grow(tiles * 4, usize::MAX, true, stream, pooled, b)?
+        {
+            s.epoch = 0;
+            grown += 1;
+        }
+        s.counters.grown += grown;
+        s.grown
+            .record(stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        s.upload_stream
+            .wait(&s.grown)
+            .map_err(driver_err("cuStreamWaitEvent"))
+    }
+
+    /// Checks, lays out, uploads and launches every chunk of `plan`, its
+    /// records staged in `staging` (at least `words` words).
+    fn enqueue_plan(
+        &mut self,
+        plan: &Plan,
+        wave_words: &[usize],
+        words: usize,
+        staging: &mut Staging,
+    ) -> Result<()> {
+        self.grow_moves(words * 8)?;
+        let prep_cap = self.sm_count.saturating_mul(8);
+        // Uploads overwrite `moves`, which the last plan's kernels read.
+        let upload = Arc::clone(&self.scratch.upload_stream);
+        self.scratch
+            .plan_start
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        upload
+            .wait(&self.scratch.plan_start)
+            .map_err(driver_err("cuStreamWaitEvent"))?;
+        for (w, wave) in plan.waves.iter().enumerate() {
+            let n = wave.moves.len();
+            if n == 0 {
+                continue;
+            }
+            let wo = wave_words[w];
+            let mut prev_end = None;
+            let mut chunk_count = 0usize;
+            let mut chunks = super::chunks::Chunks::new(n, self.copy_bytes_per_ns);
+            while let Some((start, len)) = chunks.next_chunk() {
+                let host_start = Instant::now();
+                // Check and lay out this chunk while the GPU runs the
+                // last, for the primary kernel's tiles; a chunk whose
+                // moves are large on average goes to the large kernel,
+                // whose tiles differ.
+                let words = &mut staging.buf.as_mut_slice()[wo..];
+                let recs = stage::wave_records(words, n)?;
+                let primary_shift = self.primary.info.tile_bytes.trailing_zeros();
+                let (options, primary, large) = (&self.options, &self.primary, &self.large);
+                let (staged, tiles, large) = stage::stage_for_kernel(
+                    w,
+                    start,
+                    &wave.moves[start..start + len],
+                    recs,
+                    &mut prev_end,
+                    self.capacity_bytes,
+                    primary_shift,
+                    |staged| {
+                        options.for_chunk(staged.bytes, len as u64)?;
+                        let set = super::kernels::KernelSet::pick(primary, large, true);
+                        Some(set.info.tile_bytes.trailing_zeros())
+                    },
+                )?;
+                // Deferring tiles share what the options allow; the
+                // rest wait (the prep kernel checks the room).
+                let most = self.options.side_buffer_bytes;
+                let side_cap = staged.side_bytes.min(u64::from(most)) as u32;
+                // Halves start 256-aligned: a half is the buffer's half
+                // rounded down, so the need is rounded up to match.
+                let desc_bytes = (tiles as usize * stage::TILE_DESC_BYTES).next_multiple_of(256);
+                // Growing is not the host's staging rate, which sizes the
+                // next chunk.
+                let grow_start = Instant::now();
+                self.grow_chunk_scratch(side_cap as usize, desc_bytes, tiles as usize)?;
+                let grow_time = grow_start.elapsed();
+                let s = &mut self.scratch;
+                // This chunk's half of the descriptors.
+                let q = s.chunk_parity;
+                let half = ((s.tiles.bytes / 2) & !255) as u64;
+                let tiles_ptr = s.tiles.ptr + q as u64 * half;
+                let ctl_ptr = s.ctl.ptr + (q * CTL_WORDS * 4) as u64;
+                // The chunk's records: one upload.
+                let chunk_words =
+                    wo + stage::REC_WORDS * start..wo + stage::REC_WORDS * (start + len);
+                let chunk_dev = s.moves.ptr + 8 * chunk_words.start as u64;
+                let staged_words = &staging.buf.as_mut_slice()[chunk_words];
+                // SAFETY: `moves` holds the plan's staging words (grown
+                // above, in stream order before `plan_start`, which the
+                // upload stream waits for) at the same offsets as the
+                // page-locked staging buffer, and the chunk's words lie
+                // inside this wave's area, which no kernel enqueued after
+                // `plan_start` reads before this chunk. The staging buffer
+                // came from the pool (no queued copy reads it) and is not
+                // written again before `staging.done`, recorded on this
+                // stream after the plan's last upload, has completed.
+                unsafe { result::memcpy_htod_async(chunk_dev, staged_words, upload.cu_stream()) }
+                    .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+                let epoch = self.next_epoch()?;
+                let args = WaveArgs {
+                    base: self.region_ptr,
+                    moves: chunk_dev,
+                    tiles: tiles_ptr,
+                    flags: self.scratch.flags.ptr,
+                    ctl: ctl_ptr,
+                    n_moves: len as u32,
+                    n_tiles: tiles,
+                    epoch,
+                    pad: 0,
+                    side: self.scratch.side.ptr,
+                    side_cap,
+                    pad2: 0,
+                };
+                self.launch_chunk(&args, large, prep_cap, q)?;
+                let host_ns = host_start.elapsed().saturating_sub(grow_time).as_nanos();
+                chunks.feedback(
+                    len,
+                    staged.bytes,
+                    u64::try_from(host_ns).unwrap_or(u64::MAX),
+                );
+                self.scratch.chunk_parity = 1 - q;
+                chunk_count += 1;
+            }
+            if chunk_count > 1 {
+                // Rule 3 across the chunks of the wave, on the upload
+                // stream: it reads only the records, so it runs beside
+                // the last chunk's moves instead of after them.
+                let args = WaveArgs {
+                    base: self.region_ptr,
+                    moves: self.scratch.moves.ptr + 8 * wo as u64,
+                    tiles: self.scratch.tiles.ptr,
+                    flags: self.scratch.flags.ptr,
+                    ctl: self.scratch.ctl.ptr,
+                    n_moves: n as u32,
+                    n_tiles: 0,
+                    epoch: self.scratch.epoch,
+                    pad: 0,
+                    side: 0,
+                    side_cap: 0,
+                    pad2: 0,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: ((n as u32).div_ceil(256).clamp(1, prep_cap), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut check = upload.launch_builder(&self.primary.kernels.check);
+                check.arg(&args);
+                // SAFETY: `cuarena_check(WaveArgs)` reads the wave's
+                // records (n of them, uploaded above on this stream)
+                // and sets bits of ctl[1] atomically; nothing else.
+                unsafe { check.launch(cfg) }
+                    .map_err(driver_err("cuLaunchKernel(cuarena_check)"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Fills `len` bytes at `offset` with a pattern of 8 or 16 bytes that no
     /// memset unit repeats, by uploading it from the host in chunks of at
     /// most 4 MiB (pageable uploads are staged by the driver before the call

@@ -30,6 +30,37 @@ pub(crate) const FIRST_CHUNK_MOVES: usize = 1024;
 /// quarter more (its remainder joins it).
 pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 
+/// Most moves a plan's scratch is sized for ahead of time (4 MiB of
+/// records; see [`presize_for`]).
+pub(crate) const PRESIZE_MAX_MOVES: usize = 1 << 17;
+
+/// Most tiles a chunk's descriptors are sized for ahead of time (32 MiB a
+/// half; see [`presize_for`]).
+pub(crate) const PRESIZE_MAX_TILES: usize = 1 << 20;
+
+/// What plan execution's scratch is sized for when a backend of
+/// `capacity_bytes` is made, so that compactions grow nothing: `(moves of
+/// a plan, tiles of a chunk)`.
+///
+/// A plan's moves are its live blocks at most; one per 4 KiB of region
+/// (at least a first chunk's, at most [`PRESIZE_MAX_MOVES`]). A chunk's
+/// tiles are at most its bytes over the tile size plus one per move, and
+/// its bytes at most the region ([`PRESIZE_MAX_TILES`] at most). Larger
+/// plans grow the buffers in stream order when they first need it, which
+/// costs the host an allocation, never a wait; so does the side buffer,
+/// which stays empty until a plan first slides a block by a small shift.
+pub(crate) fn presize_for(capacity_bytes: u64, tile_bytes: u64) -> (usize, usize) {
+    let clamp = |v: u64, lo: usize, hi: usize| usize::try_from(v).unwrap_or(hi).clamp(lo, hi);
+    let moves = clamp(capacity_bytes / 4096, FIRST_CHUNK_MOVES, PRESIZE_MAX_MOVES);
+    let chunk_moves = moves.min(MAX_CHUNK_MOVES + MAX_CHUNK_MOVES / 4);
+    let tiles = clamp(
+        (capacity_bytes / tile_bytes.max(1)).saturating_add(chunk_moves as u64),
+        1,
+        PRESIZE_MAX_TILES,
+    );
+    (moves, tiles)
+}
+
 /// Bytes of one `TileDesc` (kernels/moves.h).
 pub(crate) const TILE_DESC_BYTES: usize = 32;
 
@@ -488,6 +519,26 @@ mod tests {
             stage_wave(&moves, 1 << 20, 6),
             Err(Error::InvalidPlan { .. })
         ));
+    }
+
+    #[test]
+    fn scratch_is_sized_from_the_capacity() {
+        // A small arena: a first chunk, its tiles and the region's.
+        assert_eq!(
+            presize_for(1 << 20, 32 << 10),
+            (FIRST_CHUNK_MOVES, 32 + FIRST_CHUNK_MOVES)
+        );
+        // 64 MiB: 16,384 moves (plans of 10,000 need no growth).
+        assert_eq!(presize_for(64 << 20, 32 << 10), (16_384, 2048 + 16_384));
+        // An 80 GB card's worth: both at their caps.
+        assert_eq!(
+            presize_for(80 << 30, 32 << 10),
+            (PRESIZE_MAX_MOVES, PRESIZE_MAX_TILES)
+        );
+        // A 5 GiB region: a full chunk's moves plus the region's tiles.
+        let (moves, tiles) = presize_for(5 << 30, 32 << 10);
+        assert_eq!(moves, PRESIZE_MAX_MOVES);
+        assert_eq!(tiles, 163_840 + MAX_CHUNK_MOVES + MAX_CHUNK_MOVES / 4);
     }
 
     #[test]

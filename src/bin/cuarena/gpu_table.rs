@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use cuarena::fmt_bytes;
 use cuarena::tools::gpu::baselines::BaselineReport;
-use cuarena::tools::gpu::replay::{GpuReplayReport, PassReport};
+use cuarena::tools::gpu::replay::{GpuReplayReport, PassReport, HOST_TARGET, HOST_TARGET_MOVES};
 
 use crate::replay::result_cell;
 use crate::Res;
@@ -61,6 +61,10 @@ fn ns(d: Duration) -> String {
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn ms3(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
 pub(crate) fn ratio(cap: u64, peak: u64) -> String {
@@ -196,21 +200,50 @@ fn print_pass(name: &str, p: &PassReport) -> Res<()> {
         } else {
             0.0
         };
+        let placement = c.host_time.saturating_sub(c.planning_time + c.staging_time);
         outln!(
-            "      event {:>7}: {}/{}, {:>10} moved in {:>8} on the device \
-             ({:.2} TB/s read + written), alloc call {:>8} on the host{}",
+            "      event {:>7}: {}/{}, {:>6} moves, {:>10} moved: device {:>8} ({:.2} TB/s read + \
+             written); host {:>8} = planning {} + staging {} + placement {} (backend {}, blocked \
+             {}); {}",
             c.event,
             c.targeted,
             c.full,
+            c.moves,
             fmt_bytes(c.bytes_moved),
             ms(c.device_time),
             rate,
-            ms(c.host_time),
+            ms3(c.host_time),
+            ms3(c.planning_time),
+            ms3(c.staging_time),
+            ms3(placement),
+            ms3(c.backend_time),
+            ms3(c.blocked_time),
             if c.exact {
-                ""
+                "returned before the device reached it"
             } else {
-                " (device time an upper bound: the GPU may have idled)"
+                "the device had reached it at return (device time an upper bound)"
             }
+        )?;
+    }
+    let h = p.host_vs_device();
+    if h.compactions > 0 {
+        outln!(
+            "    host vs device, {} compactions after the first: host <= planning + staging \
+             (never blocked on the device) in {}, returned before the device reached their moves \
+             in {}; host <= {} ms in {}/{} plans of <= {} moves; host median {} max {}, device \
+             median {} max {}: target {}",
+            h.compactions,
+            h.unblocked,
+            h.returned_while_queued,
+            HOST_TARGET.as_millis(),
+            h.small_plans_within_target,
+            h.small_plans,
+            HOST_TARGET_MOVES,
+            ms3(h.host_median),
+            ms3(h.host_max),
+            ms(h.device_median),
+            ms(h.device_max),
+            if h.met() { "met" } else { "MISSED" }
         )?;
     }
     if p.untimed_compactions > 0 {
