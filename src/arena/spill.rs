@@ -99,6 +99,13 @@ impl<B: Backend> Arena<B> {
         keep: &[BlockKey],
     ) -> Result<Allocation> {
         let victims = self.plan_evictions(reserved, align, keep)?;
+        // Evicting and compacting work on the bytes' layout.
+        if let Err(e) = self.settle() {
+            for (_, t) in victims {
+                self.release_tier(t);
+            }
+            return Err(e);
+        }
         let mut victims = victims.into_iter();
         while let Some((key, tier_node)) = victims.next() {
             if let Err(e) = self.spill_to(key, tier_node) {
@@ -254,11 +261,10 @@ impl<B: Backend> Arena<B> {
             self.release_tier(tier_node);
             return Ok(());
         };
-        let (Place::Device(node), size) = (&b.place, b.size) else {
+        let (Some(dev), size) = (b.real_offset(), b.size) else {
             self.release_tier(tier_node);
             return Ok(());
         };
-        let dev = node.offset();
         // The copy to the host reads the block on the arena stream, and its
         // space is reused after it: wait for the streams that used it.
         if let Err(e) = self.wait_uses(key) {
@@ -275,6 +281,11 @@ impl<B: Backend> Arena<B> {
             Some(b) => std::mem::replace(&mut b.place, Place::Host(tier_node)),
             None => Place::Host(tier_node),
         };
+        if let Some(b) = self.blocks.get_mut(key) {
+            if let Some(at) = b.lag.take() {
+                self.lag.remove(at.get());
+            }
+        }
         if let Place::Device(node) = old {
             if let Err(e) = self.index.free(node) {
                 // Unreachable: the arena holds only its index's allocations.
