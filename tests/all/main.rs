@@ -4,6 +4,7 @@
 #[cfg(feature = "cuda")]
 mod abi;
 mod arena;
+mod bound;
 #[cfg(feature = "tools")]
 mod cli;
 #[cfg(all(feature = "cuda", feature = "tools"))]

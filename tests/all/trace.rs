@@ -278,9 +278,11 @@ fn all_traces() -> Vec<(String, Ops)> {
         .collect()
 }
 
-/// Fragmentation shapes: every allocation succeeds at a capacity of peak
-/// live, the compactions are the same at every number of blocks (a burst
-/// of at most [`BURST_PLANS`] targeted ones, then a full one), and planning
+/// Fragmentation shapes, under both compacting policies: every allocation
+/// succeeds at a capacity of peak live, the compactions are the same at
+/// every number of blocks (under the targeted policy a burst of at most
+/// [`BURST_PLANS`] targeted ones, then a full one; under `Auto` the part of
+/// naive's full compaction the first request needs, then the rest), and planning
 /// work (block visits, deterministic) per op stays within the pacer's
 /// budget: each doubling of n doubles the visits, up to the few blocks
 /// allocated between compactions. This is what keeps the replay linear;
@@ -292,15 +294,19 @@ fn all_traces() -> Vec<(String, Ops)> {
 #[test]
 fn fragmentation_compactions_do_not_grow_with_size() {
     use cuarena::plan::policy::{BURST_PLANS, WORK_PER_OP};
-    use cuarena::tools::fragment::{run, Shape};
-    for shape in Shape::ALL {
+    use cuarena::tools::fragment::{run_with, Shape};
+    use cuarena::CompactionPolicy;
+    for (policy, shape) in [CompactionPolicy::Auto, CompactionPolicy::Targeted]
+        .into_iter()
+        .flat_map(|p| Shape::ALL.map(|s| (p, s)))
+    {
         let mut first: Option<(u64, u64)> = None;
         let mut prev_visits: Option<u64> = None;
         for n in [10_000, 20_000, 40_000, 80_000] {
-            let r = run(shape, n).unwrap();
+            let r = run_with(shape, n, policy).unwrap();
             let per_op = r.planning_visits as f64 / r.ops as f64;
             println!(
-                "{:<12} n {n:>6}: {:>8.1} ms, {} targeted / {} full, {} B moved, {per_op:.3} visits/op",
+                "{policy:?} {:<12} n {n:>6}: {:>8.1} ms, {} targeted / {} full, {} B moved, {per_op:.3} visits/op",
                 shape.label(),
                 r.wall.as_secs_f64() * 1e3,
                 r.compactions.0,
