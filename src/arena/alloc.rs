@@ -263,16 +263,36 @@ impl<B: Backend> Arena<B> {
                     return Ok(node);
                 }
             }
+            // Pins leave the room in gaps the full compaction fills: empty
+            // the gap that can hold the most for this request.
+            let t0 = Instant::now();
+            self.collect_live();
+            if let Some(plan) = planner::plan_gap(&self.live, capacity, req) {
+                self.counters.planning += t0.elapsed();
+                self.pacer
+                    .full_ran(plan.move_count(), 2 * self.live.len() as u64);
+                self.settle()?;
+                self.execute(plan, t0)?;
+                if let Some(node) = self.index.alloc(reserved, align) {
+                    return Ok(node);
+                }
+            }
         }
         if self.tier.is_none() {
             self.counters.failed_allocs += 1;
         }
         self.collect_live();
+        // What the last two plans above reach: the most this request's
+        // compactions can make (a manual arena's: what `compact` makes).
+        let mut reachable = planner::largest_hole_after_full(&self.live, capacity, align);
+        if policy != CompactionPolicy::Manual {
+            reachable = reachable.max(planner::largest_hole_by_gaps(&self.live, capacity, align));
+        }
         Err(Error::OutOfMemory {
             requested_bytes: reserved,
             free_bytes: self.index.free_bytes(),
             largest_free_bytes: self.index.largest_free(),
-            reachable_bytes: planner::largest_hole_after_full(&self.live, capacity, align),
+            reachable_bytes: reachable,
         })
     }
 

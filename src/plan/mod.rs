@@ -39,6 +39,7 @@
 pub mod lag;
 pub mod planner;
 pub mod policy;
+pub mod relayout;
 
 use smallvec::SmallVec;
 

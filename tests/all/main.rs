@@ -23,6 +23,7 @@ mod hostile;
 mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
+mod pins;
 mod spill;
 mod threads;
 #[cfg(feature = "tools")]
