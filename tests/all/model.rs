@@ -171,7 +171,15 @@ proptest! {
 fn seeded_programs_on_the_host_backend() {
     let (mut targeted, mut full) = (0, 0);
     for seed in 0..50 {
-        let mut arena = Arena::host(ArenaConfig::new(1 << 20)).expect("arena");
+        // Both compacting policies: `Auto` defers naive's moves, the
+        // targeted one plans its own.
+        let policy = if seed % 2 == 0 {
+            CompactionPolicy::Auto
+        } else {
+            CompactionPolicy::Targeted
+        };
+        let config = ArenaConfig::new(1 << 20).with_compaction(policy);
+        let mut arena = Arena::host(config).expect("arena");
         let streams = [arena.register_stream().expect("stream")];
         let model = Model::new(&mut arena, true).with_streams(&streams);
         run_random_program_on(model, seed, 400, 1 << 20);

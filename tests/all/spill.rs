@@ -81,6 +81,26 @@ pub(crate) fn run_spill_program<B: Backend>(
                     }
                 }
             }
+            9 if live.len() >= 2 && next() % 2 == 0 => {
+                // Two blocks at once: both come back, or nothing changes.
+                let (i, j) = (
+                    (next() % live.len() as u64) as usize,
+                    (next() % live.len() as u64) as usize,
+                );
+                let before = (arena.blocks(), arena.stats());
+                match arena.make_resident(&[live[i].0, live[j].0]) {
+                    Ok(()) => {
+                        assert!(arena.info(live[i].0).expect("info").resident, "step {step}");
+                        assert!(arena.info(live[j].0).expect("info").resident, "step {step}");
+                    }
+                    Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {
+                        let mut after = arena.stats();
+                        after.failed_allocs = before.1.failed_allocs;
+                        assert_eq!((arena.blocks(), after), before, "step {step}");
+                    }
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+            }
             _ => {
                 arena.compact().expect("compact");
             }
