@@ -23,7 +23,7 @@
 //! pin state; pinned blocks never move.
 #![deny(unsafe_code)]
 
-mod pack;
+pub mod pack;
 
 use std::collections::BTreeMap;
 
