@@ -55,7 +55,9 @@ fn main() {
         })
         .collect();
     files.sort();
-    println!("| trace | half | capacity | cuarena moved | naive moved | ratio | non-moving best fit |");
+    println!(
+        "| trace | half | capacity | cuarena moved | naive moved | ratio | non-moving best fit |"
+    );
     println!("| --- | --- | ---: | ---: | ---: | ---: | --- |");
     let mut ratios: Vec<(String, f64)> = Vec::new();
     let mut over = 0;
@@ -74,17 +76,22 @@ fn main() {
                 continue;
             }
         };
-        let Some(&device) = t.devices().first() else { continue };
+        let Some(&device) = t.devices().first() else {
+            continue;
+        };
         let ops = t.ops(device);
         let peak = ops.peak_live_rounded(ALIGN);
         for r in RATIOS {
             let cap = ((peak as f64 * r).ceil() as u64).div_ceil(ALIGN) * ALIGN;
             let config = ArenaConfig::new(cap.max(ALIGN)).with_alignment_bytes(ALIGN);
-            let run = |a| replay_with(&ops, &config, &ReplayOptions::default().with_allocator(a)).unwrap();
+            let run = |a| {
+                replay_with(&ops, &config, &ReplayOptions::default().with_allocator(a)).unwrap()
+            };
             let ours = run(Allocator::Compacting);
             let naive = run(Allocator::NaiveCompacting);
             let fixed = run(Allocator::NonMoving);
-            let ratio = (naive.bytes_moved > 0).then(|| ours.bytes_moved as f64 / naive.bytes_moved as f64);
+            let ratio =
+                (naive.bytes_moved > 0).then(|| ours.bytes_moved as f64 / naive.bytes_moved as f64);
             if ours.bytes_moved > naive.bytes_moved {
                 over += 1;
             }
@@ -100,7 +107,11 @@ fn main() {
                 if ours.completed() { "" } else { " (failed)" },
                 fmt_bytes(naive.bytes_moved),
                 ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
-                if fixed.completed() { "completes" } else { "fails" }
+                if fixed.completed() {
+                    "completes"
+                } else {
+                    "fails"
+                }
             );
         }
     }
@@ -127,5 +138,7 @@ fn main() {
         );
     }
     println!("cases where cuarena moved more than naive: {over}");
-    println!("cases where a non-moving best fit completes and cuarena moved anything: {still_moved}");
+    println!(
+        "cases where a non-moving best fit completes and cuarena moved anything: {still_moved}"
+    );
 }

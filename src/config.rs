@@ -12,9 +12,28 @@ pub enum CompactionPolicy {
     /// allocation that fits in no hole fails (a plain non-moving allocator,
     /// used as the baseline in benches and the demo).
     Manual,
-    /// When a request fits in the free bytes but in no hole, run a targeted
-    /// compaction (fewest bytes moved), falling back to a full one.
+    /// Compacts when a request fits in the free bytes but in no hole, and
+    /// never moves more bytes than naive compact-on-failure (best-fit
+    /// placement, one full compaction when a request fits in no hole) on
+    /// the same requests, at every point of every program naive serves,
+    /// with no additive constant; where a non-moving best fit serves every
+    /// request, it moves nothing. It places blocks as naive does and, when
+    /// naive would compact, moves only the blocks in the way of the
+    /// request, deferring the rest of naive's moves until they are needed
+    /// (a block freed before then never moves). See [`crate::plan::lag`]
+    /// for the argument. Requests naive cannot serve (pins or alignment
+    /// padding in the way) get a targeted compaction as under
+    /// [`CompactionPolicy::Targeted`]. The default.
     Auto,
+    /// When a request fits in the free bytes but in no hole, run a targeted
+    /// compaction (fewest bytes moved now), falling back to a full one
+    /// ([`crate::plan::policy`]), with large and long-lived blocks placed
+    /// apart ([`ArenaConfig::large_block_divisor`]). It usually moves far
+    /// fewer bytes than naive compact-on-failure, but nothing bounds it:
+    /// on some programs it moves more, and it can compact where a
+    /// non-moving best fit would not need to. [`CompactionPolicy::Auto`]
+    /// was this policy before it carried the bound.
+    Targeted,
 }
 
 /// Configuration of an [`crate::Arena`].
@@ -35,7 +54,7 @@ pub struct ArenaConfig {
     /// the CUDA backend) and brought back when next resolved.
     pub spill_host_bytes: u64,
     /// Lifetime placement (off by default; only under
-    /// [`CompactionPolicy::Auto`]): blocks whose size has reliably died
+    /// [`CompactionPolicy::Targeted`]): blocks whose size has reliably died
     /// young are carved from the top of their free region as well, the
     /// rest from the bottom (see [`crate::placement::lifetime`]). It moves
     /// far fewer bytes on some training traces (the shipped ResNet CSV at
@@ -44,8 +63,8 @@ pub struct ArenaConfig {
     /// (BENCHMARKS.md), so it is not the default. It never makes an
     /// allocation fail that the free bytes allow.
     pub lifetime_placement: bool,
-    /// Large blocks from the top (only under [`CompactionPolicy::Auto`]; 0
-    /// turns it off): a block of at least `capacity_bytes /
+    /// Large blocks from the top (only under [`CompactionPolicy::Targeted`];
+    /// 0 turns it off; `Auto` places as naive does): a block of at least `capacity_bytes /
     /// large_block_divisor` bytes (rounded up) that fits in a hole is
     /// carved from the top of that free region rather than the bottom, so
     /// large blocks gather at the top of free space, in an empty arena from

@@ -57,8 +57,16 @@ pub enum Error {
         free_bytes: u64,
         /// Largest contiguous free region now.
         largest_free_bytes: u64,
-        /// Largest contiguous free region a full compaction would produce
-        /// (less than `free_bytes` when pinned blocks split the free space).
+        /// Largest hole, at the request's alignment, that the arena's
+        /// compactions make for it: the full compaction's (blocks packed in
+        /// address order, or by alignment where that pads less and can be
+        /// staged; [`crate::plan::planner::plan_full`]) and, with pins and
+        /// a compacting policy, the gap packing's
+        /// ([`crate::plan::planner::plan_gap`]). Under a compacting policy
+        /// a request of this many bytes succeeds (a manual arena's reach is
+        /// the full compaction's, run by `compact`). Less than `free_bytes` when pinned blocks split
+        /// the free space or alignment padding remains (two blocks aligned
+        /// to half the region can leave no hole larger than half of it).
         reachable_bytes: u64,
     },
 

@@ -2,7 +2,7 @@
 
 use bytemuck::Pod;
 
-use super::{Arena, Block, Place, Stats};
+use super::{Arena, Block, Stats};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::{BlockInfo, ElemType, Handle};
@@ -15,9 +15,9 @@ impl<B: Backend> Arena<B> {
     }
 
     pub(super) fn info_of(&self, handle: Handle, b: &Block) -> BlockInfo {
-        let (offset, resident) = match &b.place {
-            Place::Device(a) => (a.offset(), true),
-            Place::Host(_) => (0, false),
+        let (offset, resident) = match b.real_offset() {
+            Some(offset) => (offset, true),
+            None => (0, false),
         };
         BlockInfo {
             handle,
@@ -51,9 +51,11 @@ impl<B: Backend> Arena<B> {
         h.arena == self.id && self.blocks.contains_key(h.key)
     }
 
-    /// Live blocks in address order.
+    /// Live blocks in address order (of their bytes: a block whose move is
+    /// deferred, [`crate::plan::lag`], is listed where its bytes are).
     pub fn blocks(&self) -> Vec<BlockInfo> {
-        self.index
+        let mut infos: Vec<BlockInfo> = self
+            .index
             .regions()
             .filter_map(|r| r.slot)
             .filter_map(|slot| {
@@ -67,16 +69,42 @@ impl<B: Backend> Arena<B> {
                     b,
                 ))
             })
-            .collect()
+            .collect();
+        if !self.lag.is_empty() {
+            infos.sort_unstable_by_key(|i| i.offset);
+        }
+        infos
     }
 
-    /// Free regions `(offset, len)` in address order.
+    /// Free regions `(offset, len)` of the region's bytes, in address order.
+    /// With deferred moves ([`crate::plan::lag`]) these differ from the
+    /// placement index's, which [`Stats`] describes (where the next block
+    /// goes): the same free bytes, laid out where the bytes really are.
     pub fn free_regions(&self) -> Vec<(u64, u64)> {
-        self.index
-            .regions()
-            .filter(|r| r.slot.is_none())
-            .map(|r| (r.offset, r.size))
-            .collect()
+        if self.lag.is_empty() {
+            return self
+                .index
+                .regions()
+                .filter(|r| r.slot.is_none())
+                .map(|r| (r.offset, r.size))
+                .collect();
+        }
+        let mut used: Vec<(u64, u64)> = self
+            .blocks
+            .iter()
+            .filter_map(|(_, b)| Some((b.real_offset()?, b.reserved())))
+            .collect();
+        used.sort_unstable();
+        let mut free = Vec::new();
+        let mut cursor = 0;
+        let capacity = self.config.capacity_bytes;
+        for (offset, len) in used.into_iter().chain(std::iter::once((capacity, 0))) {
+            if offset > cursor {
+                free.push((cursor, offset - cursor));
+            }
+            cursor = cursor.max(offset + len);
+        }
+        free
     }
 
     /// A snapshot of the statistics.
@@ -105,6 +133,9 @@ impl<B: Backend> Arena<B> {
             full_compactions: c.full,
             moves: c.moves,
             bytes_moved: c.bytes_moved,
+            naive_bytes_moved: c.naive_bytes_moved,
+            naive_failures: c.naive_failures,
+            deferred_bytes: self.lag.deferred_bytes(),
             planning_time: c.planning,
             planning_visits: self.pacer.visits(),
             budget_compactions: self.pacer.escalations(),

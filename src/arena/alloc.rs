@@ -11,6 +11,7 @@ use crate::config::{CompactionPolicy, MAX_ALIGN};
 use crate::error::{Error, Result};
 use crate::handle::{BlockKey, ElemType, Handle};
 use crate::placement::Allocation;
+use crate::plan::lag;
 use crate::plan::planner::{self, Request};
 
 impl<B: Backend> Arena<B> {
@@ -72,12 +73,12 @@ impl<B: Backend> Arena<B> {
         // average block (and, with lifetime placement, those that reliably
         // die young) go to the top of their free region, the rest to the
         // bottom (`ArenaConfig`). By Little's law the number of live blocks
-        // is the mean lifetime in allocation ticks. Only an arena that
-        // compacts on its own does this; a manual one keeps the plain
-        // placement (the naive baseline of the replays).
+        // is the mean lifetime in allocation ticks. Only the targeted
+        // policy does this; the others keep naive's plain placement (`Auto`
+        // must: its bound rests on placing exactly as naive does).
         let live = self.blocks.len() as u64;
         let large = reserved >= self.large_block_bytes;
-        let high = self.config.compaction == CompactionPolicy::Auto
+        let high = self.config.compaction == CompactionPolicy::Targeted
             && (large
                 || self.lifetimes.as_ref().is_some_and(|l| {
                     (self.long_lived_high && l.long_lived(reserved, live / 2))
@@ -95,6 +96,7 @@ impl<B: Backend> Arena<B> {
             // `align <= MAX_ALIGN < 2^32`, checked above.
             align: u32::try_from(align).unwrap_or(u32::MAX),
             pins: 0,
+            lag: None,
         });
         let key = match inserted {
             Ok(key) => key,
@@ -125,7 +127,8 @@ impl<B: Backend> Arena<B> {
 
     /// Space for `reserved` bytes in the region: a hole (carved from its
     /// top if `high`), else a compaction, else (spilling on) evicting least
-    /// recently used blocks not in `keep`.
+    /// recently used blocks not in `keep`. The space is free of bytes too:
+    /// blocks whose moves were deferred there have gone home.
     pub(super) fn place_on_device(
         &mut self,
         reserved: u64,
@@ -138,23 +141,96 @@ impl<B: Backend> Arena<B> {
         } else {
             self.index.alloc(reserved, align)
         };
-        if let Some(node) = hole {
-            return Ok(node);
+        let placed = match hole {
+            Some(node) => Ok((node, false)),
+            None => match self.alloc_by_compacting(reserved, align) {
+                Err(Error::OutOfMemory { .. }) if self.tier.is_some() => self
+                    .alloc_by_spilling(reserved, align, keep)
+                    .map(|node| (node, false)),
+                r => r,
+            },
+        };
+        let (node, naive_compacted) = placed?;
+        let (lo, hi) = (node.offset(), node.offset() + node.size());
+        if let Err(e) = self.clear_range(lo, hi, naive_compacted) {
+            // Nothing moved (or the arena is poisoned): give the space back.
+            let _ = self.index.free(node);
+            return Err(e);
         }
-        match self.alloc_by_compacting(reserved, align) {
-            Err(Error::OutOfMemory { .. }) if self.tier.is_some() => {
-                self.alloc_by_spilling(reserved, align, keep)
-            }
-            r => r,
-        }
+        Ok(node)
     }
 
-    /// The slow path: compact (if allowed and useful), then place.
-    pub(super) fn alloc_by_compacting(&mut self, reserved: u64, align: u64) -> Result<Allocation> {
+    /// The slow path: compact (if allowed and useful), then place. Returns
+    /// the node and whether it was placed after naive's own compaction
+    /// (deferred: the caller sends home what is in its way).
+    pub(super) fn alloc_by_compacting(
+        &mut self,
+        reserved: u64,
+        align: u64,
+    ) -> Result<(Allocation, bool)> {
         // Compaction trusts the layout, which a poisoned arena does not.
         self.check_usable()?;
         let capacity = self.config.capacity_bytes;
-        if self.config.compaction == CompactionPolicy::Auto && reserved <= self.index.free_bytes() {
+        let policy = self.config.compaction;
+        if policy == CompactionPolicy::Auto {
+            if reserved > self.index.free_bytes() {
+                self.counters.naive_failures += 1;
+            } else {
+                let t0 = Instant::now();
+                self.collect_live();
+                if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
+                    return self
+                        .alloc_after_naive(reserved, align, t0)
+                        .map(|n| (n, true));
+                }
+                // Naive's full compaction would leave no hole (pins, or
+                // alignment padding): naive fails here, the arena goes on
+                // as the targeted policy would.
+                self.counters.naive_failures += 1;
+            }
+        }
+        self.alloc_by_targeted(reserved, align).map(|n| (n, false))
+    }
+
+    /// Naive's compaction for a request it makes room for (`self.live`
+    /// collected): applied to the index with the moves deferred when the
+    /// plan allows it, run at once otherwise (see [`crate::plan::lag`]).
+    fn alloc_after_naive(&mut self, reserved: u64, align: u64, t0: Instant) -> Result<Allocation> {
+        let capacity = self.config.capacity_bytes;
+        let plan = planner::plan_full(&self.live, capacity);
+        self.counters.planning += t0.elapsed();
+        self.pacer.full_ran(0, 2 * self.live.len() as u64);
+        if lag::is_downward(&plan) {
+            self.defer_full(&plan)?;
+        } else {
+            self.counters.naive_bytes_moved = self
+                .counters
+                .naive_bytes_moved
+                .saturating_add(plan.bytes_moved());
+            // Sending the lagging blocks home changes no placement: the
+            // plan, made from the index, still applies.
+            self.settle()?;
+            self.execute(plan, t0)?;
+        }
+        self.index.alloc(reserved, align).ok_or_else(|| {
+            // Unreachable: the full compaction was checked to make the hole.
+            let reason = "naive's full compaction did not make the hole it reaches";
+            self.poison(reason.to_string());
+            Error::Poisoned {
+                reason: reason.to_string(),
+            }
+        })
+    }
+
+    /// The slow path of the targeted policy (and of `Auto` where naive
+    /// fails): a targeted or full plan as the pacer chooses, falling back to
+    /// a full one. Plans are made on the index; one that runs first sends
+    /// every lagging block home, so that the bytes are where it planned
+    /// them (which changes no placement, so the plan still applies).
+    fn alloc_by_targeted(&mut self, reserved: u64, align: u64) -> Result<Allocation> {
+        let capacity = self.config.capacity_bytes;
+        let policy = self.config.compaction;
+        if policy != CompactionPolicy::Manual && reserved <= self.index.free_bytes() {
             let req = Request {
                 size: reserved,
                 align,
@@ -165,6 +241,7 @@ impl<B: Backend> Arena<B> {
             let plan = self.pacer.plan(&self.live, capacity, req, ops);
             self.counters.planning += t0.elapsed();
             if let Some((plan, _)) = plan {
+                self.settle()?;
                 self.execute(plan, t0)?;
                 if let Some(node) = self.index.alloc(reserved, align) {
                     return Ok(node);
@@ -180,6 +257,21 @@ impl<B: Backend> Arena<B> {
                 // Two passes: the reach above and the plan.
                 let visits = 2 * self.live.len() as u64;
                 self.pacer.full_ran(plan.move_count(), visits);
+                self.settle()?;
+                self.execute(plan, t0)?;
+                if let Some(node) = self.index.alloc(reserved, align) {
+                    return Ok(node);
+                }
+            }
+            // Pins leave the room in gaps the full compaction fills: empty
+            // the gap that can hold the most for this request.
+            let t0 = Instant::now();
+            self.collect_live();
+            if let Some(plan) = planner::plan_gap(&self.live, capacity, req) {
+                self.counters.planning += t0.elapsed();
+                self.pacer
+                    .full_ran(plan.move_count(), 2 * self.live.len() as u64);
+                self.settle()?;
                 self.execute(plan, t0)?;
                 if let Some(node) = self.index.alloc(reserved, align) {
                     return Ok(node);
@@ -190,11 +282,17 @@ impl<B: Backend> Arena<B> {
             self.counters.failed_allocs += 1;
         }
         self.collect_live();
+        // What the last two plans above reach: the most this request's
+        // compactions can make (a manual arena's: what `compact` makes).
+        let mut reachable = planner::largest_hole_after_full(&self.live, capacity, align);
+        if policy != CompactionPolicy::Manual {
+            reachable = reachable.max(planner::largest_hole_by_gaps(&self.live, capacity, align));
+        }
         Err(Error::OutOfMemory {
             requested_bytes: reserved,
             free_bytes: self.index.free_bytes(),
             largest_free_bytes: self.index.largest_free(),
-            reachable_bytes: planner::largest_hole_after_full(&self.live, capacity, align),
+            reachable_bytes: reachable,
         })
     }
 
@@ -214,6 +312,9 @@ impl<B: Backend> Arena<B> {
         let size = b.size;
         if let Some(l) = self.lifetimes.as_mut() {
             l.observe(b.reserved(), self.counters.allocs.saturating_sub(b.born));
+        }
+        if let Some(at) = b.lag {
+            self.lag.remove(at.get());
         }
         let freed = match b.place {
             Place::Device(a) => self.index.free(a),
@@ -244,6 +345,8 @@ impl<B: Backend> Arena<B> {
             return Err(Error::PinOverflow { pins });
         }
         self.make_resident(&[h])?;
+        // A pinned block cannot go home later: it goes now.
+        self.bring_home(h.key)?;
         let b = self.block_mut(h)?;
         b.pins = b
             .pins

@@ -42,19 +42,30 @@ impl<B: Backend> Arena<B> {
         }
     }
 
-    /// The plan a full compaction would run now (for inspection).
+    /// The plan a full compaction would run now (for inspection). With
+    /// deferred moves ([`crate::plan::lag`]) it is planned over the
+    /// placement index, as [`compact`](Arena::compact) plans it once it has
+    /// sent every lagging block home.
     pub fn plan_full(&mut self) -> Plan {
         self.collect_live();
         planner::plan_full(&self.live, self.config.capacity_bytes)
     }
 
     /// Compacts fully: afterwards the free space between pinned blocks is one
-    /// region per gap (one region in all without pins).
+    /// region per gap (one region in all without pins). Blocks whose moves
+    /// were deferred go home first (a separate plan); naive, asked for the
+    /// same compaction, would run the full plan itself, so it counts in
+    /// `Stats::naive_bytes_moved` too.
     pub fn compact(&mut self) -> Result<CompactionReport> {
         self.check_usable()?;
         self.drain_reclaim()?;
+        self.settle()?;
         let t0 = Instant::now();
         let plan = self.plan_full();
+        self.counters.naive_bytes_moved = self
+            .counters
+            .naive_bytes_moved
+            .saturating_add(plan.bytes_moved());
         self.counters.planning += t0.elapsed();
         self.pacer
             .full_ran(plan.move_count(), self.live.len() as u64);
@@ -86,6 +97,37 @@ impl<B: Backend> Arena<B> {
         for m in plan.moves() {
             self.set_entry(BlockKey::from_bits(m.key), Some((m.dst, m.len)));
         }
+        self.rebuild_index()?;
+        // The table's new offsets follow the moves in stream order.
+        if let Err(e) = self.flush_table() {
+            self.poison(format!(
+                "handle table update failed after a compaction: {e}"
+            ));
+            return Err(e);
+        }
+        let c = &mut self.counters;
+        match plan.kind {
+            PlanKind::Targeted => c.targeted += 1,
+            PlanKind::Full => c.full += 1,
+        }
+        c.moves = c.moves.saturating_add(plan.move_count() as u64);
+        c.bytes_moved = c.bytes_moved.saturating_add(plan.bytes_moved());
+        c.compaction += t0.elapsed();
+        Ok(CompactionReport {
+            kind: plan.kind,
+            moves: plan.move_count(),
+            waves: plan.waves.len(),
+            bytes_moved: plan.bytes_moved(),
+            planning,
+            execution,
+        })
+    }
+
+    /// Rebuilds the index from `self.live` (the layout a checked plan left,
+    /// sorted by offset), each block's new allocation going straight to its
+    /// owner entry and block. Poisons the arena if it fails (unreachable:
+    /// the layout was checked).
+    pub(super) fn rebuild_index(&mut self) -> Result<()> {
         self.spans.clear();
         self.spans
             .extend(self.live.iter().map(|l| (l.offset, l.len)));
@@ -115,35 +157,13 @@ impl<B: Backend> Arena<B> {
             }
         });
         if let Err(e) = rebuilt {
-            // Unreachable: the layout was checked above.
+            // Unreachable: the layout was checked before.
             self.poison(format!(
                 "rebuilding the index after a compaction failed: {e}"
             ));
             return Err(e);
         }
-        // The table's new offsets follow the moves in stream order.
-        if let Err(e) = self.flush_table() {
-            self.poison(format!(
-                "handle table update failed after a compaction: {e}"
-            ));
-            return Err(e);
-        }
-        let c = &mut self.counters;
-        match plan.kind {
-            PlanKind::Targeted => c.targeted += 1,
-            PlanKind::Full => c.full += 1,
-        }
-        c.moves = c.moves.saturating_add(plan.move_count() as u64);
-        c.bytes_moved = c.bytes_moved.saturating_add(plan.bytes_moved());
-        c.compaction += t0.elapsed();
-        Ok(CompactionReport {
-            kind: plan.kind,
-            moves: plan.move_count(),
-            waves: plan.waves.len(),
-            bytes_moved: plan.bytes_moved(),
-            planning,
-            execution,
-        })
+        Ok(())
     }
 
     /// Turns `self.live` into the layout after `plan` (offsets moved,

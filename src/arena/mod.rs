@@ -3,9 +3,13 @@
 //! The arena owns the [`FreeIndex`] (where every block is), the slot table
 //! (what every handle is), and a [`Backend`] (where the bytes are). An
 //! allocation that fits in no hole but in the free bytes triggers a
-//! compaction (under [`CompactionPolicy::Auto`]): targeted, or full when
-//! the pacer of [`crate::plan::policy`] says so; its plan is executed by the
-//! backend, then the index is rebuilt from the new offsets.
+//! compaction. Under [`CompactionPolicy::Auto`] it is naive's full
+//! compaction applied to the index, with only the moves the request needs
+//! executed and the rest deferred ([`crate::plan::lag`]): a block whose
+//! bytes have not followed its index entry yet records where they are
+//! (`Block::lag`). Under [`CompactionPolicy::Targeted`] it is targeted, or
+//! full when the pacer of [`crate::plan::policy`] says so. A plan is
+//! executed by the backend, then the index is rebuilt from the new offsets.
 //!
 //! Every method that returns an error leaves the arena as it was, with one
 //! exception: if the backend fails while executing a plan, device memory and
@@ -17,6 +21,7 @@ mod alloc;
 mod compact;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod defer;
 mod ops;
 mod shared;
 mod spill;
@@ -35,6 +40,7 @@ use crate::config::{ArenaConfig, CompactionPolicy};
 use crate::error::{Error, Result};
 use crate::handle::{BlockKey, ElemType, Handle, TableEntry};
 use crate::placement::{Allocation, FreeIndex, Lifetimes};
+use crate::plan::lag::Lag;
 use crate::plan::planner::LiveBlock;
 use crate::plan::policy::Pacer;
 
@@ -110,6 +116,10 @@ struct Block {
     /// [`crate::config::MAX_ALIGN`], so it fits).
     align: u32,
     pins: u32,
+    /// Where the bytes of a resident block are when they have not followed
+    /// its placement yet (a deferred move, [`crate::plan::lag`]): always
+    /// above the placement's offset, so never 0. `None`: at the placement.
+    lag: Option<std::num::NonZeroU64>,
 }
 
 impl Block {
@@ -124,6 +134,15 @@ impl Block {
     /// Alignment of the offset in bytes.
     fn align(&self) -> u64 {
         u64::from(self.align)
+    }
+
+    /// Where the block's bytes are in the region: its placement's offset,
+    /// or where they lag ([`Block::lag`]); `None` when spilled.
+    fn real_offset(&self) -> Option<u64> {
+        match &self.place {
+            Place::Device(a) => Some(self.lag.map_or(a.offset(), |at| at.get())),
+            Place::Host(_) => None,
+        }
     }
 
     /// The streams that used the block since it was allocated.
@@ -168,6 +187,11 @@ struct Counters {
     full: u64,
     moves: u64,
     bytes_moved: u64,
+    /// Bytes naive compact-on-failure moved on the same requests (the
+    /// plans applied to the index under `Auto`, and explicit compactions).
+    naive_bytes_moved: u64,
+    /// Requests naive would have failed (see `Stats::naive_failures`).
+    naive_failures: u64,
     planning: std::time::Duration,
     compaction: std::time::Duration,
 }
@@ -224,6 +248,9 @@ pub struct Arena<B: Backend = HostBackend> {
     spans: Vec<(u64, u64)>,
     /// The compaction policy's state (see [`crate::plan::policy`]).
     pacer: Pacer,
+    /// Blocks whose bytes lie above their placement (deferred moves of
+    /// `Auto`; empty under the other policies once settled).
+    lag: Lag,
     /// Lifetimes by size: where a new block is carved (see
     /// [`crate::placement::lifetime`]); `None` when neither large blocks
     /// are kept apart nor lifetime placement is on, so that placement pays
@@ -306,6 +333,7 @@ impl<B: Backend> Arena<B> {
             other_streams: false,
             spans: Vec::new(),
             pacer: Pacer::for_placement(large_apart),
+            lag: Lag::new(),
             lifetimes: lifetimes.then(Lifetimes::new),
             large_block_bytes,
             long_lived_high: large_apart,
@@ -398,10 +426,7 @@ impl<B: Backend> Arena<B> {
     /// The offset of a resident block (and a use, for the LRU).
     fn device_offset(&self, b: &Block) -> Result<u64> {
         b.last_use.store(self.tick(), Ordering::Relaxed);
-        match &b.place {
-            Place::Device(a) => Ok(a.offset()),
-            Place::Host(_) => Err(Error::NotResident),
-        }
+        b.real_offset().ok_or(Error::NotResident)
     }
 
     /// The current offset of a resident block, counted as a use; the

@@ -29,14 +29,13 @@ impl<B: Backend> Arena<B> {
     /// Brings every handle in `handles` onto the device together, spilling
     /// others (never these) if needed, and counts them as used.
     ///
-    /// Errors: a bad handle fails before anything changes. The blocks are
-    /// brought back one at a time, in order, each atomically: the one that
-    /// fails ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]) is
-    /// still spilled and nothing was evicted for it, but the blocks before
-    /// it in `handles` that were spilled are resident now, and the blocks
-    /// evicted to make room for them stay spilled (their handles stay
-    /// valid and their bytes intact). With one handle, a failure changes
-    /// nothing.
+    /// All or nothing: a bad handle, or blocks that cannot be resident
+    /// together ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]),
+    /// fail before anything changes. Several spilled blocks are placed
+    /// together: in the holes as they are if they all fit there, else after
+    /// the evictions (least recently used first) and the full compaction
+    /// that make room for all of them, checked on a copy of the placement
+    /// index before the first eviction.
     pub fn make_resident(&mut self, handles: &[Handle]) -> Result<()> {
         // A poisoned arena's layout is not trusted: placing may compact.
         self.check_usable()?;
@@ -45,6 +44,25 @@ impl<B: Backend> Arena<B> {
             self.block(h)?;
             keep.push(h.key);
         }
+        let mut spilled: smallvec::SmallVec<[Handle; 8]> = smallvec::SmallVec::new();
+        for &h in handles {
+            let out = self
+                .blocks
+                .get(h.key)
+                .is_some_and(|b| matches!(b.place, Place::Host(_)));
+            if out && !spilled.contains(&h) {
+                spilled.push(h);
+            }
+        }
+        if spilled.len() > 1 {
+            self.make_room_for_all(&spilled, &keep)?;
+        }
+        self.restore_each(handles, &keep)
+    }
+
+    /// Brings `handles` back one at a time, each atomically (see
+    /// [`Self::make_room_for_all`] for several).
+    fn restore_each(&mut self, handles: &[Handle], keep: &[BlockKey]) -> Result<()> {
         for &h in handles {
             let Some(b) = self.blocks.get(h.key) else {
                 continue;
@@ -54,7 +72,7 @@ impl<B: Backend> Arena<B> {
                 continue;
             };
             let (host, reserved, align, size) = (t.offset(), b.reserved(), b.align(), b.size);
-            let node = self.place_on_device(reserved, align, &keep, false)?;
+            let node = self.place_on_device(reserved, align, keep, false)?;
             let (dev, slot) = (node.offset(), node.slot());
             // The restore writes on the arena stream: later kernel arguments
             // on other streams must wait for it.
@@ -85,6 +103,122 @@ impl<B: Backend> Arena<B> {
         Ok(())
     }
 
+    /// Makes room for the spilled blocks `spilled` (two or more) to come
+    /// back together, with `keep` resident, or changes nothing: afterwards
+    /// each of them, placed in order, finds a hole. If they all fit in the
+    /// holes as they are, nothing is done. Otherwise the least recently
+    /// used blocks (not pinned, not in `keep`) are evicted until, after a
+    /// full compaction, all of them fit, then that compaction runs. Both
+    /// are checked on a copy of the placement index (placement is
+    /// deterministic: the copy decides what the index will), and the
+    /// evictions' host-tier space is reserved, before anything changes.
+    fn make_room_for_all(&mut self, spilled: &[Handle], keep: &[BlockKey]) -> Result<()> {
+        let sizes: Vec<(u64, u64)> = spilled
+            .iter()
+            .filter_map(|h| self.blocks.get(h.key))
+            .map(|b| (b.reserved(), b.align()))
+            .collect();
+        let fits = |index: &mut crate::placement::FreeIndex| {
+            sizes.iter().all(|&(r, a)| index.alloc(r, a).is_some())
+        };
+        if fits(&mut self.index.clone()) {
+            return Ok(());
+        }
+        let capacity = self.config.capacity_bytes;
+        self.collect_live();
+        let mut live = self.live.clone();
+        let after_full = |live: &[planner::LiveBlock]| {
+            let mut spans: Vec<(u64, u64)> = live.iter().map(|l| (l.offset, l.len)).collect();
+            let at: std::collections::HashMap<u64, usize> =
+                live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
+            // In wave order: a block's last move is where it ends.
+            for m in planner::plan_full(live, capacity).moves() {
+                if let Some(&i) = at.get(&m.key) {
+                    spans[i].0 = m.dst;
+                }
+            }
+            spans.sort_unstable();
+            let mut index = crate::placement::FreeIndex::new(capacity);
+            index.rebuild(&spans, &mut Vec::new()).is_ok() && fits(&mut index)
+        };
+        let mut candidates: Vec<(u64, BlockKey)> = self
+            .blocks
+            .iter()
+            .filter(|(k, b)| {
+                matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
+            })
+            .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k))
+            .collect();
+        candidates.sort_unstable_by_key(|c| c.0);
+        let mut next = candidates.into_iter();
+        let mut victims: Vec<BlockKey> = Vec::new();
+        while !after_full(&live) {
+            let Some((_, victim)) = next.next() else {
+                self.counters.failed_allocs += 1;
+                let needed = live
+                    .iter()
+                    .map(|l| l.len)
+                    .chain(sizes.iter().map(|s| s.0))
+                    .fold(0, u64::saturating_add);
+                let align = sizes.iter().map(|s| s.1).max().unwrap_or(1);
+                return Err(Error::WorkingSetTooLarge {
+                    needed_bytes: needed,
+                    reachable_bytes: planner::largest_hole_after_full(&live, capacity, align),
+                });
+            };
+            let bits = victim.to_bits();
+            live.retain(|l| l.key != bits);
+            victims.push(victim);
+        }
+        // The victims' space in the host tier, all of it before the first
+        // eviction (the restored blocks keep theirs until they are back).
+        let mut reserved: Vec<(BlockKey, Allocation)> = Vec::new();
+        let mut tier_needed = 0u64;
+        for &v in &victims {
+            let len = self.blocks.get(v).map_or(0, |b| b.reserved());
+            tier_needed = tier_needed.saturating_add(len);
+            let node = match self.tier.as_mut() {
+                Some(tier) => tier.alloc(len, 1),
+                None => None,
+            };
+            match node {
+                Some(node) => reserved.push((v, node)),
+                None => {
+                    for (_, t) in reserved {
+                        self.release_tier(t);
+                    }
+                    self.counters.failed_allocs += 1;
+                    let r = self.tier.as_ref().map(|t| t.report()).unwrap_or_default();
+                    return Err(Error::HostTierFull {
+                        requested_bytes: sizes.iter().map(|s| s.0).fold(0, u64::saturating_add),
+                        needed_bytes: tier_needed,
+                        host_tier_bytes: self.tier.as_ref().map_or(0, |t| t.capacity()),
+                        host_free_bytes: r.free_bytes,
+                        host_largest_free_bytes: r.largest_free_bytes,
+                    });
+                }
+            }
+        }
+        let mut reserved = reserved.into_iter();
+        while let Some((key, tier_node)) = reserved.next() {
+            if let Err(e) = self.spill_to(key, tier_node) {
+                for (_, t) in reserved {
+                    self.release_tier(t);
+                }
+                return Err(e);
+            }
+        }
+        // The compaction the check planned: the same live blocks, the
+        // same plan, the same rebuilt index.
+        self.settle()?;
+        let t0 = std::time::Instant::now();
+        self.collect_live();
+        let plan = planner::plan_full(&self.live, capacity);
+        self.counters.planning += t0.elapsed();
+        self.execute(plan, t0)?;
+        Ok(())
+    }
+
     /// Spills LRU blocks until a full compaction can make a hole for the
     /// request, then compacts and places it.
     ///
@@ -99,6 +233,13 @@ impl<B: Backend> Arena<B> {
         keep: &[BlockKey],
     ) -> Result<Allocation> {
         let victims = self.plan_evictions(reserved, align, keep)?;
+        // Evicting and compacting work on the bytes' layout.
+        if let Err(e) = self.settle() {
+            for (_, t) in victims {
+                self.release_tier(t);
+            }
+            return Err(e);
+        }
         let mut victims = victims.into_iter();
         while let Some((key, tier_node)) = victims.next() {
             if let Err(e) = self.spill_to(key, tier_node) {
@@ -254,11 +395,10 @@ impl<B: Backend> Arena<B> {
             self.release_tier(tier_node);
             return Ok(());
         };
-        let (Place::Device(node), size) = (&b.place, b.size) else {
+        let (Some(dev), size) = (b.real_offset(), b.size) else {
             self.release_tier(tier_node);
             return Ok(());
         };
-        let dev = node.offset();
         // The copy to the host reads the block on the arena stream, and its
         // space is reused after it: wait for the streams that used it.
         if let Err(e) = self.wait_uses(key) {
@@ -275,6 +415,11 @@ impl<B: Backend> Arena<B> {
             Some(b) => std::mem::replace(&mut b.place, Place::Host(tier_node)),
             None => Place::Host(tier_node),
         };
+        if let Some(b) = self.blocks.get_mut(key) {
+            if let Some(at) = b.lag.take() {
+                self.lag.remove(at.get());
+            }
+        }
         if let Place::Device(node) = old {
             if let Err(e) = self.index.free(node) {
                 // Unreachable: the arena holds only its index's allocations.

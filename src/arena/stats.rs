@@ -43,6 +43,22 @@ pub struct Stats {
     pub moves: u64,
     /// Bytes copied, over all compactions.
     pub bytes_moved: u64,
+    /// Bytes naive compact-on-failure (best-fit placement, one full
+    /// compaction when a request fits in no hole) moved on the same
+    /// requests, counted under [`crate::CompactionPolicy::Auto`] (and by
+    /// explicit compactions under any policy). Under `Auto`,
+    /// `bytes_moved + deferred_bytes <= naive_bytes_moved` while
+    /// `naive_failures` is 0 ([`crate::plan::lag`]).
+    pub naive_bytes_moved: u64,
+    /// Requests naive compact-on-failure would have failed (pins or
+    /// alignment padding leave no hole after its full compaction, or the
+    /// request exceeds the free bytes) while the arena ran under
+    /// [`crate::CompactionPolicy::Auto`]: from the first, the arena's
+    /// layout is its own and `naive_bytes_moved` stops counting.
+    pub naive_failures: u64,
+    /// Bytes of blocks whose moves `Auto` has deferred: naive moved them,
+    /// the arena has not yet ([`crate::plan::lag`]).
+    pub deferred_bytes: u64,
     /// Host time spent planning compactions.
     pub planning_time: Duration,
     /// Block visits of compaction planning: live blocks per pass of a
@@ -158,6 +174,14 @@ impl Stats {
         );
         row(&mut s, "blocks moved", self.moves.to_string());
         row(&mut s, "bytes moved", fmt_bytes(self.bytes_moved));
+        if self.naive_bytes_moved > 0 || self.deferred_bytes > 0 {
+            row(
+                &mut s,
+                "bytes naive moved",
+                fmt_bytes(self.naive_bytes_moved),
+            );
+            row(&mut s, "moves deferred", fmt_bytes(self.deferred_bytes));
+        }
         row(
             &mut s,
             "planning time",

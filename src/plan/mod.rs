@@ -3,7 +3,10 @@
 //! A [`Plan`] is produced by the pure [`planner`] and executed by a
 //! [`crate::backend::Backend`]: the strict host backend and the CUDA kernel
 //! run the very same value, and tests inspect it. The [`policy`] decides
-//! which plan (targeted or full) an allocation that fits in no hole gets.
+//! which plan (targeted or full) an allocation that fits in no hole gets
+//! under [`crate::CompactionPolicy::Targeted`]; [`lag`] holds the moves
+//! that [`crate::CompactionPolicy::Auto`] defers, and why that policy
+//! never moves more bytes than naive compact-on-failure.
 //!
 //! # The wave rule
 //!
@@ -33,8 +36,10 @@
 //! A move whose destination overlaps only free space may go in any
 //! direction; the planner uses such moves to evacuate a window into holes.
 
+pub mod lag;
 pub mod planner;
 pub mod policy;
+pub mod relayout;
 
 use smallvec::SmallVec;
 

@@ -1,4 +1,8 @@
-//! When to compact how much: the policy between the arena and the planner.
+//! When to compact how much under [`crate::CompactionPolicy::Targeted`]:
+//! the policy between the arena and the planner. (The default policy,
+//! `Auto`, compacts when naive compact-on-failure would, and defers what
+//! it can: see [`super::lag`]. It also falls back on this pacer for the
+//! requests naive cannot serve.)
 //!
 //! The arena calls [`Pacer::plan`] when a request fits in the free bytes
 //! but in no hole. The pacer returns a targeted plan (one hole, fewest

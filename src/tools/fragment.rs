@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::tools::trace::{Op, Ops};
 use crate::tools::{Result, ToolError};
-use crate::{Arena, ArenaConfig};
+use crate::{Arena, ArenaConfig, CompactionPolicy};
 
 /// A fragmentation shape; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,16 +112,34 @@ pub fn program(shape: Shape, n: usize) -> Ops {
 }
 
 /// Runs `shape` over `n` blocks on a metadata arena of capacity equal to
-/// the peak live bytes (256 B alignment). Errors if an allocation fails.
+/// the peak live bytes (256 B alignment), under the default compaction
+/// policy. Errors if an allocation fails.
 pub fn run(shape: Shape, n: usize) -> Result<FragmentReport> {
     run_program(shape, n, &program(shape, n))
+}
+
+/// [`run`] under `policy`.
+pub fn run_with(shape: Shape, n: usize, policy: CompactionPolicy) -> Result<FragmentReport> {
+    run_program_with(shape, n, &program(shape, n), policy)
 }
 
 /// Runs `ops`, the [`program`] of `shape` over `n` blocks, as [`run`]
 /// does (for timing the run without building the program).
 pub fn run_program(shape: Shape, n: usize, ops: &Ops) -> Result<FragmentReport> {
+    run_program_with(shape, n, ops, CompactionPolicy::Auto)
+}
+
+/// [`run_program`] under `policy`.
+pub fn run_program_with(
+    shape: Shape,
+    n: usize,
+    ops: &Ops,
+    policy: CompactionPolicy,
+) -> Result<FragmentReport> {
     let cap = ops.peak_live_rounded(256).max(256);
-    let config = ArenaConfig::new(cap).with_alignment_bytes(256);
+    let config = ArenaConfig::new(cap)
+        .with_alignment_bytes(256)
+        .with_compaction(policy);
     let t0 = Instant::now();
     let mut arena = Arena::metadata(config)?;
     let mut handles = Vec::with_capacity(ops.sizes.len());

@@ -470,14 +470,20 @@ fn stats_and_reports_display() {
     assert!(table.contains("cuarena memory summary"));
 }
 
-/// Large blocks (at least capacity / `large_block_divisor`) are carved from
-/// the top of their free region, in an empty arena from its end down, and
-/// smaller ones from the bottom; with the divisor 0, and under the manual
-/// policy, every block goes to the bottom.
+/// The targeted policy's placement.
+fn targeted(cap: u64) -> Arena {
+    Arena::host(ArenaConfig::new(cap).with_compaction(CompactionPolicy::Targeted)).expect("arena")
+}
+
+/// Under the targeted policy, large blocks (at least capacity /
+/// `large_block_divisor`) are carved from the top of their free region, in
+/// an empty arena from its end down, and smaller ones from the bottom; with
+/// the divisor 0, and under the manual and automatic policies (which place
+/// as naive does), every block goes to the bottom.
 #[test]
 fn large_blocks_stack_from_the_top() {
     let cap = 1024 * KIB;
-    let mut a = arena(cap);
+    let mut a = targeted(cap);
     let big = a.alloc(cap / 32).expect("large");
     let small = a.alloc(4 * KIB).expect("small");
     let big2 = a.alloc(cap / 16).expect("large");
@@ -489,7 +495,7 @@ fn large_blocks_stack_from_the_top() {
     assert_eq!(a.info(below).unwrap().offset, 4 * KIB);
     // In a hole among small blocks that fits it best, a large block goes to
     // the top of that hole.
-    let mut b = arena(cap);
+    let mut b = targeted(cap);
     let hole: Vec<_> = (0..3).map(|_| b.alloc(24 * KIB).expect("small")).collect();
     let _keep = b.alloc(4 * KIB).expect("keep");
     for h in hole {
@@ -498,8 +504,11 @@ fn large_blocks_stack_from_the_top() {
     let big = b.alloc(cap / 16).expect("large");
     assert_eq!(b.info(big).unwrap().offset, 72 * KIB - cap / 16);
     for config in [
-        ArenaConfig::new(cap).with_large_block_divisor(0),
+        ArenaConfig::new(cap)
+            .with_compaction(CompactionPolicy::Targeted)
+            .with_large_block_divisor(0),
         ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
+        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Auto),
     ] {
         let mut a = Arena::host(config).expect("arena");
         let big = a.alloc(cap / 32).expect("large");
@@ -507,11 +516,12 @@ fn large_blocks_stack_from_the_top() {
     }
 }
 
-/// A size whose blocks reliably outlived half the average block (by
-/// Little's law, half the live blocks in allocation ticks) joins the large
-/// blocks at the top; one that died young, or one never freed, stays at the
-/// bottom; with large-block placement off, or a manual arena, neither moves
-/// up; `forget_lifetimes` forgets what was learned.
+/// Under the targeted policy, a size whose blocks reliably outlived half
+/// the average block (by Little's law, half the live blocks in allocation
+/// ticks) joins the large blocks at the top; one that died young, or one
+/// never freed, stays at the bottom; with large-block placement off, or
+/// under the other policies, neither moves up; `forget_lifetimes` forgets
+/// what was learned.
 #[test]
 fn long_lived_sizes_join_the_large_blocks_at_the_top() {
     let cap = 1024 * KIB;
@@ -528,7 +538,7 @@ fn long_lived_sizes_join_the_large_blocks_at_the_top() {
         }
         keep
     };
-    let mut a = arena(cap);
+    let mut a = targeted(cap);
     let _keep = teach(&mut a);
     let long = a.alloc(12 * KIB).expect("long");
     let short = a.alloc(2 * KIB).expect("short");
@@ -542,8 +552,11 @@ fn long_lived_sizes_join_the_large_blocks_at_the_top() {
     let long = a.alloc(12 * KIB).expect("long");
     assert_eq!(a.info(long).unwrap().offset, 13 * KIB);
     for config in [
-        ArenaConfig::new(cap).with_large_block_divisor(0),
+        ArenaConfig::new(cap)
+            .with_compaction(CompactionPolicy::Targeted)
+            .with_large_block_divisor(0),
         ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
+        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Auto),
     ] {
         let mut a = Arena::host(config).expect("arena");
         let _keep = teach(&mut a);

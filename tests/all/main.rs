@@ -4,6 +4,7 @@
 #[cfg(feature = "cuda")]
 mod abi;
 mod arena;
+mod bound;
 #[cfg(feature = "tools")]
 mod cli;
 #[cfg(all(feature = "cuda", feature = "tools"))]
@@ -22,6 +23,7 @@ mod hostile;
 mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
+mod pins;
 #[cfg(feature = "tools")]
 mod snapshots;
 mod spill;

@@ -22,7 +22,7 @@ pub(crate) use driver::Model;
 pub(crate) use ops::Op;
 
 use cuarena::backend::Backend;
-use cuarena::{Arena, ArenaConfig, Error};
+use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error};
 use ops::{gen_huge_op, gen_op};
 use proptest::prelude::*;
 
@@ -171,7 +171,15 @@ proptest! {
 fn seeded_programs_on_the_host_backend() {
     let (mut targeted, mut full) = (0, 0);
     for seed in 0..50 {
-        let mut arena = Arena::host(ArenaConfig::new(1 << 20)).expect("arena");
+        // Both compacting policies: `Auto` defers naive's moves, the
+        // targeted one plans its own.
+        let policy = if seed % 2 == 0 {
+            CompactionPolicy::Auto
+        } else {
+            CompactionPolicy::Targeted
+        };
+        let config = ArenaConfig::new(1 << 20).with_compaction(policy);
+        let mut arena = Arena::host(config).expect("arena");
         let streams = [arena.register_stream().expect("stream")];
         let model = Model::new(&mut arena, true).with_streams(&streams);
         run_random_program_on(model, seed, 400, 1 << 20);
@@ -256,15 +264,18 @@ proptest! {
 
 /// The same on metadata arenas with many more blocks (more than
 /// `policy::SMALL_PLAN` live, so that plans are charged), long enough that
-/// the pacer's planning budget runs out (so its full compactions run).
+/// the targeted policy's planning budget runs out (so its full compactions
+/// run).
 #[test]
 fn seeded_policy_programs_on_the_metadata_backend() {
     let mut full = 0;
     // Fewer seeds unoptimised: the model checks every block at every step.
     let seeds: u64 = if cfg!(debug_assertions) { 1 } else { 2 };
     for seed in 0..seeds {
-        let mut arena =
-            Arena::metadata(ArenaConfig::new(4 << 20).with_alignment_bytes(256)).expect("arena");
+        let config = ArenaConfig::new(4 << 20)
+            .with_alignment_bytes(256)
+            .with_compaction(CompactionPolicy::Targeted);
+        let mut arena = Arena::metadata(config).expect("arena");
         let mut r = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
         let mut next = || {
             r ^= r << 13;

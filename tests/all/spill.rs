@@ -81,6 +81,26 @@ pub(crate) fn run_spill_program<B: Backend>(
                     }
                 }
             }
+            9 if live.len() >= 2 && next() % 2 == 0 => {
+                // Two blocks at once: both come back, or nothing changes.
+                let (i, j) = (
+                    (next() % live.len() as u64) as usize,
+                    (next() % live.len() as u64) as usize,
+                );
+                let before = (arena.blocks(), arena.stats());
+                match arena.make_resident(&[live[i].0, live[j].0]) {
+                    Ok(()) => {
+                        assert!(arena.info(live[i].0).expect("info").resident, "step {step}");
+                        assert!(arena.info(live[j].0).expect("info").resident, "step {step}");
+                    }
+                    Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {
+                        let mut after = arena.stats();
+                        after.failed_allocs = before.1.failed_allocs;
+                        assert_eq!((arena.blocks(), after), before, "step {step}");
+                    }
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+            }
             _ => {
                 arena.compact().expect("compact");
             }
@@ -364,4 +384,44 @@ fn failed_spilling_allocs_change_nothing_in_random_programs() {
         }
     }
     assert!(failures > 20, "weak test: {failures} failures");
+}
+
+/// A copy between two spilled blocks that cannot both be resident fails
+/// and changes nothing: neither is brought back, nothing else is evicted,
+/// no byte moves (the case: it used to restore one, evict another,
+/// then fail). Two that fit together come back together.
+#[test]
+fn a_failing_copy_between_spilled_blocks_changes_nothing() {
+    let cap = 64 << 10;
+    let mut a = Arena::host(ArenaConfig::new(cap).with_spill_host_bytes(4 * cap)).expect("arena");
+    let x = a.alloc(40 << 10).expect("x");
+    a.write(x, &vec![1u8; 40 << 10]).expect("write x");
+    let y = a.alloc(40 << 10).expect("y spills x");
+    a.write(y, &vec![2u8; 40 << 10]).expect("write y");
+    let z = a.alloc(40 << 10).expect("z spills y");
+    a.write(z, &vec![3u8; 40 << 10]).expect("write z");
+    assert!(!a.info(x).expect("x").resident && !a.info(y).expect("y").resident);
+    let before = (a.blocks(), a.stats());
+    assert!(matches!(
+        a.copy(&x, &y),
+        Err(Error::WorkingSetTooLarge { .. })
+    ));
+    // The same state; only the failure is counted.
+    let mut after = a.stats();
+    after.failed_allocs -= 1;
+    assert_eq!((a.blocks(), after), before);
+    assert!(a.info(z).expect("z").resident);
+    // Two small spilled blocks that fit together (after evicting z) come
+    // back together, and the copy runs.
+    let mut b = Arena::host(ArenaConfig::new(cap).with_spill_host_bytes(4 * cap)).expect("arena");
+    let p = b.alloc(20 << 10).expect("p");
+    b.write(p, &vec![4u8; 20 << 10]).expect("write p");
+    let q = b.alloc(20 << 10).expect("q");
+    b.write(q, &vec![5u8; 20 << 10]).expect("write q");
+    let big = b.alloc(60 << 10).expect("big spills p and q");
+    assert!(!b.info(p).expect("p").resident && !b.info(q).expect("q").resident);
+    b.copy(&p, &q).expect("copy");
+    assert!(b.info(p).expect("p").resident && b.info(q).expect("q").resident);
+    assert!(!b.info(big).expect("big").resident);
+    assert!(b.read::<u8>(q).expect("q").iter().all(|&v| v == 4));
 }

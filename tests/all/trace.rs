@@ -4,6 +4,7 @@
 //! gzip, pickle, malformed input) are tested in `trace/readers.rs`, the SVG
 //! pictures in `trace/svg.rs`.
 
+mod naive;
 mod readers;
 mod svg;
 
@@ -277,148 +278,11 @@ fn all_traces() -> Vec<(String, Ops)> {
         .collect()
 }
 
-/// Bytes moved by the arena vs naive compact-on-failure on every trace at
-/// 1.00, 1.01 and 1.05 x peak live (the shipped traces and two synthetic
-/// programs): never more. Prints the table and the median ratio
-/// (`--nocapture`).
-///
-/// Twice: with the default placement, which must also reach the issue's
-/// median and never move more than naive, and with large-block placement
-/// off (divisor 0: no blocks kept apart at the top, large or long-lived),
-/// where the pacer buys full compactions at half price and one known
-/// exceedance remains. `CUARENA_TEST_LARGE_DIVISOR=N`
-/// replays once with another divisor instead (the sensitivity table of
-/// BENCHMARKS.md; the assertions hold for the default and for 0).
-#[test]
-fn bytes_moved_never_exceed_naive() {
-    let mut traces = all_traces();
-    traces.push(("synthetic training 100k".into(), synthetic(100_000)));
-    traces.push(("steady 100k".into(), steady(100_000, 1 << 30)));
-    match std::env::var("CUARENA_TEST_LARGE_DIVISOR")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(divisor) => bytes_moved_against_naive(&traces, divisor, false, &[]),
-        None => {
-            let default = ArenaConfig::default().large_block_divisor;
-            bytes_moved_against_naive(&traces, default, true, &[]);
-            // The placement of 2026-11-23: on the BERT trace at 1.00x a
-            // cheap targeted compaction (9 MiB) is followed three ops later
-            // by the full one naive ran in its place, on a layout holding
-            // slightly more live bytes.
-            bytes_moved_against_naive(
-                &traces,
-                0,
-                false,
-                &[("bert_varlen_h100.pickle.gz", 1.0, 1.01)],
-            );
-        }
-    }
-}
-
-/// The table of [`bytes_moved_never_exceed_naive`] for one large-block
-/// divisor, and its checks (the median one if `median_target`).
-fn bytes_moved_against_naive(
-    traces: &[(String, Ops)],
-    divisor: u64,
-    median_target: bool,
-    known: &[(&str, f64, f64)],
-) {
-    let mut ratios = Vec::new();
-    println!("large-block divisor {divisor}");
-    println!(
-        "{:<34} {:>5} {:>14} {:>14} {:>7} {:>14} {:>8}",
-        "trace", "cap", "arena B", "naive B", "ratio", "lifetime B", "ratio"
-    );
-    for (name, ops) in traces {
-        let peak = ops.peak_live_rounded(256);
-        // 1.001: the issue's capacities are 1.00, 1.01 and 1.05; 1.001 is
-        // printed beside them, since at exactly 1.00 the first compaction
-        // comes at the peak, where the request equals all free bytes and
-        // no plan can move less than the full one (BENCHMARKS.md).
-        for ratio in [1.0, 1.001, 1.01, 1.05] {
-            let cap = ((peak as f64 * ratio) as u64).div_ceil(256) * 256;
-            let run_with = |allocator, cfg: &ArenaConfig| {
-                replay_with(
-                    ops,
-                    cfg,
-                    &ReplayOptions::default()
-                        .with_allocator(allocator)
-                        .with_timeline_points(0),
-                )
-                .unwrap()
-            };
-            let cfg = ArenaConfig::new(cap).with_large_block_divisor(divisor);
-            let run = |allocator| run_with(allocator, &cfg);
-            let a = run(Allocator::Compacting);
-            let n = run(Allocator::NaiveCompacting);
-            // Opt-in lifetime placement: measured, not held to naive (it
-            // can need a compaction where naive needs none; BENCHMARKS.md).
-            let l = run_with(
-                Allocator::Compacting,
-                &cfg.clone().with_lifetime_placement(true),
-            );
-            assert!(l.completed(), "{name} at {ratio}: {:?}", l.outcome);
-            let rl = l.bytes_moved as f64 / n.bytes_moved.max(1) as f64;
-            assert!(a.completed(), "{name} at {ratio}: {:?}", a.outcome);
-            assert!(n.completed(), "{name} at {ratio}: {:?}", n.outcome);
-            let r = a.bytes_moved as f64 / n.bytes_moved.max(1) as f64;
-            println!(
-                "{name:<34} {ratio:>5.3} {:>14} {:>14} {r:>7.3} {:>14} {rl:>8.3}",
-                a.bytes_moved, n.bytes_moved, l.bytes_moved
-            );
-            ratios.push((r, name.clone(), ratio, a.bytes_moved, n.bytes_moved));
-        }
-    }
-    // The median over the runs where naive moved anything (0 / 0 runs say
-    // nothing), over the shipped traces alone and over all.
-    let median = |real_only: bool, caps: &[f64]| {
-        let mut v: Vec<f64> = ratios
-            .iter()
-            .filter(|r| r.4 > 0 && (!real_only || !r.1.contains(' ')) && caps.contains(&r.2))
-            .map(|r| r.0)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let issue = [1.0, 1.01, 1.05];
-    println!(
-        "median ratio where naive moves, at 1.00/1.01/1.05: {:.3} over shipped traces, {:.3} over all",
-        median(true, &issue),
-        median(false, &issue)
-    );
-    println!(
-        "median ratio where naive moves, at 1.001: {:.3} over shipped traces, {:.3} over all",
-        median(true, &[1.001]),
-        median(false, &[1.001])
-    );
-    // The issue's target for the median trace.
-    assert!(
-        !median_target || median(true, &issue) <= 0.4,
-        "median ratio {:.3} over the shipped traces at 1.00/1.01/1.05 is above 0.4",
-        median(true, &issue)
-    );
-    // Never more than naive, but for the listed exceedances, each with the
-    // bound it must stay under. A listed row that drops to naive or below
-    // fails too, so that the list is kept current.
-    for (r, name, ratio, a, n) in &ratios {
-        match known.iter().find(|k| k.0 == name && k.1 == *ratio) {
-            Some(&(_, _, bound)) => assert!(
-                a > n && *r <= bound,
-                "{name} at {ratio}: ratio {r:.4} (listed as a known exceedance under {bound}): \
-                 update the list"
-            ),
-            None => assert!(
-                a <= n,
-                "{name} at {ratio}: arena moved {a} B > naive {n} B ({r:.3})"
-            ),
-        }
-    }
-}
-
-/// Fragmentation shapes: every allocation succeeds at a capacity of peak
-/// live, the compactions are the same at every number of blocks (a burst
-/// of at most [`BURST_PLANS`] targeted ones, then a full one), and planning
+/// Fragmentation shapes, under both compacting policies: every allocation
+/// succeeds at a capacity of peak live, the compactions are the same at
+/// every number of blocks (under the targeted policy a burst of at most
+/// [`BURST_PLANS`] targeted ones, then a full one; under `Auto` the part of
+/// naive's full compaction the first request needs, then the rest), and planning
 /// work (block visits, deterministic) per op stays within the pacer's
 /// budget: each doubling of n doubles the visits, up to the few blocks
 /// allocated between compactions. This is what keeps the replay linear;
@@ -430,15 +294,19 @@ fn bytes_moved_against_naive(
 #[test]
 fn fragmentation_compactions_do_not_grow_with_size() {
     use cuarena::plan::policy::{BURST_PLANS, WORK_PER_OP};
-    use cuarena::tools::fragment::{run, Shape};
-    for shape in Shape::ALL {
+    use cuarena::tools::fragment::{run_with, Shape};
+    use cuarena::CompactionPolicy;
+    for (policy, shape) in [CompactionPolicy::Auto, CompactionPolicy::Targeted]
+        .into_iter()
+        .flat_map(|p| Shape::ALL.map(|s| (p, s)))
+    {
         let mut first: Option<(u64, u64)> = None;
         let mut prev_visits: Option<u64> = None;
         for n in [10_000, 20_000, 40_000, 80_000] {
-            let r = run(shape, n).unwrap();
+            let r = run_with(shape, n, policy).unwrap();
             let per_op = r.planning_visits as f64 / r.ops as f64;
             println!(
-                "{:<12} n {n:>6}: {:>8.1} ms, {} targeted / {} full, {} B moved, {per_op:.3} visits/op",
+                "{policy:?} {:<12} n {n:>6}: {:>8.1} ms, {} targeted / {} full, {} B moved, {per_op:.3} visits/op",
                 shape.label(),
                 r.wall.as_secs_f64() * 1e3,
                 r.compactions.0,

@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use cudarc::driver::CudaStream;
 
 use super::super::ops::{check_block_range, Checked};
-use super::super::{Block, Place};
+use super::super::Block;
 use crate::arena::Arena;
 use crate::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend, ViewSet};
 use crate::error::{Error, Result};
@@ -85,7 +85,9 @@ impl<'a> KernelArgs<'a> {
             len,
         } = c;
         let b = self.blocks.get(handle.key).ok_or(Error::StaleHandle)?;
-        let Place::Device(a) = &b.place else {
+        // Where the bytes are (a deferred move leaves them above the
+        // placement; see `crate::plan::lag`).
+        let Some(at) = b.real_offset() else {
             return Err(Error::NotResident);
         };
         let elem = (std::mem::size_of::<T>() as u64).max(1);
@@ -93,7 +95,7 @@ impl<'a> KernelArgs<'a> {
             requested_bytes: len,
             max_bytes: usize::MAX as u64,
         })?;
-        Ok((Some(handle.key), a.offset() + offset, n))
+        Ok((Some(handle.key), at + offset, n))
     }
 
     /// Records a view of block `key` on the stream, and orders the stream

@@ -6,7 +6,12 @@
 //!   lowest gap between pinned blocks that still has room, or down within its
 //!   own gap. Every move goes down, in address order, so the whole plan is
 //!   one wave under the wave rule (a destination only ever covers the sources
-//!   of blocks that come earlier).
+//!   of blocks that come earlier). Where address order leaves alignment
+//!   padding, each gap's blocks are packed in descending order of alignment
+//!   instead when that pads less ([`pack`]): a plan of several waves.
+//! - [`plan_gap`] empties the gap between pinned blocks that can hold the
+//!   most for a request, moving its blocks into the room the other gaps
+//!   have ([`pack`]).
 //! - [`plan_targeted`] makes one hole for a request while moving as few bytes
 //!   as it can. It weighs two candidates and takes the cheaper:
 //!   *evacuate* the cheapest window of the request's size (its blocks go to
@@ -18,9 +23,13 @@
 //! pin state; pinned blocks never move.
 #![deny(unsafe_code)]
 
+pub mod pack;
+
 use std::collections::BTreeMap;
 
 use smallvec::smallvec;
+
+pub use pack::{largest_hole_by_gaps, plan_gap};
 
 use super::{Move, Plan, PlanKind, Wave};
 use crate::error::{Error, Result};
@@ -138,8 +147,12 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> Plan {
 }
 
 /// Bytes a full compaction would move now, without building its plan
-/// (no allocation beyond one entry per pinned block). O(blocks).
+/// (no allocation beyond one entry per pinned block) unless it reorders
+/// blocks by alignment. O(blocks).
 pub fn full_bytes_moved(blocks: &[LiveBlock], capacity: u64) -> u64 {
+    if let Some((_, plan)) = pack::full_reordered(blocks, capacity) {
+        return plan.bytes_moved();
+    }
     let mut bytes = 0u64;
     pack_full_with(blocks, capacity, |b, dst| {
         if dst != b.offset {
@@ -206,9 +219,13 @@ fn pack_full_with(blocks: &[LiveBlock], capacity: u64, mut place: impl FnMut(&Li
 /// Plans a full compaction: afterwards the free space of each gap between
 /// pinned blocks is one region at the top of the gap (with no pins: one
 /// region in all), except for padding that blocks aligned above their
-/// neighbours need. One wave.
+/// neighbours need. One wave, unless packing a gap's blocks by alignment
+/// pads less than address order (see [`pack`]).
 pub fn plan_full(blocks: &[LiveBlock], capacity: u64) -> Plan {
-    pack_full(blocks, capacity)
+    match pack::full_reordered(blocks, capacity) {
+        Some((_, plan)) => plan,
+        None => pack_full(blocks, capacity),
+    }
 }
 
 /// Largest free region (in bytes) after a full compaction, and whether a
@@ -224,6 +241,9 @@ pub fn largest_hole_after_full_in(
     align: u64,
     scratch: &mut Scratch,
 ) -> u64 {
+    if let Some((target, _)) = pack::full_reordered(blocks, capacity) {
+        return pack::largest_hole_of(blocks, &target, capacity, align);
+    }
     let layout = &mut scratch.layout;
     layout.clear();
     layout.reserve(blocks.len());

@@ -464,7 +464,10 @@ mod tests {
 
     /// The prediction that places the timing events is exact: on a
     /// metadata arena replaying a real trace at its smallest capacity, an
-    /// allocation compacts if and only if it was predicted to.
+    /// allocation compacts if and only if it was predicted to. Under the
+    /// targeted policy: `Auto` also runs deferred moves at allocations that
+    /// fit in a hole (`crate::plan::lag`), which this prediction does not
+    /// see (the replay counts them as untimed compactions).
     #[test]
     fn compaction_prediction_is_exact_on_a_real_trace() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -474,7 +477,8 @@ mod tests {
         let cap = crate::tools::trace::find_min_capacity(&ops, 256)
             .unwrap()
             .capacity_bytes;
-        let mut arena = Arena::metadata(ArenaConfig::new(cap)).unwrap();
+        let config = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Targeted);
+        let mut arena = Arena::metadata(config).unwrap();
         let mut handles = vec![None; ops.sizes.len()];
         let (mut predicted, mut compacted) = (0, 0);
         for &op in &ops.ops {

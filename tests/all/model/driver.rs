@@ -340,6 +340,25 @@ impl<'a, B: Backend> Model<'a, B> {
                 "step {step}: {reserved} B failed with {free_bytes} B free",
             );
         }
+        // With mixed alignments and no pins, independently of the planner:
+        // packed in address order the blocks lose at most each one's extra
+        // alignment as padding, and the request its own (the full
+        // compaction packs by alignment only where that pads less).
+        if st.pinned_blocks == 0 {
+            let padding = self
+                .blocks
+                .iter()
+                .map(|b| b.align)
+                .chain(self.storages.iter().map(|s| s.align))
+                .chain(std::iter::once(align))
+                .map(|a| a - self.granule.min(a))
+                .fold(0u64, u64::saturating_add);
+            assert!(
+                reserved.saturating_add(padding) > free_bytes,
+                "step {step}: {reserved} B at {align} failed with {free_bytes} B free and at \
+                 most {padding} B of padding"
+            );
+        }
         assert!(
             reachable_bytes < reserved,
             "step {step}: failed although compaction reaches {reachable_bytes} B"
@@ -382,15 +401,44 @@ impl<'a, B: Backend> Model<'a, B> {
                     pins: 0,
                 });
             }
-            Err(e) => self.check_oom(
-                e,
-                size,
-                align.max(self.granule),
-                step,
-                before,
-                st,
-                pending_free,
-            ),
+            Err(e) => {
+                let reachable = match &e {
+                    Error::OutOfMemory {
+                        reachable_bytes, ..
+                    } => *reachable_bytes,
+                    _ => 0,
+                };
+                self.check_oom(
+                    e,
+                    size,
+                    align.max(self.granule),
+                    step,
+                    before,
+                    st,
+                    pending_free,
+                );
+                // What the error says compaction reaches, it makes: a
+                // request of exactly that much (at that alignment) succeeds.
+                if reachable > 0 && self.arena.config().spill_host_bytes == 0 {
+                    let h = self
+                        .arena
+                        .alloc_aligned(reachable, align.max(self.granule))
+                        .unwrap_or_else(|e| {
+                            panic!("step {step}: {reachable} B reachable, then {e}")
+                        });
+                    let data = pattern(step as u64 + 7, reachable);
+                    if reachable <= DATA_LIMIT {
+                        self.arena.write(h, &data).expect("write");
+                    }
+                    self.blocks.push(ModelBlock {
+                        handle: h,
+                        size: reachable,
+                        align: align.max(self.granule),
+                        data,
+                        pins: 0,
+                    });
+                }
+            }
         }
     }
 
