@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use cuarena::tools::trace::FreePoint;
+use cuarena::tools::trace::{Allocator, FreePoint};
 use lexopt::prelude::*;
 
 use crate::{Failure, Res};
@@ -81,6 +81,10 @@ options:
                              memory pool and cuMemAlloc (capacity default: the
                              smallest the metadata search finds)
   --gpu-ordinal N            CUDA device for --gpu (default 0)
+  --gpu-policy auto|targeted|naive
+                             the policy the GPU arena runs (default auto; naive
+                             times naive compact-on-failure's moves on the device)
+  --gpu-no-baselines         with --gpu, skip the CUDA pool and cuMemAlloc replays
   --gpu-warmup N             passes over the trace before the timed one on the same
                              arena, checked too (default 1)
   --gpu-corrupt ID           self-test of the checks: overwrite block ID after its fill;
@@ -172,6 +176,12 @@ pub(crate) struct ReplayArgs {
     pub(crate) align: u64,
     pub(crate) free_at: FreePoint,
     pub(crate) json: bool,
+    /// The allocator the GPU arena runs (`--gpu-policy`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) gpu_policy: Allocator,
+    /// `--gpu-no-baselines`: the CUDA pool and cuMemAlloc are not replayed.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) gpu_baselines: bool,
 }
 
 fn usage(e: impl ToString) -> Failure {
@@ -237,6 +247,8 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
         align: 256,
         free_at: FreePoint::Completed,
         json: false,
+        gpu_policy: Allocator::Compacting,
+        gpu_baselines: true,
     };
     let mut gpu_only = None;
     while let Some(arg) = p.next().map_err(usage)? {
@@ -260,6 +272,24 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
             Long("gpu-warmup") => {
                 a.gpu_warmup = value(p, "--gpu-warmup", "a number of passes")?;
                 gpu_only = Some("--gpu-warmup");
+            }
+            Long("gpu-policy") => {
+                let v = p.value().map_err(usage)?;
+                a.gpu_policy = match v.to_string_lossy().as_ref() {
+                    "auto" => Allocator::Compacting,
+                    "targeted" => Allocator::Targeted,
+                    "naive" => Allocator::NaiveCompacting,
+                    other => {
+                        return Err(usage(format!(
+                            "--gpu-policy: `{other}` is none of auto, targeted, naive"
+                        )))
+                    }
+                };
+                gpu_only = Some("--gpu-policy");
+            }
+            Long("gpu-no-baselines") => {
+                a.gpu_baselines = false;
+                gpu_only = Some("--gpu-no-baselines");
             }
             Long("gpu-ordinal") => {
                 a.gpu_ordinal = value(p, "--gpu-ordinal", "a CUDA device ordinal")?;

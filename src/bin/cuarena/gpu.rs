@@ -80,7 +80,7 @@ mod imp {
             &ops,
             &config,
             &ReplayOptions::default()
-                .with_allocator(Allocator::Compacting)
+                .with_allocator(args.gpu_policy)
                 .with_timeline_points(2000),
         )?;
 
@@ -94,7 +94,9 @@ mod imp {
                 CheckSampling::default()
             })
             .with_warmup_passes(args.gpu_warmup)
-            .with_corrupt_block(args.gpu_corrupt);
+            .with_corrupt_block(args.gpu_corrupt)
+            .with_allocator(args.gpu_policy);
+        outln!("  GPU arena policy: {}", args.gpu_policy.label())?;
         let gpu = replay_gpu(&ops, &config, &options);
         let mut rows = Vec::new();
         match &gpu {
@@ -136,6 +138,12 @@ mod imp {
 
         // The pool at the arena's capacity, and its own smallest.
         let ordinal = args.gpu_ordinal;
+        if !args.gpu_baselines {
+            outln!()?;
+            print_table(&rows)?;
+            let g = gpu.map_err(|e| Failure::Arena(format!("GPU replay: {e}")))?;
+            return gpu_outcome(&g.outcome, capacity);
+        }
         outln!()?;
         outln!("CUDA pool at the arena's capacity ...")?;
         match replay_pool(
@@ -269,7 +277,12 @@ mod imp {
         }
 
         let g = gpu.map_err(|e| Failure::Arena(format!("GPU replay: {e}")))?;
-        match &g.outcome {
+        gpu_outcome(&g.outcome, capacity)
+    }
+
+    /// Exit status 1 unless the GPU replay completed with every check right.
+    fn gpu_outcome(outcome: &Outcome, capacity: u64) -> Res<()> {
+        match outcome {
             Outcome::Completed => Ok(()),
             Outcome::Failed {
                 error: ToolError::Arena(Error::OutOfMemory { .. } | Error::TooLarge { .. }),

@@ -67,11 +67,11 @@ use std::time::{Duration, Instant};
 use crate::arena::Arena;
 use crate::backend::cuda::cudarc::driver::{sys, CudaEvent};
 use crate::backend::cuda::{driver_err, CudaBackend};
-use crate::config::{ArenaConfig, CompactionPolicy};
+use crate::config::ArenaConfig;
 use crate::error::Error;
 use crate::handle::Handle;
 use crate::tools::gpu::pattern::PatternKernels;
-use crate::tools::trace::{round_up, Op, Ops, Outcome};
+use crate::tools::trace::{round_up, Allocator, Op, Ops, Outcome};
 use crate::tools::{Result, ToolError};
 use crate::Stats;
 
@@ -106,6 +106,8 @@ struct Run<'a> {
     pending: Vec<Pending>,
     pass: PassReport,
     corrupt_block: Option<u32>,
+    /// Naive compact-on-failure (a full compaction on out-of-memory).
+    naive: bool,
 }
 
 /// Most delay enqueued before one compaction.
@@ -153,7 +155,15 @@ impl Run<'_> {
                     None
                 };
                 let t = Instant::now();
-                let r = self.arena.alloc(size);
+                let r = match self.arena.alloc(size) {
+                    // Naive: one full compaction when the request fits in
+                    // no hole, then the request again.
+                    Err(Error::OutOfMemory { .. }) if self.naive => {
+                        self.arena.compact()?;
+                        self.arena.alloc(size)
+                    }
+                    r => r,
+                };
                 let host_time = t.elapsed();
                 self.pass.allocator_time += host_time;
                 let after = self.arena.stats();
@@ -355,7 +365,7 @@ pub fn replay_gpu(
     options: &GpuReplayOptions,
 ) -> Result<GpuReplayReport> {
     CudaBackend::available().map_err(|reason| Error::NoDevice { reason })?;
-    let config = config.clone().with_compaction(CompactionPolicy::Auto);
+    let config = config.clone().with_compaction(options.allocator.policy());
     let arena = Arena::cuda_with_options(config.clone(), options.ordinal, options.cuda_options)?;
     let kernels = PatternKernels::load(arena.backend())?;
     let device_name = arena.backend().device_name().to_owned();
@@ -373,6 +383,7 @@ pub fn replay_gpu(
         pending: Vec::new(),
         pass: PassReport::default(),
         corrupt_block: options.corrupt_block,
+        naive: options.allocator == Allocator::NaiveCompacting,
     };
     run.arena.synchronize()?;
 
@@ -433,6 +444,7 @@ pub fn replay_gpu(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CompactionPolicy;
     use crate::tools::gpu::pattern::CheckRange;
 
     #[test]

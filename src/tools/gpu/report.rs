@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::backend::cuda::CudaOptions;
 
 use crate::tools::gpu::pattern::CheckRange;
-use crate::tools::trace::{Ops, Outcome};
+use crate::tools::trace::{Allocator, Ops, Outcome};
 
 /// How much of each tensor a GPU replay reads back at its free. Build one
 /// from [`Default`] (or [`CheckSampling::ALL`]) with the `with_*` methods:
@@ -129,6 +129,12 @@ pub struct GpuReplayOptions {
     pub corrupt_block: Option<u32>,
     /// The move kernels' options of the replay's arena.
     pub cuda_options: CudaOptions,
+    /// The allocator the GPU arena runs: [`Allocator::Compacting`] (the
+    /// default), [`Allocator::Targeted`], or [`Allocator::NaiveCompacting`]
+    /// (a full compaction when a request fits in no hole), to time
+    /// naive's moves on the same device. [`Allocator::NonMoving`] never
+    /// compacts.
+    pub allocator: Allocator,
 }
 
 impl Default for GpuReplayOptions {
@@ -140,6 +146,7 @@ impl Default for GpuReplayOptions {
             settle_delay: Duration::from_millis(2),
             corrupt_block: None,
             cuda_options: CudaOptions::default(),
+            allocator: Allocator::Compacting,
         }
     }
 }
@@ -184,6 +191,13 @@ impl GpuReplayOptions {
     #[must_use]
     pub fn with_corrupt_block(mut self, id: Option<u32>) -> Self {
         self.corrupt_block = id;
+        self
+    }
+
+    /// The allocator the GPU arena runs.
+    #[must_use]
+    pub fn with_allocator(mut self, allocator: Allocator) -> Self {
+        self.allocator = allocator;
         self
     }
 }
