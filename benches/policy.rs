@@ -56,10 +56,12 @@ fn main() {
         .collect();
     files.sort();
     println!(
-        "| trace | half | capacity | cuarena moved | naive moved | ratio | non-moving best fit |"
+        "| trace | half | capacity | auto moved | naive moved | auto / naive | targeted moved | targeted / naive | non-moving best fit |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | --- |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     let mut ratios: Vec<(String, f64)> = Vec::new();
+    let mut targeted_ratios: Vec<(String, f64)> = Vec::new();
+    let mut targeted_over = 0;
     let mut over = 0;
     let mut still_moved = 0;
     for p in &files {
@@ -88,6 +90,7 @@ fn main() {
                 replay_with(&ops, &config, &ReplayOptions::default().with_allocator(a)).unwrap()
             };
             let ours = run(Allocator::Compacting);
+            let targeted = run(Allocator::Targeted);
             let naive = run(Allocator::NaiveCompacting);
             let fixed = run(Allocator::NonMoving);
             let ratio =
@@ -98,15 +101,25 @@ fn main() {
             if fixed.completed() && ours.bytes_moved > 0 {
                 still_moved += 1;
             }
+            let t_ratio = (naive.bytes_moved > 0)
+                .then(|| targeted.bytes_moved as f64 / naive.bytes_moved as f64);
             if let Some(x) = ratio {
                 ratios.push((half.clone(), x));
             }
+            if let Some(x) = t_ratio {
+                targeted_ratios.push((half.clone(), x));
+                if x > 1.0 {
+                    targeted_over += 1;
+                }
+            }
             println!(
-                "| {name} | {half} | {r:.2} | {}{} | {} | {} | {} |",
+                "| {name} | {half} | {r:.2} | {}{} | {} | {} | {} | {} | {} |",
                 fmt_bytes(ours.bytes_moved),
                 if ours.completed() { "" } else { " (failed)" },
                 fmt_bytes(naive.bytes_moved),
                 ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
+                fmt_bytes(targeted.bytes_moved),
+                t_ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
                 if fixed.completed() {
                     "completes"
                 } else {
@@ -116,27 +129,30 @@ fn main() {
         }
     }
     println!();
-    for h in ["design", "report", "other", "all"] {
-        let mut v: Vec<f64> = ratios
-            .iter()
-            .filter(|(x, _)| h == "all" || x == h)
-            .map(|r| r.1)
-            .collect();
-        if v.is_empty() {
-            continue;
+    for (policy, rs) in [("auto", &ratios), ("targeted", &targeted_ratios)] {
+        for h in ["design", "report", "other", "all"] {
+            let mut v: Vec<f64> = rs
+                .iter()
+                .filter(|(x, _)| h == "all" || x == h)
+                .map(|r| r.1)
+                .collect();
+            if v.is_empty() {
+                continue;
+            }
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            let median = if n % 2 == 1 {
+                v[n / 2]
+            } else {
+                (v[n / 2 - 1] + v[n / 2]) / 2.0
+            };
+            println!(
+                "{policy}, {h}: {n} cases where naive moves anything; median ratio {median:.3}, worst {:.3}",
+                v[n - 1]
+            );
         }
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        println!(
-            "{h}: {n} cases where naive moves anything; median ratio {median:.3}, worst {:.3}",
-            v[n - 1]
-        );
     }
+    println!("cases where targeted moved more than naive: {targeted_over}");
     println!("cases where cuarena moved more than naive: {over}");
     println!(
         "cases where a non-moving best fit completes and cuarena moved anything: {still_moved}"
