@@ -338,7 +338,7 @@ impl Run<'_> {
 }
 
 /// Whether an allocation of `reserved` bytes (rounded to the alignment, at
-/// the arena's own alignment) compacts under [`CompactionPolicy::Auto`]
+/// the arena's own alignment) compacts under [`crate::config::CompactionPolicy::Auto`]
 /// without pins or spilling: it fits in the free bytes but in no hole.
 /// Exact, since the free-space index fails only when no hole can hold a
 /// request.
@@ -352,7 +352,7 @@ fn tag(i: u64) -> u32 {
 }
 
 /// Replays `ops` on a CUDA arena built from `config` (its compaction policy
-/// set to [`CompactionPolicy::Auto`]) on device `options.ordinal`, with
+/// set to that of `options.allocator`) on device `options.ordinal`, with
 /// pattern fills and checks: `options.warmup_passes` passes, then the timed
 /// one (see the [module documentation](self)).
 ///
