@@ -4,10 +4,10 @@
 //! parsed whole.
 
 use std::cell::Cell;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::rc::Rc;
 
-use super::{csv, limits, ActionCounts, Trace, TraceFormat, GZIP_MAGIC, PICKLE_PROTO};
+use super::{csv, limits, Trace, GZIP_MAGIC, PICKLE_PROTO};
 use crate::tools::{Result, ToolError};
 
 /// Refuses input larger than [`limits::MAX_DECOMPRESSED_BYTES`].
@@ -143,17 +143,7 @@ fn read_plain<R: Read>(mut r: R, source: &str, layer: &str) -> Result<Trace> {
             Trace::from_pickle_bytes(&bytes, source)
         }
         Some(_) if csv::looks_like_csv(&first) => {
-            let mut counts = ActionCounts::default();
-            let events = csv::parse(BufReader::new(rest), source, &mut counts)
-                .map_err(|e| relabel(e, layer))?;
-            Ok(Trace {
-                source: source.to_owned(),
-                format: TraceFormat::Csv,
-                events,
-                segments: None,
-                counts,
-                decoded_event_dicts: 0,
-            })
+            Trace::from_csv_reader(rest, source).map_err(|e| relabel(e, layer))
         }
         Some(_) => Err(ToolError::Trace {
             path: source.to_owned(),

@@ -3,23 +3,11 @@
 
 use super::value::Value;
 
-/// Values under these dict keys are kept; a container appearing as the
-/// value of any other key is built skipped (see [`Node`]).
-pub(super) const NEEDED_KEYS: [&str; 8] = [
-    "device_traces",
-    "segments",
-    "blocks",
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "time_us",
-];
-
 /// Dict keys whose entries are kept at all (see [`super::value::extend`]):
 /// the needed containers and the scalar fields of events, segments and
 /// blocks.
 pub(super) const KEPT_KEYS: [&str; 15] = [
+    // The first three hold the containers a trace needs (NEEDED_KEYS).
     "device_traces",
     "segments",
     "blocks",
@@ -36,6 +24,10 @@ pub(super) const KEPT_KEYS: [&str; 15] = [
     "requested_size",
     "is_expandable",
 ];
+
+/// Values under these dict keys are kept; a container appearing as the
+/// value of any other key is built skipped (see [`Value::Skipped`]).
+pub(super) const NEEDED_KEYS: &[&str] = KEPT_KEYS.split_at(3).0;
 
 /// The value stack, with, per slot, whether the nearest container at or
 /// below it is skipped (a container made while one is being filled inherits
