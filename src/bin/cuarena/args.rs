@@ -60,7 +60,8 @@ and for each `oom` event, what was asked, what PyTorch had allocated and
 reserved and the device had free, and whether an arena holding all of that
 memory would have served it (and where it would still fail, if it would).
 Then the details: the replays run on metadata-only arenas (placement and
-planning, no bytes, no GPU needed): cuarena (targeted compaction), a naive
+planning, no bytes, no GPU needed): cuarena's two policies (auto, the
+default, which never moves more bytes than naive; targeted), a naive
 compacting arena (full compaction on failure) and a non-moving best-fit
 allocator, all at the same capacity.
 

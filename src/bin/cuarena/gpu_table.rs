@@ -102,7 +102,7 @@ pub(crate) fn arena_row(
         "-".to_owned()
     };
     Row {
-        allocator: "cuarena (GPU, targeted compaction)".to_owned(),
+        allocator: "cuarena on the GPU".to_owned(),
         capacity: fmt_bytes(capacity),
         result: result_cell(&g.outcome),
         cap_over_peak: ratio(capacity, peak),

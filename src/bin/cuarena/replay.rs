@@ -300,7 +300,15 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
         } else {
             0
         };
-        let r = replay_one(&ops, &config, allocator, points)?;
+        // The verdict replayed the arena at peak live already.
+        let reuse = allocator == Allocator::Compacting
+            && points == 0
+            && verdict.at_peak.capacity_bytes == config.capacity_bytes;
+        let r = if reuse {
+            verdict.at_peak.clone()
+        } else {
+            replay_one(&ops, &config, allocator, points)?
+        };
         print_row(allocator.label(), &r, peak)?;
         if allocator == Allocator::Compacting {
             arena_at_cap = Some(r);

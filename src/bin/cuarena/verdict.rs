@@ -5,8 +5,8 @@
 
 use cuarena::fmt_bytes;
 use cuarena::tools::trace::{
-    find_min_capacity, replay_with, Action, Op, Ops, Outcome, ReplayOptions, Reserved,
-    DEVICE_FREE_UNKNOWN,
+    find_min_capacity, replay_with, Action, Op, Ops, Outcome, ReplayOptions, ReplayReport,
+    Reserved, DEVICE_FREE_UNKNOWN,
 };
 use cuarena::ArenaConfig;
 
@@ -51,6 +51,8 @@ pub(crate) struct Verdict {
     pub(crate) capacity: Option<u64>,
     pub(crate) ooms: Vec<Oom>,
     pub(crate) ooms_total: u64,
+    /// The arena's replay at peak live (the table reuses it).
+    pub(crate) at_peak: ReplayReport,
 }
 
 fn round_up(v: u64, align: u64) -> u64 {
@@ -155,6 +157,7 @@ pub(crate) fn compute(l: &Loaded, align: u64) -> Res<Verdict> {
         capacity,
         ooms,
         ooms_total,
+        at_peak: r,
     })
 }
 

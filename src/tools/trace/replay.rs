@@ -55,8 +55,8 @@ impl Allocator {
     /// Short name for tables.
     pub fn label(self) -> &'static str {
         match self {
-            Allocator::Compacting => "cuarena (auto: never more than naive)",
-            Allocator::Targeted => "cuarena (targeted policy)",
+            Allocator::Compacting => "cuarena, auto policy",
+            Allocator::Targeted => "cuarena, targeted policy",
             Allocator::NaiveCompacting => "naive (full compaction on failure)",
             Allocator::NonMoving => "non-moving best fit",
         }
