@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-fn cuarena(args: &[&str]) -> Output {
+pub(crate) fn cuarena(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cuarena"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -4,12 +4,13 @@
 //! made snapshots cover what the fixtures may lack (an `oom` without
 //! `addr`, PyTorch 2.0's block layout, several devices, an empty trace).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use cuarena::tools::trace::{Action, FreePoint, Trace};
-use serde_pickle::{HashableValue, Value};
+use serde_pickle::Value;
+
+use crate::cli::cuarena;
+use crate::trace::readers::dict;
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
@@ -28,14 +29,6 @@ fn shipped_snapshots() -> Vec<PathBuf> {
     v.sort();
     assert!(v.len() >= 6, "{v:?}");
     v
-}
-
-fn cuarena(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cuarena"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the cuarena binary runs")
 }
 
 fn text(b: &[u8]) -> String {
@@ -125,19 +118,6 @@ fn every_shipped_trace_prints_the_verdict_first() {
 }
 
 // ---- hand-made snapshots -------------------------------------------------
-
-fn s(x: &str) -> HashableValue {
-    HashableValue::String(x.to_owned())
-}
-
-fn dict(items: Vec<(&str, Value)>) -> Value {
-    Value::Dict(
-        items
-            .into_iter()
-            .map(|(k, v)| (s(k), v))
-            .collect::<BTreeMap<_, _>>(),
-    )
-}
 
 fn ev(action: &str, addr: i64, size: i64) -> Value {
     dict(vec![

@@ -5,7 +5,7 @@
 //! pictures in `trace/svg.rs`.
 
 mod naive;
-mod readers;
+pub(crate) mod readers;
 mod svg;
 
 use std::path::{Path, PathBuf};

@@ -77,11 +77,11 @@ fn csv_plain_and_gzipped() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn s(x: &str) -> HashableValue {
+pub(crate) fn s(x: &str) -> HashableValue {
     HashableValue::String(x.to_owned())
 }
 
-fn dict(items: Vec<(&str, Value)>) -> Value {
+pub(crate) fn dict(items: Vec<(&str, Value)>) -> Value {
     Value::Dict(
         items
             .into_iter()
