@@ -56,11 +56,13 @@ fn main() {
         .collect();
     files.sort();
     println!(
-        "| trace | half | capacity | auto moved | naive moved | auto / naive | targeted moved | targeted / naive | non-moving best fit |"
+        "| trace | half | capacity | auto moved | naive moved | auto / naive | targeted moved | targeted / naive | budgeted moved | budgeted / naive | non-moving best fit |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     let mut ratios: Vec<(String, f64)> = Vec::new();
     let mut targeted_ratios: Vec<(String, f64)> = Vec::new();
+    let mut budgeted_ratios: Vec<(String, f64)> = Vec::new();
+    let mut budgeted_over = 0;
     let mut targeted_over = 0;
     let mut over = 0;
     let mut still_moved = 0;
@@ -91,6 +93,7 @@ fn main() {
             };
             let ours = run(Allocator::Compacting);
             let targeted = run(Allocator::Targeted);
+            let budgeted = run(Allocator::Budgeted);
             let naive = run(Allocator::NaiveCompacting);
             let fixed = run(Allocator::NonMoving);
             let ratio =
@@ -106,6 +109,14 @@ fn main() {
             if let Some(x) = ratio {
                 ratios.push((half.clone(), x));
             }
+            let b_ratio = (naive.bytes_moved > 0)
+                .then(|| budgeted.bytes_moved as f64 / naive.bytes_moved as f64);
+            if let Some(x) = b_ratio {
+                budgeted_ratios.push((half.clone(), x));
+                if x > 1.0 {
+                    budgeted_over += 1;
+                }
+            }
             if let Some(x) = t_ratio {
                 targeted_ratios.push((half.clone(), x));
                 if x > 1.0 {
@@ -113,13 +124,20 @@ fn main() {
                 }
             }
             println!(
-                "| {name} | {half} | {r:.2} | {}{} | {} | {} | {} | {} | {} |",
+                "| {name} | {half} | {r:.2} | {}{} | {} | {} | {} | {} | {}{} | {} | {} |",
                 fmt_bytes(ours.bytes_moved),
                 if ours.completed() { "" } else { " (failed)" },
                 fmt_bytes(naive.bytes_moved),
                 ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
                 fmt_bytes(targeted.bytes_moved),
                 t_ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
+                fmt_bytes(budgeted.bytes_moved),
+                if budgeted.completed() {
+                    ""
+                } else {
+                    " (failed)"
+                },
+                b_ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
                 if fixed.completed() {
                     "completes"
                 } else {
@@ -129,7 +147,11 @@ fn main() {
         }
     }
     println!();
-    for (policy, rs) in [("auto", &ratios), ("targeted", &targeted_ratios)] {
+    for (policy, rs) in [
+        ("auto", &ratios),
+        ("targeted", &targeted_ratios),
+        ("budgeted", &budgeted_ratios),
+    ] {
         for h in ["design", "report", "other", "all"] {
             let mut v: Vec<f64> = rs
                 .iter()
@@ -153,6 +175,7 @@ fn main() {
         }
     }
     println!("cases where targeted moved more than naive: {targeted_over}");
+    println!("cases where budgeted moved more than naive: {budgeted_over}");
     println!("cases where cuarena moved more than naive: {over}");
     println!(
         "cases where a non-moving best fit completes and cuarena moved anything: {still_moved}"

@@ -13,18 +13,36 @@ pub enum CompactionPolicy {
     /// used as the baseline in benches and the demo).
     Manual,
     /// Compacts when a request fits in the free bytes but in no hole, and
-    /// never moves more bytes than naive compact-on-failure (best-fit
-    /// placement, one full compaction when a request fits in no hole) on
-    /// the same requests, at every point of every program naive serves,
-    /// with no additive constant; where a non-moving best fit serves every
+    /// never moves more bytes than naive compact-on-failure on the same
+    /// requests, at every point of every program naive serves, with no
+    /// additive constant; where a non-moving best fit serves every
     /// request, it moves nothing. It places blocks as naive does and, when
     /// naive would compact, moves only the blocks in the way of the
     /// request, deferring the rest of naive's moves until they are needed
     /// (a block freed before then never moves). See [`crate::plan::lag`]
     /// for the argument. Requests naive cannot serve (pins or alignment
     /// padding in the way) get a targeted compaction as under
-    /// [`CompactionPolicy::Targeted`]. The default.
+    /// [`CompactionPolicy::Targeted`]. It rarely moves much less than
+    /// naive: most deferred moves are needed soon after
+    /// ([`CompactionPolicy::Budgeted`] bets on moving less). The default.
     Auto,
+    /// Compacts when a request fits in the free bytes but in no hole, with
+    /// the targeted policy's cheap plans while they keep it within naive
+    /// compact-on-failure (best-fit placement, one full compaction when a
+    /// request fits in no hole) on the same requests, and naive's own
+    /// layout once they would not. At every point of every program naive
+    /// serves it has moved at most naive's bytes plus one relayout of the
+    /// live blocks (`Stats::handover_bytes`; 0 on programs where the cheap
+    /// plans never ran out of budget) and plus `Stats::overrun_bytes`
+    /// (compactions run while naive's layout could not be staged, which
+    /// the docs of [`crate::plan::lag`] describe); where a non-moving best
+    /// fit serves every request, it moves nothing. Blocks are placed best
+    /// fit, as naive places them. See [`crate::plan::lag`] ("Two phases").
+    /// Without spilling; with a host tier it runs as
+    /// [`CompactionPolicy::Auto`]. One gap, with pins or no room to stage
+    /// the handover, is described there: it can fail a request naive
+    /// would serve, which `Auto` never does.
+    Budgeted,
     /// When a request fits in the free bytes but in no hole, run a targeted
     /// compaction (fewest bytes moved now), falling back to a full one
     /// ([`crate::plan::policy`]), with large and long-lived blocks placed
@@ -32,7 +50,7 @@ pub enum CompactionPolicy {
     /// fewer bytes than naive compact-on-failure, but nothing bounds it:
     /// on some programs it moves more, and it can compact where a
     /// non-moving best fit would not need to. [`CompactionPolicy::Auto`]
-    /// was this policy before it carried the bound.
+    /// keeps it to a budget.
     Targeted,
 }
 

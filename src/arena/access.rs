@@ -135,6 +135,8 @@ impl<B: Backend> Arena<B> {
             bytes_moved: c.bytes_moved,
             naive_bytes_moved: c.naive_bytes_moved,
             naive_failures: c.naive_failures,
+            handover_bytes: c.handover_bytes,
+            overrun_bytes: c.overrun_bytes,
             deferred_bytes: self.lag.deferred_bytes(),
             planning_time: c.planning,
             planning_visits: self.pacer.visits(),

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use bytemuck::Pod;
 
+use super::shadow::Handover;
 use super::{Arena, Block, Place};
 use crate::backend::Backend;
 use crate::config::{CompactionPolicy, MAX_ALIGN};
@@ -69,6 +70,9 @@ impl<B: Backend> Arena<B> {
             });
         }
         self.drain_reclaim()?;
+        // Naive places the request first: under `Budgeted` its bytes moved
+        // bound what the arena may move for it.
+        self.shadow_place(reserved, align)?;
         // Large blocks and blocks of sizes that reliably outlive half the
         // average block (and, with lifetime placement, those that reliably
         // die young) go to the top of their free region, the rest to the
@@ -84,7 +88,13 @@ impl<B: Backend> Arena<B> {
                     (self.long_lived_high && l.long_lived(reserved, live / 2))
                         || (self.config.lifetime_placement && l.short_lived(reserved, live))
                 }));
-        let node = self.place_on_device(reserved, align, &[], high)?;
+        let node = match self.place_on_device(reserved, align, &[], high) {
+            Ok(node) => node,
+            Err(e) => {
+                self.shadow_abandon();
+                return Err(e);
+            }
+        };
         let (slot, offset) = (node.slot(), node.offset());
         let inserted = self.blocks.insert(Block {
             place: Place::Device(node),
@@ -103,6 +113,7 @@ impl<B: Backend> Arena<B> {
             Err(block) => {
                 // Every one of the 2^32 handle slots is in use: give the
                 // space back, unchanged.
+                self.shadow_abandon();
                 if let Place::Device(node) = block.place {
                     self.index.free(node)?;
                 }
@@ -113,6 +124,7 @@ impl<B: Backend> Arena<B> {
             }
         };
         self.set_owner(slot, key);
+        self.shadow_commit(key, bytes, u32::try_from(align).unwrap_or(u32::MAX));
         self.set_entry(key, Some((offset, bytes)));
         let c = &mut self.counters;
         c.allocs += 1;
@@ -172,7 +184,30 @@ impl<B: Backend> Arena<B> {
         self.check_usable()?;
         let capacity = self.config.capacity_bytes;
         let policy = self.config.compaction;
-        if policy == CompactionPolicy::Auto {
+        if let Some(budget) = self.shadow_budget() {
+            // The first phase of `Budgeted`: the targeted policy within what
+            // naive has moved beyond the arena, else naive's layout.
+            match self.alloc_by_targeted(reserved, align, Some(budget)) {
+                Ok(node) => return Ok((node, false)),
+                Err(Error::OutOfMemory { .. }) if self.shadow_has_pending() => {}
+                Err(e) => return Err(e),
+            }
+            if let Handover::Done {
+                pending: Some(node),
+                ..
+            } = self.shadow_handover()?
+            {
+                return Ok((node, false));
+            }
+            // No handover now (a pinned block away from naive's place, or
+            // no free spot to stage a move): this request goes over budget.
+            let before = self.counters.bytes_moved;
+            let node = self.alloc_by_targeted(reserved, align, None)?;
+            let over = self.counters.bytes_moved.saturating_sub(before);
+            self.counters.overrun_bytes = self.counters.overrun_bytes.saturating_add(over);
+            return Ok((node, false));
+        }
+        if matches!(policy, CompactionPolicy::Budgeted | CompactionPolicy::Auto) {
             if reserved > self.index.free_bytes() {
                 self.counters.naive_failures += 1;
             } else {
@@ -189,7 +224,8 @@ impl<B: Backend> Arena<B> {
                 self.counters.naive_failures += 1;
             }
         }
-        self.alloc_by_targeted(reserved, align).map(|n| (n, false))
+        self.alloc_by_targeted(reserved, align, None)
+            .map(|n| (n, false))
     }
 
     /// Naive's compaction for a request it makes room for (`self.live`
@@ -227,9 +263,26 @@ impl<B: Backend> Arena<B> {
     /// a full one. Plans are made on the index; one that runs first sends
     /// every lagging block home, so that the bytes are where it planned
     /// them (which changes no placement, so the plan still applies).
-    fn alloc_by_targeted(&mut self, reserved: u64, align: u64) -> Result<Allocation> {
+    ///
+    /// With a `budget`, no plan runs that would take the bytes moved for
+    /// this request past it (the request fails instead, uncounted).
+    fn alloc_by_targeted(
+        &mut self,
+        reserved: u64,
+        align: u64,
+        budget: Option<u64>,
+    ) -> Result<Allocation> {
         let capacity = self.config.capacity_bytes;
         let policy = self.config.compaction;
+        let mut left = budget;
+        let mut affords = |bytes: u64| match left.as_mut() {
+            None => true,
+            Some(l) if bytes <= *l => {
+                *l -= bytes;
+                true
+            }
+            Some(_) => false,
+        };
         if policy != CompactionPolicy::Manual && reserved <= self.index.free_bytes() {
             let req = Request {
                 size: reserved,
@@ -240,7 +293,7 @@ impl<B: Backend> Arena<B> {
             let ops = self.counters.allocs.saturating_add(self.counters.frees);
             let plan = self.pacer.plan(&self.live, capacity, req, ops);
             self.counters.planning += t0.elapsed();
-            if let Some((plan, _)) = plan {
+            if let Some((plan, _)) = plan.filter(|(p, _)| affords(p.bytes_moved())) {
                 self.settle()?;
                 self.execute(plan, t0)?;
                 if let Some(node) = self.index.alloc(reserved, align) {
@@ -254,20 +307,23 @@ impl<B: Backend> Arena<B> {
             if planner::largest_hole_after_full(&self.live, capacity, align) >= reserved {
                 let plan = planner::plan_full(&self.live, capacity);
                 self.counters.planning += t0.elapsed();
-                // Two passes: the reach above and the plan.
-                let visits = 2 * self.live.len() as u64;
-                self.pacer.full_ran(plan.move_count(), visits);
-                self.settle()?;
-                self.execute(plan, t0)?;
-                if let Some(node) = self.index.alloc(reserved, align) {
-                    return Ok(node);
+                if affords(plan.bytes_moved()) {
+                    // Two passes: the reach above and the plan.
+                    let visits = 2 * self.live.len() as u64;
+                    self.pacer.full_ran(plan.move_count(), visits);
+                    self.settle()?;
+                    self.execute(plan, t0)?;
+                    if let Some(node) = self.index.alloc(reserved, align) {
+                        return Ok(node);
+                    }
                 }
             }
             // Pins leave the room in gaps the full compaction fills: empty
             // the gap that can hold the most for this request.
             let t0 = Instant::now();
             self.collect_live();
-            if let Some(plan) = planner::plan_gap(&self.live, capacity, req) {
+            let gap = planner::plan_gap(&self.live, capacity, req);
+            if let Some(plan) = gap.filter(|p| affords(p.bytes_moved())) {
                 self.counters.planning += t0.elapsed();
                 self.pacer
                     .full_ran(plan.move_count(), 2 * self.live.len() as u64);
@@ -278,7 +334,7 @@ impl<B: Backend> Arena<B> {
                 }
             }
         }
-        if self.tier.is_none() {
+        if self.tier.is_none() && budget.is_none() {
             self.counters.failed_allocs += 1;
         }
         self.collect_live();
@@ -326,6 +382,11 @@ impl<B: Backend> Arena<B> {
         if let Err(e) = freed {
             // Unreachable: the arena only holds allocations of its own indexes.
             self.poison(format!("freeing a block's placement failed: {e}"));
+            return Err(e);
+        }
+        if let Err(e) = self.shadow_free(h.key) {
+            // Unreachable: the shadow holds one node per live block.
+            self.poison(format!("freeing a block in naive's shadow failed: {e}"));
             return Err(e);
         }
         self.set_entry(h.key, None);

@@ -59,6 +59,9 @@ impl<B: Backend> Arena<B> {
     pub fn compact(&mut self) -> Result<CompactionReport> {
         self.check_usable()?;
         self.drain_reclaim()?;
+        if let Some(report) = self.shadow_compact()? {
+            return Ok(report);
+        }
         self.settle()?;
         let t0 = Instant::now();
         let plan = self.plan_full();

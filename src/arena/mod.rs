@@ -23,6 +23,7 @@ mod compact;
 pub(crate) mod cuda;
 mod defer;
 mod ops;
+mod shadow;
 mod shared;
 mod spill;
 mod stats;
@@ -192,6 +193,10 @@ struct Counters {
     naive_bytes_moved: u64,
     /// Requests naive would have failed (see `Stats::naive_failures`).
     naive_failures: u64,
+    /// Bytes of the handover to naive's layout (see `Stats::handover_bytes`).
+    handover_bytes: u64,
+    /// Bytes moved past the budget (see `Stats::overrun_bytes`).
+    overrun_bytes: u64,
     planning: std::time::Duration,
     compaction: std::time::Duration,
 }
@@ -251,6 +256,9 @@ pub struct Arena<B: Backend = HostBackend> {
     /// Blocks whose bytes lie above their placement (deferred moves of
     /// `Auto`; empty under the other policies once settled).
     lag: Lag,
+    /// Naive's layout while `Budgeted` keeps to a budget (its first phase,
+    /// [`crate::plan::lag`]); `None` afterwards and under other policies.
+    shadow: Option<Box<shadow::Shadow>>,
     /// Lifetimes by size: where a new block is carved (see
     /// [`crate::placement::lifetime`]); `None` when neither large blocks
     /// are kept apart nor lifetime placement is on, so that placement pays
@@ -310,6 +318,9 @@ impl<B: Backend> Arena<B> {
                 capacity_bytes: config.capacity_bytes,
             });
         }
+        // Spilling changes residency where naive has none: no budget then.
+        let shadow = (config.compaction == CompactionPolicy::Budgeted && tier.is_none())
+            .then(|| Box::new(shadow::Shadow::new(config.capacity_bytes)));
         Ok(Self {
             id: NEXT_ARENA_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             index: FreeIndex::new(config.capacity_bytes),
@@ -334,6 +345,7 @@ impl<B: Backend> Arena<B> {
             spans: Vec::new(),
             pacer: Pacer::for_placement(large_apart),
             lag: Lag::new(),
+            shadow,
             lifetimes: lifetimes.then(Lifetimes::new),
             large_block_bytes,
             long_lived_high: large_apart,
@@ -363,6 +375,10 @@ impl<B: Backend> Arena<B> {
 
     /// Sets the compaction policy (for example to run a non-moving baseline).
     pub fn set_compaction(&mut self, policy: CompactionPolicy) {
+        if policy != self.config.compaction {
+            // The budget counts from the arena's creation.
+            self.shadow = None;
+        }
         self.config.compaction = policy;
     }
 
@@ -509,6 +525,8 @@ impl<B: Backend> Arena<B> {
                     o.pinned = b.pins > 0;
                 }
             }
+            let pinned = b.pins > 0;
+            self.shadow_pin(key, pinned);
         }
     }
 

@@ -45,17 +45,28 @@ pub struct Stats {
     pub bytes_moved: u64,
     /// Bytes naive compact-on-failure (best-fit placement, one full
     /// compaction when a request fits in no hole) moved on the same
-    /// requests, counted under [`crate::CompactionPolicy::Auto`] (and by
-    /// explicit compactions under any policy). Under `Auto`,
-    /// `bytes_moved + deferred_bytes <= naive_bytes_moved` while
-    /// `naive_failures` is 0 ([`crate::plan::lag`]).
+    /// requests, counted under [`crate::CompactionPolicy::Auto`] and
+    /// [`crate::CompactionPolicy::Budgeted`] (and by explicit compactions
+    /// under any policy). Under `Auto`, `bytes_moved + deferred_bytes
+    /// <= naive_bytes_moved` while `naive_failures` is 0; under `Budgeted`, see
+    /// `handover_bytes` ([`crate::plan::lag`]).
     pub naive_bytes_moved: u64,
     /// Requests naive compact-on-failure would have failed (pins or
     /// alignment padding leave no hole after its full compaction, or the
     /// request exceeds the free bytes) while the arena ran under
-    /// [`crate::CompactionPolicy::Auto`]: from the first, the arena's
+    /// `Auto` or `Budgeted`: from the first, the arena's
     /// layout is its own and `naive_bytes_moved` stops counting.
     pub naive_failures: u64,
+    /// Bytes moved by `Budgeted`'s handover to naive's layout: the one plan
+    /// that ends its first phase ([`crate::plan::lag`]), 0 until then. With
+    /// `overrun_bytes`, the additive term of its bound: `bytes_moved +
+    /// deferred_bytes <= naive_bytes_moved + handover_bytes +
+    /// overrun_bytes` while `naive_failures` is 0.
+    pub handover_bytes: u64,
+    /// Bytes `Budgeted` moved past its budget in its first phase because the
+    /// handover could not be staged then (a pinned block away from naive's
+    /// place, or no free spot for a move that crosses its own bytes).
+    pub overrun_bytes: u64,
     /// Bytes of blocks whose moves `Auto` has deferred: naive moved them,
     /// the arena has not yet ([`crate::plan::lag`]).
     pub deferred_bytes: u64,

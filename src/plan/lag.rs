@@ -1,5 +1,6 @@
-//! Deferred moves: how [`CompactionPolicy::Auto`] never moves more bytes
-//! than naive compact-on-failure.
+//! Deferred moves: how [`CompactionPolicy::Auto`] never moves more
+//! bytes than naive compact-on-failure, and how [`CompactionPolicy::Budgeted`]
+//! spends what naive moves beyond it ("Two phases", below).
 //!
 //! # The baseline
 //!
@@ -102,9 +103,46 @@
 //! any departure can be punished: a program that from then on sends only
 //! requests naive serves without moving (naive's layout is packed after
 //! its compaction) can force the arena to move bytes naive never does.
-//! [`CompactionPolicy::Targeted`] makes that bet and usually wins; `Auto`
-//! does not bet.
+//! [`CompactionPolicy::Targeted`] makes that bet and usually wins;
+//! `Auto` does not bet.
 //!
+//! # Two phases
+//!
+//! [`CompactionPolicy::Budgeted`] bets with a budget. In its first phase the
+//! arena keeps naive's layout in a *shadow* (a second placement index,
+//! metadata only, fed the same requests; naive's full compactions are
+//! applied to it and counted in `N`) and places blocks with naive's calls
+//! on its own index, so the two layouts are equal until the first request
+//! that fits in no hole. From there the arena's own compactions are the
+//! targeted policy's plans ([`super::policy`]), each run only if its bytes
+//! fit in `N - A`, with `N` already counting what naive moved for the same
+//! request. The first request for which no such plan serves (too dear, or
+//! naive serves it and the arena cannot) ends the phase with the
+//! *handover*: one plan ([`super::relayout`]) moves every block to its
+//! place in the shadow, whose index then becomes the arena's; from then on
+//! the arena is `Auto` as above, with naive's layout in its index.
+//!
+//! The bound. In the first phase `A <= N` after every operation (every
+//! plan run fits in `N - A`). The handover moves `H` bytes: `A <= N + H`,
+//! nothing lags, and the credit invariant of the second phase starts as
+//! `A + D <= N + H`, which every later operation keeps as shown above. So
+//! `A <= N + H` at every prefix, where `H` (`Stats::handover_bytes`) is
+//! the relayout of the blocks live at the handover: at most their bytes,
+//! twice for those staged through a free spot, and 0 on programs whose
+//! cheap plans never run out of budget. Where a non-moving best fit serves
+//! every request, naive never compacts, the two layouts stay equal and the
+//! arena moves nothing.
+//!
+//! One gap: the handover needs every pinned block to be where the shadow
+//! has it and a free spot for each move it cannot order. When it cannot be
+//! staged, the request gets the targeted policy's plan past the budget,
+//! its bytes counted apart (`Stats::overrun_bytes`, a second additive term)
+//! and the handover is tried again at the next compaction. If that plan
+//! cannot serve the request either, the request fails although naive, in
+//! its own layout, serves it: the one request `Auto` serves and `Budgeted`
+//! may not (tested: it only happens before the handover).
+//!
+//! [`CompactionPolicy::Budgeted`]: crate::CompactionPolicy::Budgeted
 //! [`CompactionPolicy::Auto`]: crate::CompactionPolicy::Auto
 //! [`CompactionPolicy::Manual`]: crate::CompactionPolicy::Manual
 //! [`CompactionPolicy::Targeted`]: crate::CompactionPolicy::Targeted

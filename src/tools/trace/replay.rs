@@ -41,6 +41,10 @@ pub enum Allocator {
     /// [`CompactionPolicy::Manual`] and never a compaction: a plain
     /// non-moving best-fit allocator.
     NonMoving,
+    /// The arena with [`CompactionPolicy::Budgeted`]: the targeted policy
+    /// within what naive has moved, then naive's layout (not in
+    /// [`Allocator::ALL`]).
+    Budgeted,
 }
 
 impl Allocator {
@@ -59,6 +63,7 @@ impl Allocator {
             Allocator::Targeted => "cuarena, targeted policy",
             Allocator::NaiveCompacting => "naive (full compaction on failure)",
             Allocator::NonMoving => "non-moving best fit",
+            Allocator::Budgeted => "cuarena, budgeted policy",
         }
     }
 
@@ -67,6 +72,7 @@ impl Allocator {
         match self {
             Allocator::Compacting => CompactionPolicy::Auto,
             Allocator::Targeted => CompactionPolicy::Targeted,
+            Allocator::Budgeted => CompactionPolicy::Budgeted,
             Allocator::NaiveCompacting | Allocator::NonMoving => CompactionPolicy::Manual,
         }
     }

@@ -1,6 +1,7 @@
 //! Bytes moved against naive compact-on-failure on every trace, checked at
-//! every prefix: `Auto` never more, and nothing where a non-moving best fit
-//! needs nothing; the targeted policy's figures beside them.
+//! every prefix: `Auto` never more, `Budgeted` never more than naive plus
+//! its handover and overrun bytes, and neither anything where a non-moving
+//! best fit needs nothing; the targeted policy's figures beside them.
 
 use cuarena::backend::MetaBackend;
 use cuarena::tools::trace::{Op, Ops};
@@ -62,6 +63,7 @@ impl Run {
 /// policy, and whether a non-moving best fit completes.
 struct Row {
     auto: u64,
+    budgeted: u64,
     naive: u64,
     targeted: u64,
     non_moving_completes: bool,
@@ -87,9 +89,15 @@ fn lockstep(name: &str, ops: &Ops, cap: u64, divisor: u64) -> Row {
             .with_large_block_divisor(divisor),
         false,
     );
+    let mut budgeted = Run::new(
+        ops,
+        config.clone().with_compaction(CompactionPolicy::Budgeted),
+        false,
+    );
     let mut fixed = Run::new(ops, config.with_compaction(CompactionPolicy::Manual), false);
     for (i, &op) in ops.ops.iter().enumerate() {
         auto.op(op);
+        budgeted.op(op);
         naive.op(op);
         targeted.op(op);
         fixed.op(op);
@@ -110,10 +118,26 @@ fn lockstep(name: &str, ops: &Ops, cap: u64, divisor: u64) -> Row {
             naive.moved(),
             st.naive_bytes_moved
         );
+        let b = budgeted.arena.stats();
+        assert!(
+            !budgeted.failed || b.handover_bytes == 0,
+            "{name} at {cap} B: op {i}: Budgeted failed after its handover"
+        );
+        assert!(
+            b.bytes_moved + b.deferred_bytes
+                <= b.naive_bytes_moved + b.handover_bytes + b.overrun_bytes
+                && (b.naive_failures > 0 || b.naive_bytes_moved == naive.moved()),
+            "{name} at {cap} B, op {i}: Budgeted's bound: {b:?}"
+        );
     }
     assert!(!naive.failed && !auto.failed, "{name} at {cap} B");
     Row {
         auto: auto.moved(),
+        budgeted: if budgeted.failed {
+            u64::MAX
+        } else {
+            budgeted.moved()
+        },
         naive: naive.moved(),
         targeted: if targeted.failed {
             u64::MAX
@@ -144,12 +168,12 @@ fn bytes_moved_never_exceed_naive() {
         .unwrap_or(ArenaConfig::default().large_block_divisor);
     println!("targeted policy: large-block divisor {divisor}");
     println!(
-        "{:<34} {:>5} {:>14} {:>14} {:>7} {:>14} {:>7}",
-        "trace", "cap", "auto B", "naive B", "ratio", "targeted B", "ratio"
+        "{:<34} {:>5} {:>14} {:>14} {:>7} {:>14} {:>7} {:>14} {:>7}",
+        "trace", "cap", "auto B", "naive B", "ratio", "targeted B", "ratio", "budgeted B", "ratio"
     );
-    // (name, capacity ratio, auto / naive, targeted / naive), where naive
-    // moves anything.
-    let mut ratios: Vec<(String, f64, f64, f64)> = Vec::new();
+    // (name, capacity ratio, auto / naive, targeted / naive, budgeted /
+    // naive), where naive moves anything.
+    let mut ratios: Vec<(String, f64, f64, f64, f64)> = Vec::new();
     for (name, ops) in &traces {
         let peak = ops.peak_live_rounded(256);
         for ratio in [1.0, 1.001, 1.01, 1.05] {
@@ -157,25 +181,33 @@ fn bytes_moved_never_exceed_naive() {
             let row = lockstep(name, ops, cap, divisor);
             let of = |b: u64| b as f64 / row.naive.max(1) as f64;
             println!(
-                "{name:<34} {ratio:>5.3} {:>14} {:>14} {:>7.3} {:>14} {:>7.3}",
+                "{name:<34} {ratio:>5.3} {:>14} {:>14} {:>7.3} {:>14} {:>7.3} {:>14} {:>7.3}",
                 row.auto,
                 row.naive,
                 of(row.auto),
                 row.targeted,
-                of(row.targeted)
+                of(row.targeted),
+                row.budgeted,
+                of(row.budgeted)
             );
             assert!(row.auto <= row.naive, "{name} at {ratio}");
             assert!(
-                !row.non_moving_completes || row.auto == 0,
+                !row.non_moving_completes || (row.auto == 0 && row.budgeted == 0),
                 "{name} at {ratio}: a non-moving best fit completes, the arena moved {} B",
-                row.auto
+                row.auto.max(row.budgeted)
             );
             if row.naive > 0 {
-                ratios.push((name.clone(), ratio, of(row.auto), of(row.targeted)));
+                ratios.push((
+                    name.clone(),
+                    ratio,
+                    of(row.auto),
+                    of(row.targeted),
+                    of(row.budgeted),
+                ));
             }
         }
     }
-    let median = |pick: fn(&(String, f64, f64, f64)) -> f64, real_only: bool| {
+    let median = |pick: fn(&(String, f64, f64, f64, f64)) -> f64, real_only: bool| {
         let mut v: Vec<f64> = ratios
             .iter()
             .filter(|r| [1.0, 1.01, 1.05].contains(&r.1) && (!real_only || !r.0.contains(' ')))
@@ -185,11 +217,14 @@ fn bytes_moved_never_exceed_naive() {
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
     let (auto, targeted) = (median(|r| r.2, true), median(|r| r.3, true));
+    let budgeted = median(|r| r.4, true);
     println!(
         "median ratio where naive moves, at 1.00/1.01/1.05, over the shipped traces: \
-         auto {auto:.3}, targeted {targeted:.3} (all programs: auto {:.3}, targeted {:.3})",
+         auto {auto:.3}, targeted {targeted:.3}, budgeted {budgeted:.3} \
+         (all programs: auto {:.3}, targeted {:.3}, budgeted {:.3})",
         median(|r| r.2, false),
-        median(|r| r.3, false)
+        median(|r| r.3, false),
+        median(|r| r.4, false)
     );
     if divisor == ArenaConfig::default().large_block_divisor {
         assert!(
