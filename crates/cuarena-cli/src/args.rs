@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use cuarena::tools::trace::{Allocator, FreePoint};
+use cuarena_trace::trace::{Allocator, FreePoint};
 use lexopt::prelude::*;
 
 use crate::{Failure, Res};

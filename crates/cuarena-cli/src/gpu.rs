@@ -17,14 +17,14 @@ mod imp {
     use std::time::Duration;
 
     use cuarena::backend::cuda::CudaBackend;
-    use cuarena::tools::gpu::baselines::{
+    use cuarena::{fmt_bytes, ArenaConfig, Error};
+    use cuarena_trace::gpu::baselines::{
         find_min_pool_capacity, replay_cu_mem_alloc, replay_pool, PoolOptions,
     };
-    use cuarena::tools::gpu::replay::{replay_gpu, CheckSampling, GpuReplayOptions};
-    use cuarena::tools::trace::{replay_with, Allocator, Outcome, ReplayOptions, Trace};
-    use cuarena::tools::viz::timeline_svg;
-    use cuarena::tools::ToolError;
-    use cuarena::{fmt_bytes, ArenaConfig, Error};
+    use cuarena_trace::gpu::replay::{replay_gpu, CheckSampling, GpuReplayOptions};
+    use cuarena_trace::trace::{replay_with, Allocator, Outcome, ReplayOptions, Trace};
+    use cuarena_trace::viz::timeline_svg;
+    use cuarena_trace::ToolError;
 
     use crate::args::ReplayArgs;
     use crate::gpu_table::{arena_row, baseline_row, print_gpu_details, print_table, ratio};

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use cuarena::fmt_bytes;
-use cuarena::tools::gpu::baselines::BaselineReport;
-use cuarena::tools::gpu::replay::{GpuReplayReport, PassReport, HOST_TARGET, HOST_TARGET_MOVES};
+use cuarena_trace::gpu::baselines::BaselineReport;
+use cuarena_trace::gpu::replay::{GpuReplayReport, PassReport, HOST_TARGET, HOST_TARGET_MOVES};
 
 use crate::replay::result_cell;
 use crate::Res;

@@ -1,7 +1,7 @@
 //! `cuarena`: the command-line tool for PyTorch users.
 //!
 //! ```text
-//! cargo install --path .            # or: cargo run --release -- replay TRACE ...
+//! cargo install --path crates/cuarena-cli   # or: cargo run --release -p cuarena-cli -- replay TRACE ...
 //! cuarena replay TRACE --find-min   # would a compacting arena hold this trace?
 //! ```
 //!
@@ -29,7 +29,7 @@ mod verdict;
 use std::fmt;
 use std::process::ExitCode;
 
-use cuarena::tools::ToolError;
+use cuarena_trace::ToolError;
 
 use args::Command;
 

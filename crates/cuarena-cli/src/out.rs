@@ -1,5 +1,5 @@
 //! Output that cannot panic. `println!` panics when stdout is gone
-//! (`cuarena replay --help | head -3`); results go through [`outln!`]
+//! (`cuarena replay --help | head -3`); results go through `outln!`
 //! instead, which returns the write's error as a [`Failure`] for `?`.
 //!
 //! A closed pipe (`BrokenPipe`) becomes [`Failure::StdoutClosed`]: the

@@ -4,12 +4,12 @@
 use std::path::Path;
 use std::time::Instant;
 
-use cuarena::tools::trace::{
+use cuarena::{fmt_bytes, ArenaConfig};
+use cuarena_trace::trace::{
     find_min_capacity_observed, replay_prefix, replay_with, Allocator, FreePoint, MinCapacity, Ops,
     Outcome, ReplayOptions, ReplayReport, Trace, TraceFormat,
 };
-use cuarena::tools::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
-use cuarena::{fmt_bytes, ArenaConfig};
+use cuarena_trace::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
 
 use crate::args::{Capacity, ReplayArgs, MAX_CAPACITY};
 use crate::progress::Progress;

@@ -4,11 +4,11 @@
 //! served it. The same figures as JSON with `--json`.
 
 use cuarena::fmt_bytes;
-use cuarena::tools::trace::{
+use cuarena::ArenaConfig;
+use cuarena_trace::trace::{
     find_min_capacity, replay_with, Action, Op, Ops, Outcome, ReplayOptions, ReplayReport,
     Reserved, DEVICE_FREE_UNKNOWN,
 };
-use cuarena::ArenaConfig;
 
 use crate::json::Json;
 use crate::replay::Loaded;
@@ -259,8 +259,8 @@ pub(crate) fn json(l: &Loaded, v: &Verdict, align: u64) -> Res<()> {
         .str(
             "format",
             match l.trace.format {
-                cuarena::tools::trace::TraceFormat::Csv => "csv",
-                cuarena::tools::trace::TraceFormat::Pickle => "pickle",
+                cuarena_trace::trace::TraceFormat::Csv => "csv",
+                cuarena_trace::trace::TraceFormat::Pickle => "pickle",
             },
         )
         .num("device", u64::from(l.device))

@@ -14,10 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::Backend;
-use crate::plan::PlanKind;
-use crate::tools::{Result, ToolError};
-use crate::{Arena, CompactionPolicy, Handle, Stats};
+use cuarena::backend::Backend;
+use cuarena::plan::PlanKind;
+use cuarena::{Arena, CompactionPolicy, Handle, Stats};
+
+use crate::{DemoError, Result};
 
 /// What the scenario measured.
 #[derive(Debug, Clone)]
@@ -27,11 +28,15 @@ pub struct ScenarioReport {
     pub steps: usize,
     /// Stats of the compacting arena just before the big request.
     pub before: Stats,
+    /// Stats of the non-moving baseline just before the big request: its
+    /// holes differ from the compacting arena's (that one compacted during
+    /// the loop, when a step's request found no hole).
+    pub baseline_before: Stats,
     /// Size of the big request.
     pub request_bytes: u64,
     /// What the non-moving baseline said to the big request (or to an
     /// earlier request of the loop, if it failed sooner).
-    pub baseline: Result<()>,
+    pub baseline: std::result::Result<(), cuarena::Error>,
     /// Step at which the baseline failed (`steps` for the big request).
     pub baseline_failed_at: Option<usize>,
     /// Stats of the compacting arena after the big request.
@@ -152,20 +157,19 @@ pub fn run<B: Backend, C: Backend>(
         }
     }
     let before = arena.stats();
+    let baseline_before = baseline.stats();
     let map_before = map_of(arena);
     // Larger than the largest hole, smaller than the free bytes.
     let align = arena.config().alignment_bytes;
     let request_bytes = ((before.largest_free_bytes + before.free_bytes) / 2) & !(align - 1);
     if request_bytes <= before.largest_free_bytes {
-        return Err(ToolError::Usage {
-            reason: "the loop left no fragmentation to demonstrate; use more steps".into(),
-        });
+        return Err(DemoError::NoFragmentation);
     }
     if baseline_failed_at.is_none() {
         match baseline.alloc(request_bytes) {
             Ok(_) => baseline_result = Ok(()),
             Err(e) => {
-                baseline_result = Err(e.into());
+                baseline_result = Err(e);
                 baseline_failed_at = Some(steps);
             }
         }
@@ -189,8 +193,8 @@ pub fn run<B: Backend, C: Backend>(
                 .filter(|&(i, &w)| w != word(seed, i as u64))
                 .count();
             if bad > 0 {
-                return Err(ToolError::DataMismatch {
-                    what: format!("a live tensor of {bytes} B"),
+                return Err(DemoError::DataMismatch {
+                    tensor_bytes: bytes,
                     mismatched_words: 2 * bad as u64,
                 });
             }
@@ -201,6 +205,7 @@ pub fn run<B: Backend, C: Backend>(
     Ok(ScenarioReport {
         steps,
         before,
+        baseline_before,
         request_bytes,
         baseline: baseline_result,
         baseline_failed_at,
@@ -216,7 +221,7 @@ fn baseline_alloc<C: Backend>(
     baseline: &mut Arena<C>,
     bytes: u64,
     step: usize,
-    result: &mut Result<()>,
+    result: &mut std::result::Result<(), cuarena::Error>,
     failed_at: &mut Option<usize>,
 ) -> Option<Handle> {
     if failed_at.is_some() {
@@ -225,7 +230,7 @@ fn baseline_alloc<C: Backend>(
     match baseline.alloc(bytes) {
         Ok(h) => Some(h),
         Err(e) => {
-            *result = Err(e.into());
+            *result = Err(e);
             *failed_at = Some(step);
             None
         }
@@ -253,5 +258,37 @@ impl ScenarioReport {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuarena::{ArenaConfig, Error};
+
+    /// The demo's claim, proven in CI: the non-moving baseline fails where
+    /// the compacting arena succeeds, and every live tensor keeps its bytes.
+    #[test]
+    fn the_demo_scenario_holds_on_the_host_backend() {
+        let cap = 64 << 20;
+        let mut ours = Arena::host(ArenaConfig::new(cap)).expect("arena");
+        let mut base = Arena::host(ArenaConfig::new(cap)).expect("baseline");
+        let r = run(&mut ours, &mut base, 120, &mut |_| {}).expect("scenario");
+        assert!(
+            r.request_bytes > r.before.largest_free_bytes && r.request_bytes <= r.before.free_bytes
+        );
+        assert!(
+            r.request_bytes > r.baseline_before.largest_free_bytes,
+            "the baseline has a hole for it"
+        );
+        assert!(
+            matches!(r.baseline, Err(Error::OutOfMemory { .. })),
+            "{:?}",
+            r.baseline
+        );
+        assert_eq!(r.baseline_failed_at, Some(r.steps));
+        assert!(r.compacted());
+        assert!(r.bytes_moved() > 0);
+        assert!(r.verified.0 > 1);
     }
 }

@@ -1,5 +1,5 @@
 //! Compaction policy cost under heavy fragmentation: the shapes of
-//! [`cuarena::tools::fragment`] (256 B blocks freed every other one then
+//! [`cuarena_trace::fragment`] (256 B blocks freed every other one then
 //! 512 B requests; mixed sizes; scattered pins) replayed on a metadata
 //! arena at capacity = peak live, for n = 10k to 320k initial blocks.
 //!
@@ -12,7 +12,7 @@
 //! Then the criterion groups, one per shape, whose throughput is in initial
 //! blocks per second: flat across n means time linear in n.
 //!
-//! `cargo bench --bench fragmentation` (table only: `-- --table`, rounds:
+//! `cargo bench -p cuarena-trace --bench fragmentation` (table only: `-- --table`, rounds:
 //! `-- --table --rounds 9`; a criterion filter such as `-- checkerboard`
 //! also works).
 //!
@@ -39,9 +39,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
-use cuarena::tools::fragment::{program, run, run_program, FragmentReport, Shape};
-use cuarena::tools::trace::{replay_with, Allocator, Ops, ReplayOptions};
 use cuarena::ArenaConfig;
+use cuarena_trace::fragment::{program, run, run_program, FragmentReport, Shape};
+use cuarena_trace::trace::{replay_with, Allocator, Ops, ReplayOptions};
 
 const SIZES: [usize; 6] = [10_000, 20_000, 40_000, 80_000, 160_000, 320_000];
 

@@ -2,8 +2,8 @@
 //! failure, per trace, at 1.00, 1.01 and 1.05 x peak live: the table of
 //! BENCHMARKS.md. Metadata replays (placement and planning, no bytes).
 //!
-//!     cargo bench --bench policy                      # the traces in tests/data
-//!     CUARENA_TRACES=corpus cargo bench --bench policy # a folder of your own
+//!     cargo bench -p cuarena-trace --bench policy     # the traces in tests/data
+//!     CUARENA_TRACES=corpus cargo bench -p cuarena-trace --bench policy   # a folder of your own
 //!
 //! A trace's half (design or report) is looked up in the folder's
 //! `manifest.json` or `corpus_manifest.json` (as `scripts/record-corpus.sh`
@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cuarena::tools::trace::{replay_with, Allocator, ReplayOptions, Trace};
 use cuarena::{fmt_bytes, ArenaConfig};
+use cuarena_trace::trace::{replay_with, Allocator, ReplayOptions, Trace};
 
 const ALIGN: u64 = 256;
 const RATIOS: [f64; 3] = [1.00, 1.01, 1.05];

@@ -10,13 +10,13 @@
 //! when `python3` is on the PATH; otherwise by serde-pickle, whose layout
 //! (no memo, so larger and cheaper to read per byte) the table names.
 //!
-//!     cargo bench --bench snapshot
+//!     cargo bench -p cuarena-trace --bench snapshot
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use cuarena::tools::trace::{replay_with, Allocator, ReplayOptions, Trace};
 use cuarena::ArenaConfig;
+use cuarena_trace::trace::{replay_with, Allocator, ReplayOptions, Trace};
 use serde_pickle::{HashableValue, Value};
 
 const TARGET_BYTES: usize = 100_000_000;

@@ -2,7 +2,7 @@
 //! of every event (used to check that readers agree, and to measure a
 //! reader's peak memory with `/usr/bin/time -v`).
 //!
-//! `cargo run --release --example read_trace -- FILE...`
+//! `cargo run --release -p cuarena-trace --example read_trace -- FILE...`
 //!
 //! Exit status: 0 when every file was read, 1 when one failed (its error
 //! on stderr) or stdout cannot be written, 2 for a usage error (no file
@@ -12,7 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
-use cuarena::tools::trace::Trace;
+use cuarena_trace::trace::Trace;
 
 const USAGE: &str = "\
 usage: read_trace FILE...

@@ -1,17 +1,17 @@
-//! The tooling's error type, apart from the allocator's [`crate::Error`]:
+//! The tooling's error type, apart from the allocator's [`cuarena::Error`]:
 //! a trace file that cannot be read, a verification that found bytes that
 //! changed, or an arena call that failed during a replay.
 
 /// `Result` with [`ToolError`] as its default error.
 pub type Result<T, E = ToolError> = std::result::Result<T, E>;
 
-/// What can go wrong in the tools (trace readers, replays, scenarios).
+/// What can go wrong in the trace readers and replays.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ToolError {
     /// An arena or backend call failed.
     #[error(transparent)]
-    Arena(#[from] crate::Error),
+    Arena(#[from] cuarena::Error),
 
     /// A trace file could not be read or parsed.
     #[error("trace {path}: record {record}: {message}")]
@@ -25,15 +25,15 @@ pub enum ToolError {
     },
 
     /// A trace file goes past one of the reader's limits (see
-    /// [`crate::tools::trace::limits`] for the limits and
-    /// [`crate::tools::trace`] for the memory bound they give).
+    /// [`crate::trace::limits`] for the limits and
+    /// [`crate::trace`] for the memory bound they give).
     #[error("trace {path}: {what} reached {asked}, past the reader's limit {name} = {limit}")]
     Limit {
         /// File being read.
         path: String,
         /// What went past its limit (nesting depth, memo entries, ...).
         what: &'static str,
-        /// The limit's name in [`crate::tools::trace::limits`].
+        /// The limit's name in [`crate::trace::limits`].
         name: &'static str,
         /// How much the file asked for when it was stopped (at least
         /// `limit + 1`, or the size it claimed).
@@ -55,7 +55,7 @@ pub enum ToolError {
     },
 
     /// A verification found bytes that are not what was written: a tensor
-    /// lost its data (reported by the replay and scenario checks, never expected).
+    /// lost its data (reported by the replay checks, never expected).
     #[error("data mismatch: {mismatched_words} words of {what} do not hold what was written")]
     DataMismatch {
         /// Which tensor or check.

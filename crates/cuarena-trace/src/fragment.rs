@@ -15,9 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::tools::trace::{Op, Ops};
-use crate::tools::{Result, ToolError};
-use crate::{Arena, ArenaConfig, CompactionPolicy};
+use crate::trace::{Op, Ops};
+use crate::{Result, ToolError};
+use cuarena::{Arena, ArenaConfig, CompactionPolicy};
 
 /// A fragmentation shape; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub struct FragmentReport {
     pub bytes_moved: u64,
     /// Targeted and full compactions.
     pub compactions: (u64, u64),
-    /// Block visits of planning (see [`crate::Stats::planning_visits`]):
+    /// Block visits of planning (see [`cuarena::Stats::planning_visits`]):
     /// the deterministic counterpart of `wall`.
     pub planning_visits: u64,
 }

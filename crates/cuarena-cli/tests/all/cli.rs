@@ -3,10 +3,18 @@
 
 use std::process::{Command, Output};
 
+/// The `cuarena` command, run in the trace crate's folder so that the
+/// fixtures' paths (`tests/data/...`) read as in that crate's tests.
+pub(crate) fn command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cuarena"));
+    c.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../cuarena-trace"));
+    c
+}
+
+/// Runs `cuarena ARGS` (see [`command`]) to completion.
 pub(crate) fn cuarena(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cuarena"))
+    command()
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("the cuarena binary runs")
 }
@@ -102,9 +110,8 @@ fn cli_closed_stdout_is_a_quiet_exit() {
         &["replay", RESNET, "--capacity", "12GiB"],
     ];
     for args in runs {
-        let o = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+        let o = command()
             .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
             .stdout(closed_pipe())
             .output()
             .expect("the cuarena binary runs");
@@ -114,9 +121,8 @@ fn cli_closed_stdout_is_a_quiet_exit() {
 
     // As `| head -1`: one line read, then the pipe closed while the command
     // still replays (or has just finished: status 0 as well).
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+    let mut child = command()
         .args(["replay", RESNET])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -135,7 +141,7 @@ fn cli_closed_stdout_is_a_quiet_exit() {
         .write(true)
         .open("/dev/full")
         .expect("/dev/full opens");
-    let o = Command::new(env!("CARGO_BIN_EXE_cuarena"))
+    let o = command()
         .arg("--help")
         .stdout(full)
         .output()
@@ -151,7 +157,7 @@ fn cli_closed_stdout_is_a_quiet_exit() {
 
 /// Hostile traces through the command: each stops with exit status 3 and a
 /// message naming the limit, quickly, and the child's peak RSS stays under
-/// the readers' stated bound (`cuarena::tools::trace`, "Bounded input")
+/// the readers' stated bound (`cuarena_trace::trace`, "Bounded input")
 /// plus what the command takes to fail on a missing file.
 ///
 /// Peak RSS: `wait4` gives one child's `ru_maxrss`, but Linux carries the
@@ -167,11 +173,11 @@ mod hostile_files {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
-    use cuarena::tools::trace::limits::{
+    use cuarena_trace::trace::limits::{
         GZIP_RATIO_SLACK_BYTES, MAX_GZIP_RATIO, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE,
     };
 
-    use crate::hostile::{
+    use crate::support::{
         deep_list_pickle, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle, DEEP,
     };
 
@@ -220,7 +226,7 @@ mod hostile_files {
         let hwm = own_hwm_kib();
         let err = std::fs::File::create(&err_path).unwrap();
         let t0 = Instant::now();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cuarena"));
+        let mut cmd = super::command();
         cmd.arg("replay")
             .arg(&file)
             .stdin(Stdio::null())
@@ -375,7 +381,7 @@ mod hostile_files {
         std::fs::write(&path, short_line_csv_gz(0, n)).unwrap();
         let r = replay(&path, &dir);
         let bound = base.peak_rss_bytes.max(r.probe_hwm_bytes)
-            + (n as u64) * cuarena::tools::trace::EVENT_BYTES * 9 / 8
+            + (n as u64) * cuarena_trace::trace::EVENT_BYTES * 9 / 8
             + (8 << 20);
         println!(
             "short.csv.gz: exit {}, {:?}, peak RSS {} KiB (bound {} KiB)",
@@ -553,4 +559,58 @@ mod hostile_files {
         let _ = std::fs::remove_dir_all(&dir);
         assert!(failures.is_empty(), "{failures:#?}");
     }
+}
+
+/// A snapshot whose pending-free and allocated blocks sum past 2^64: the
+/// `--json` verdict saturates (or refuses), never wraps.
+#[test]
+fn json_segments_active_bytes_do_not_wrap() {
+    use crate::support::dict;
+    use serde_pickle::Value;
+    // 2^14 pending-free blocks of 2^50 B (sum 2^64, saturating) plus one
+    // allocated block: allocated + pending_free overflows u64.
+    let mut blocks: Vec<Value> = (0..1i64 << 14)
+        .map(|i| {
+            dict(vec![
+                ("address", Value::I64(i << 40)),
+                ("size", Value::I64(1 << 50)),
+                ("state", Value::String("active_pending_free".into())),
+            ])
+        })
+        .collect();
+    blocks.push(dict(vec![
+        ("address", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+        ("state", Value::String("active_allocated".into())),
+    ]));
+    let seg = dict(vec![
+        ("address", Value::I64(0)),
+        ("total_size", Value::I64(1 << 62)),
+        ("blocks", Value::List(blocks)),
+    ]);
+    let ev = dict(vec![
+        ("action", Value::String("alloc".into())),
+        ("addr", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+    ]);
+    let top = dict(vec![
+        ("segments", Value::List(vec![seg])),
+        ("device_traces", Value::List(vec![Value::List(vec![ev])])),
+    ]);
+    let path =
+        std::env::temp_dir().join(format!("cuarena-review-ovf-{}.pickle", std::process::id()));
+    std::fs::write(
+        &path,
+        serde_pickle::value_to_vec(&top, Default::default()).unwrap(),
+    )
+    .unwrap();
+    let o = cuarena(&["replay", &path.to_string_lossy(), "--json"]);
+    let _ = std::fs::remove_file(&path);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.code().is_some(), "killed: {o:?}");
+    // A wrapped sum reads 511; saturating reads u64::MAX (or refuse it).
+    assert!(
+        !out.contains("\"segments_active_bytes\":511,"),
+        "wrapped: {out}"
+    );
 }

@@ -4,17 +4,13 @@
 //! made snapshots cover what the fixtures may lack (an `oom` without
 //! `addr`, PyTorch 2.0's block layout, several devices, an empty trace).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use cuarena::tools::trace::{Action, FreePoint, Trace};
+use cuarena_trace::trace::{Action, FreePoint, Trace};
 use serde_pickle::Value;
 
 use crate::cli::cuarena;
-use crate::trace::readers::dict;
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
-}
+use crate::support::{data, dict};
 
 /// Every snapshot (pickle) shipped in `tests/data`.
 fn shipped_snapshots() -> Vec<PathBuf> {

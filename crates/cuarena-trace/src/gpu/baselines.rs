@@ -5,7 +5,7 @@
 //! Both replay an [`Ops`] program with the driver's own calls (through
 //! `cudarc::driver::sys`) and no data: they answer "does this allocator
 //! complete the program at this capacity" and "how long do its calls
-//! take", the questions the arena's GPU replay ([`crate::tools::gpu::replay`])
+//! take", the questions the arena's GPU replay ([`crate::gpu::replay`])
 //! answers for cuarena.
 //!
 //! # The pool
@@ -30,13 +30,14 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, CudaStream};
+use cuarena::backend::cuda::cudarc::driver::sys;
+use cuarena::backend::cuda::cudarc::driver::{CudaContext, CudaStream};
 
-use crate::backend::cuda::{driver_err, CudaBackend};
-use crate::error::Error;
-use crate::tools::trace::{Op, Ops, Outcome};
-use crate::tools::{Result, ToolError};
+use super::driver_err;
+use crate::trace::{Op, Ops, Outcome};
+use crate::{Result, ToolError};
+use cuarena::backend::cuda::CudaBackend;
+use cuarena::Error;
 
 /// Which real allocator a [`BaselineReport`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +98,7 @@ impl BaselineReport {
 
     /// Wall time per op run.
     pub fn time_per_op(&self) -> Duration {
-        crate::tools::trace::replay::per_op(self.wall_time, self.ops_run)
+        crate::trace::replay::per_op(self.wall_time, self.ops_run)
     }
 }
 

@@ -12,3 +12,14 @@ pub mod baselines;
 pub mod pattern;
 pub mod replay;
 mod report;
+
+use cuarena::backend::cuda::cudarc::driver::DriverError;
+
+/// Maps a failed driver call of the tools to the core's `Error::Driver`
+/// naming `call`; the core's `From` keeps the driver's `CUresult` code.
+pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
+    move |e| cuarena::Error::Driver {
+        call,
+        source: e.into(),
+    }
+}

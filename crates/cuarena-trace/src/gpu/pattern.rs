@@ -1,12 +1,12 @@
 //! Pattern fill and check kernels for the GPU trace replay
-//! ([`crate::tools::gpu::replay`]), from `kernels/pattern.cu`.
+//! ([`crate::gpu::replay`]), from `kernels/pattern.cu`.
 //!
 //! Word `w` of a tensor with id `id` holds a hash of `(id, w)`: the pattern
 //! depends on the position inside the tensor, so a correct move keeps it,
 //! and on the id, so a wrong block or a stale copy does not pass. Fills and
 //! checks run on the arena stream, so they are ordered with the arena's own
 //! compactions (the stream contract of
-//! [`Arena<CudaBackend>`](crate::Arena#impl-Arena<CudaBackend>)), and are
+//! [`Arena<CudaBackend>`](cuarena::Arena#impl-Arena<CudaBackend>)), and are
 //! launched through addresses the arena itself resolved for a live block.
 //!
 //! The module is compiled once per process and architecture with NVRTC
@@ -15,20 +15,21 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{
+use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use crate::arena::Arena;
-use crate::backend::cuda::{driver_err, CudaBackend};
-use crate::error::Error;
-use crate::handle::Handle;
-use crate::tools::{Result, ToolError};
+use super::driver_err;
+use crate::{Result, ToolError};
+use cuarena::backend::cuda::CudaBackend;
+use cuarena::Arena;
+use cuarena::Error;
+use cuarena::Handle;
 
 /// Name used in [`Error::Nvrtc`] for these kernels.
 pub const PATTERN_SOURCE_NAME: &str = "kernels/pattern.cu";
-const PATTERN_SOURCE: &str = include_str!("../../../kernels/pattern.cu");
+const PATTERN_SOURCE: &str = include_str!("../../kernels/pattern.cu");
 
 /// Threads per CTA of the fill and check kernels.
 const THREADS: u32 = 256;
@@ -281,7 +282,7 @@ mod tests {
     #[test]
     fn kernels_compile_where_nvrtc_is_present() {
         // SAFETY: only tries to open the NVRTC library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if !unsafe { cuarena::backend::cuda::cudarc::nvrtc::sys::is_culib_present() } {
             println!("skipped: no NVRTC library");
             return;
         }

@@ -50,7 +50,7 @@
 //!   split into planning, staging (the rest of the compaction: checking,
 //!   laying out and enqueueing the moves, the index and the table) and the
 //!   placement around them; the backend's share and any time it was
-//!   blocked on the device ([`HostStats`](crate::backend::cuda::HostStats));
+//!   blocked on the device ([`HostStats`](cuarena::backend::cuda::HostStats));
 //!   and whether the call returned before the device reached the work
 //!   queued ahead of its moves (the start event still pending: nothing
 //!   waited for it). [`PassReport::host_vs_device`] sums that up over the
@@ -64,16 +64,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::arena::Arena;
-use crate::backend::cuda::cudarc::driver::{sys, CudaEvent};
-use crate::backend::cuda::{driver_err, CudaBackend};
-use crate::config::ArenaConfig;
-use crate::error::Error;
-use crate::handle::Handle;
-use crate::tools::gpu::pattern::PatternKernels;
-use crate::tools::trace::{round_up, Allocator, Op, Ops, Outcome};
-use crate::tools::{Result, ToolError};
-use crate::Stats;
+use super::driver_err;
+use crate::gpu::pattern::PatternKernels;
+use crate::trace::{round_up, Allocator, Op, Ops, Outcome};
+use crate::{Result, ToolError};
+use cuarena::backend::cuda::cudarc::driver::{sys, CudaEvent};
+use cuarena::backend::cuda::CudaBackend;
+use cuarena::config::ArenaConfig;
+use cuarena::Arena;
+use cuarena::Error;
+use cuarena::Handle;
+use cuarena::Stats;
 
 pub use super::report::{
     trace_wall_time, CheckSampling, CompactionTiming, GpuReplayOptions, GpuReplayReport,
@@ -338,7 +339,7 @@ impl Run<'_> {
 }
 
 /// Whether an allocation of `reserved` bytes (rounded to the alignment, at
-/// the arena's own alignment) compacts under [`crate::config::CompactionPolicy::Auto`]
+/// the arena's own alignment) compacts under [`cuarena::config::CompactionPolicy::Auto`]
 /// without pins or spilling: it fits in the free bytes but in no hole.
 /// Exact, since the free-space index fails only when no hole can hold a
 /// request.
@@ -444,8 +445,8 @@ pub fn replay_gpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CompactionPolicy;
-    use crate::tools::gpu::pattern::CheckRange;
+    use crate::gpu::pattern::CheckRange;
+    use cuarena::config::CompactionPolicy;
 
     #[test]
     fn sampling_picks_ranges() {
@@ -478,15 +479,15 @@ mod tests {
     /// metadata arena replaying a real trace at its smallest capacity, an
     /// allocation compacts if and only if it was predicted to. Under the
     /// targeted policy: `Auto` also runs deferred moves at allocations that
-    /// fit in a hole (`crate::plan::lag`), which this prediction does not
+    /// fit in a hole (`cuarena::plan::lag`), which this prediction does not
     /// see (the replay counts them as untimed compactions).
     #[test]
     fn compaction_prediction_is_exact_on_a_real_trace() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/resnet50_varbatch_h100.pickle.gz");
-        let trace = crate::tools::trace::Trace::read(&path).unwrap();
+        let trace = crate::trace::Trace::read(&path).unwrap();
         let ops = trace.ops(0);
-        let cap = crate::tools::trace::find_min_capacity(&ops, 256)
+        let cap = crate::trace::find_min_capacity(&ops, 256)
             .unwrap()
             .capacity_bytes;
         let config = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Targeted);

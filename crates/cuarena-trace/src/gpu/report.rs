@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use crate::backend::cuda::CudaOptions;
+use cuarena::backend::cuda::CudaOptions;
 
-use crate::tools::gpu::pattern::CheckRange;
-use crate::tools::trace::{Allocator, Ops, Outcome};
+use crate::gpu::pattern::CheckRange;
+use crate::trace::{Allocator, Ops, Outcome};
 
 /// How much of each tensor a GPU replay reads back at its free. Build one
 /// from [`Default`] (or [`CheckSampling::ALL`]) with the `with_*` methods:
@@ -76,7 +76,7 @@ impl CheckSampling {
                 ""
             },
             ordinal(self.full_every),
-            crate::fmt_bytes(self.edge_bytes)
+            cuarena::fmt_bytes(self.edge_bytes)
         )
     }
 }

@@ -13,7 +13,7 @@ use std::io::{BufRead, Read};
 use super::input::{io_error, out_of_memory};
 use super::limits::MAX_CSV_LINE_BYTES;
 use super::{Action, ActionCounts, TraceEvent};
-use crate::tools::{Result, ToolError};
+use crate::{Result, ToolError};
 
 const REQUIRED: [&str; 5] = ["action", "addr", "size", "stream", "time_us"];
 

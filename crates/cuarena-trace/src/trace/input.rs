@@ -8,7 +8,7 @@ use std::io::Read;
 use std::rc::Rc;
 
 use super::{csv, limits, Trace, GZIP_MAGIC, PICKLE_PROTO};
-use crate::tools::{Result, ToolError};
+use crate::{Result, ToolError};
 
 /// Refuses input larger than [`limits::MAX_DECOMPRESSED_BYTES`].
 pub(super) fn check_size(len: u64, source: &str) -> Result<()> {

@@ -1,6 +1,6 @@
 //! The trace readers' limits. Each is checked while reading, and going past
-//! one is a [`ToolError::Limit`](crate::tools::ToolError::Limit) that names
-//! it; together they give the memory bound stated in [`crate::tools::trace`].
+//! one is a [`ToolError::Limit`](crate::ToolError::Limit) that names
+//! it; together they give the memory bound stated in [`crate::trace`].
 
 /// Most bytes a trace may hold once decompressed (gzip is inflated in a
 /// streaming way and stopped here; a plain file larger than this is refused

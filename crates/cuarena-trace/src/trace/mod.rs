@@ -18,7 +18,7 @@
 //! with frees into an [`Ops`] program (with the blocks that were live when
 //! recording began, see [`ops`](Trace::ops)), and [`replay()`] runs a
 //! program against a metadata-only arena. Malformed input of any kind is a
-//! [`crate::tools::ToolError::Trace`] naming the file and the 1-based line
+//! [`crate::ToolError::Trace`] naming the file and the 1-based line
 //! (CSV) or event (pickle); nothing here panics on bad input.
 //!
 //! # Events kept
@@ -82,7 +82,7 @@ mod tests;
 use std::io::Read;
 use std::path::Path;
 
-use crate::tools::{Result, ToolError};
+use crate::{Result, ToolError};
 
 pub use counts::ActionCounts;
 #[cfg(feature = "cuda")]

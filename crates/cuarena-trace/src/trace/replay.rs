@@ -14,20 +14,20 @@
 use std::time::{Duration, Instant};
 
 use super::ops::{round_up, Op, Ops};
-use crate::arena::Arena;
-use crate::backend::MetaBackend;
-use crate::config::{ArenaConfig, CompactionPolicy};
-use crate::error::Error;
-use crate::handle::Handle;
-use crate::tools::viz::{Sample, Timeline};
-use crate::tools::{Result, ToolError};
+use crate::viz::{Sample, Timeline};
+use crate::{Result, ToolError};
+use cuarena::backend::MetaBackend;
+use cuarena::config::{ArenaConfig, CompactionPolicy};
+use cuarena::Arena;
+use cuarena::Error;
+use cuarena::Handle;
 
 /// Which allocator a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Allocator {
     /// The arena with [`CompactionPolicy::Auto`]: a compaction when a
     /// request fits in the free bytes but in no hole, targeted or full as
-    /// [`crate::plan::policy`] decides.
+    /// [`cuarena::plan::policy`] decides.
     #[default]
     Compacting,
     /// [`CompactionPolicy::Manual`]; on out-of-memory, one full compaction
@@ -77,7 +77,7 @@ impl Allocator {
 /// `#[non_exhaustive]`.
 ///
 /// ```
-/// use cuarena::tools::trace::{Allocator, ReplayOptions};
+/// use cuarena_trace::trace::{Allocator, ReplayOptions};
 /// let o = ReplayOptions::default()
 ///     .with_allocator(Allocator::NonMoving)
 ///     .with_timeline_points(100);
@@ -451,7 +451,7 @@ pub fn find_min_capacity_observed(
     if !align.is_power_of_two() {
         return Err(Error::InvalidAlignment {
             align_bytes: align,
-            max_align_bytes: crate::config::MAX_ALIGN,
+            max_align_bytes: cuarena::config::MAX_ALIGN,
         }
         .into());
     }

@@ -166,7 +166,7 @@ pub(crate) fn svg_open(out: &mut String, w: u32, h: u32) {
 
 /// Human-readable bytes for labels.
 pub(crate) fn fmt_bytes(b: u64) -> String {
-    crate::fmt_bytes(b)
+    cuarena::fmt_bytes(b)
 }
 
 #[cfg(test)]

@@ -386,7 +386,7 @@ pub fn timeline_svg(t: &Timeline) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::viz::Sample;
+    use crate::viz::Sample;
 
     #[test]
     fn downsample_keeps_extremes_and_bounds_points() {

@@ -3,14 +3,17 @@
 //! stated memory bound; real files still read to exactly the events a
 //! general unpickler (serde-pickle) gives.
 
-use std::io::Write as _;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cuarena::tools::trace::limits::{MAX_INT_BYTES, MAX_MARKS, MAX_NESTING};
-use cuarena::tools::trace::{Action, Trace, TraceEvent};
-use cuarena::tools::ToolError;
+use cuarena_trace::trace::limits::{MAX_INT_BYTES, MAX_MARKS, MAX_NESTING};
+use cuarena_trace::trace::{Action, Trace, TraceEvent};
+use cuarena_trace::ToolError;
 use serde_pickle::{HashableValue, Value};
+
+use crate::support::{
+    data, deep_list_pickle, dict, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle,
+    pickle, DEEP,
+};
 
 /// Reads `bytes`, checking it takes under 10 s (release; debug is slower).
 fn read(bytes: &[u8]) -> Result<Trace, ToolError> {
@@ -64,70 +67,6 @@ fn expect_trace(r: Result<Trace, ToolError>, needle: &str) {
             describe(&other)
         ),
     }
-}
-
-/// PROTO 4 then `body` then STOP.
-pub(crate) fn pickle(body: &[u8]) -> Vec<u8> {
-    let mut b = vec![0x80, 4];
-    b.extend_from_slice(body);
-    b.push(b'.');
-    b
-}
-
-pub(crate) const DEEP: usize = 500_000;
-
-/// EMPTY_LIST × `depth`, APPEND × (`depth` - 1): a list nested `depth` deep.
-pub(crate) fn deep_list_pickle(depth: usize) -> Vec<u8> {
-    let mut body = vec![b']'; depth];
-    body.resize(2 * depth - 1, b'a');
-    pickle(&body)
-}
-
-/// EMPTY_LIST then (DUP, TUPLE2) × `pairs`: 2^`pairs` leaves if copied,
-/// `pairs` deep.
-pub(crate) fn dup_tuple2_pickle(pairs: usize) -> Vec<u8> {
-    let mut body = vec![b']'];
-    for _ in 0..pairs {
-        body.extend_from_slice(b"2\x86");
-    }
-    pickle(&body)
-}
-
-/// `marks` MARKs and nothing else.
-pub(crate) fn mark_flood_pickle(marks: usize) -> Vec<u8> {
-    pickle(&vec![b'('; marks])
-}
-
-/// A LONG4 integer claiming `claimed` bytes of digits (16 present).
-pub(crate) fn long4_pickle(claimed: u32) -> Vec<u8> {
-    let mut body = vec![0x8b];
-    body.extend_from_slice(&claimed.to_le_bytes());
-    body.extend_from_slice(&[0xff; 16]);
-    pickle(&body)
-}
-
-/// A pickle's first bytes, then `copies` gzip members of `member_bytes`
-/// zeros each (a multi-member gzip is valid): built streaming, never held
-/// inflated. (Zeros alone are refused at their first byte, as no format.)
-pub(crate) fn gzip_zeros(member_bytes: usize, copies: usize) -> Vec<u8> {
-    let mut head = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    head.write_all(&[0x80, 0x04]).unwrap();
-    let head = head.finish().unwrap();
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    let zeros = vec![0u8; member_bytes.min(1 << 20)];
-    let mut left = member_bytes;
-    while left > 0 {
-        let n = left.min(zeros.len());
-        enc.write_all(&zeros[..n]).unwrap();
-        left -= n;
-    }
-    let member = enc.finish().unwrap();
-    let mut bomb = Vec::with_capacity(head.len() + member.len() * copies);
-    bomb.extend_from_slice(&head);
-    for _ in 0..copies {
-        bomb.extend_from_slice(&member);
-    }
-    bomb
 }
 
 #[test]
@@ -344,12 +283,7 @@ fn unknown_opcodes_and_recursion() {
 }
 
 fn real(name: &str) -> Vec<u8> {
-    let b = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data")
-            .join(name),
-    )
-    .unwrap();
+    let b = std::fs::read(data().join(name)).unwrap();
     if b.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&b[..]), &mut out).unwrap();
@@ -560,15 +494,6 @@ fn repeated_unmatched_frees_of_one_address_are_separate_blocks() {
 
 #[test]
 fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
-    use std::collections::BTreeMap;
-    let s = |x: &str| HashableValue::String(x.to_owned());
-    let dict = |kv: Vec<(&str, Value)>| {
-        Value::Dict(
-            kv.into_iter()
-                .map(|(k, v)| (s(k), v))
-                .collect::<BTreeMap<_, _>>(),
-        )
-    };
     let block = |addr: i64, size: i64, state: &str| {
         dict(vec![
             ("address", Value::I64(addr)),
@@ -621,68 +546,4 @@ fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
         "bytes live at the end differ from the bytes active in `segments`"
     );
     assert_eq!(ops.peak_live_bytes, 1024 + 512 + 512);
-}
-
-#[test]
-fn json_segments_active_bytes_do_not_wrap() {
-    use std::collections::BTreeMap;
-    let s = |x: &str| HashableValue::String(x.to_owned());
-    let dict = |kv: Vec<(&str, Value)>| {
-        Value::Dict(
-            kv.into_iter()
-                .map(|(k, v)| (s(k), v))
-                .collect::<BTreeMap<_, _>>(),
-        )
-    };
-    // 2^14 pending-free blocks of 2^50 B (sum 2^64, saturating) plus one
-    // allocated block: allocated + pending_free overflows u64.
-    let mut blocks: Vec<Value> = (0..1i64 << 14)
-        .map(|i| {
-            dict(vec![
-                ("address", Value::I64(i << 40)),
-                ("size", Value::I64(1 << 50)),
-                ("state", Value::String("active_pending_free".into())),
-            ])
-        })
-        .collect();
-    blocks.push(dict(vec![
-        ("address", Value::I64(1 << 62)),
-        ("size", Value::I64(512)),
-        ("state", Value::String("active_allocated".into())),
-    ]));
-    let seg = dict(vec![
-        ("address", Value::I64(0)),
-        ("total_size", Value::I64(1 << 62)),
-        ("blocks", Value::List(blocks)),
-    ]);
-    let ev = dict(vec![
-        ("action", Value::String("alloc".into())),
-        ("addr", Value::I64(1 << 62)),
-        ("size", Value::I64(512)),
-    ]);
-    let top = dict(vec![
-        ("segments", Value::List(vec![seg])),
-        ("device_traces", Value::List(vec![Value::List(vec![ev])])),
-    ]);
-    let path =
-        std::env::temp_dir().join(format!("cuarena-review-ovf-{}.pickle", std::process::id()));
-    std::fs::write(
-        &path,
-        serde_pickle::value_to_vec(&top, Default::default()).unwrap(),
-    )
-    .unwrap();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_cuarena"))
-        .arg("replay")
-        .arg(&path)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&path);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.code().is_some(), "killed: {o:?}");
-    // A wrapped sum reads 511; saturating reads u64::MAX (or refuse it).
-    assert!(
-        !out.contains("\"segments_active_bytes\":511,"),
-        "wrapped: {out}"
-    );
 }

@@ -11,15 +11,15 @@ mod svg;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cuarena::tools::trace::{
+use cuarena::ArenaConfig;
+use cuarena_trace::trace::{
     find_min_capacity, find_min_capacity_with, replay, replay_with, Allocator, FreePoint, Op, Ops,
     ReplayOptions, Trace,
 };
-use cuarena::ArenaConfig;
 
 /// `shared/traces` beside the checkout (CI), or the workplace's copy.
 fn shared_traces() -> Option<PathBuf> {
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
     [beside, PathBuf::from("/work/shared/traces")]
         .into_iter()
         .find(|p| p.is_dir())
@@ -236,7 +236,7 @@ fn steady_state_stress() {
 /// arena's smallest capacity is within 0.1% of it.
 #[test]
 fn recorded_pickles_replay_at_peak_live() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let dir = crate::support::data();
     for name in [
         "gpt2_varlen_h100.pickle.gz",
         "resnet50_varbatch_h100.pickle.gz",
@@ -258,7 +258,7 @@ fn recorded_pickles_replay_at_peak_live() {
 /// Every trace shipped in `tests/data` (and the shared ones when present),
 /// as `(name, ops)`.
 fn all_traces() -> Vec<(String, Ops)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let dir = crate::support::data();
     let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -286,7 +286,7 @@ fn all_traces() -> Vec<(String, Ops)> {
 /// work (block visits, deterministic) per op stays within the pacer's
 /// budget: each doubling of n doubles the visits, up to the few blocks
 /// allocated between compactions. This is what keeps the replay linear;
-/// the times themselves are measured by `cargo bench --bench
+/// the times themselves are measured by `cargo bench -p cuarena-trace --bench
 /// fragmentation`, not asserted here, since timed tests flake on shared
 /// machines.
 ///
@@ -294,8 +294,8 @@ fn all_traces() -> Vec<(String, Ops)> {
 #[test]
 fn fragmentation_compactions_do_not_grow_with_size() {
     use cuarena::plan::policy::{BURST_PLANS, WORK_PER_OP};
-    use cuarena::tools::fragment::{run_with, Shape};
     use cuarena::CompactionPolicy;
+    use cuarena_trace::fragment::{run_with, Shape};
     for (policy, shape) in [CompactionPolicy::Auto, CompactionPolicy::Targeted]
         .into_iter()
         .flat_map(|p| Shape::ALL.map(|s| (p, s)))

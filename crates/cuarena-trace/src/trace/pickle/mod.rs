@@ -24,8 +24,8 @@
 //! container, is built *skipped*: its items are dropped as they are put in.
 //! Scalars are always kept (the memo may hand them out again later).
 //!
-//! The limits are in [`crate::tools::trace::limits`]; see
-//! [`crate::tools::trace`] for the memory bound they give.
+//! The limits are in [`crate::trace::limits`]; see
+//! [`crate::trace`] for the memory bound they give.
 
 mod operands;
 mod snapshot;
@@ -34,7 +34,7 @@ mod value;
 mod vm;
 
 use super::ActionCounts;
-use crate::tools::Result;
+use crate::Result;
 
 /// Parses a snapshot pickle into events (device from the list index) and
 /// its segments, counting the actions into `counts`.
@@ -50,12 +50,12 @@ pub(super) fn parse(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::trace::{Action, TraceEvent};
+    use crate::trace::{Action, TraceEvent};
 
     fn parse_events(bytes: &[u8], source: &str) -> Result<Vec<TraceEvent>> {
         parse(bytes, source, &mut ActionCounts::default()).map(|p| p.events)
     }
-    use crate::tools::ToolError;
+    use crate::ToolError;
     use serde_pickle::{HashableValue, Value};
     use std::collections::BTreeMap;
 

@@ -5,8 +5,8 @@ use std::rc::Rc;
 
 use super::value::Value;
 use super::vm::{Vm, MEMO_ENTRY};
-use crate::tools::trace::limits::{MAX_INT_BYTES, MAX_MEMO_ENTRIES};
-use crate::tools::{Result, ToolError};
+use crate::trace::limits::{MAX_INT_BYTES, MAX_MEMO_ENTRIES};
+use crate::{Result, ToolError};
 
 impl Vm<'_> {
     pub(super) fn int(&mut self, n: u64, op: &str) -> Result<()> {

@@ -15,14 +15,14 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use super::value::{Kind, Node, Value};
-use crate::tools::trace::csv::push_event;
-use crate::tools::trace::input::out_of_memory;
-use crate::tools::trace::limits::MAX_BLOCK_BYTES;
-use crate::tools::trace::{
+use crate::trace::csv::push_event;
+use crate::trace::input::out_of_memory;
+use crate::trace::limits::MAX_BLOCK_BYTES;
+use crate::trace::{
     check_event_size, Action, ActionCounts, Block, BlockState, Segment, TraceEvent,
     DEVICE_FREE_UNKNOWN,
 };
-use crate::tools::{Result, ToolError};
+use crate::{Result, ToolError};
 
 fn err(source: &str, record: u64, message: String) -> ToolError {
     ToolError::Trace {

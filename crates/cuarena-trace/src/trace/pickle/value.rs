@@ -12,8 +12,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::stack::KEPT_KEYS;
-use crate::tools::trace::limits::{MAX_NESTING, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE};
-use crate::tools::{Result, ToolError};
+use crate::trace::limits::{MAX_NESTING, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE};
+use crate::{Result, ToolError};
 
 /// A Python value, as far as a trace reader cares.
 #[derive(Clone)]

@@ -6,8 +6,8 @@ use std::rc::Rc;
 
 use super::stack::Stack;
 use super::value::{extend, Budget, Kind, Node, Value};
-use crate::tools::trace::limits::MAX_MARKS;
-use crate::tools::{Result, ToolError};
+use crate::trace::limits::MAX_MARKS;
+use crate::{Result, ToolError};
 
 /// Bytes charged per value slot (stack, container item, memo entry).
 pub(super) const SLOT: u64 = std::mem::size_of::<Value>() as u64;

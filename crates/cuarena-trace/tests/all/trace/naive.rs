@@ -3,8 +3,8 @@
 //! needs nothing; the targeted policy's figures beside them.
 
 use cuarena::backend::MetaBackend;
-use cuarena::tools::trace::{Op, Ops};
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
+use cuarena_trace::trace::{Op, Ops};
 
 /// One allocator of a lockstep replay: its arena and handles.
 struct Run {

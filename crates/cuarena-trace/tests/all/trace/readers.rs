@@ -2,15 +2,14 @@
 //! malformed and corrupted input is an error naming the record, never a
 //! panic.
 
-use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use super::shared;
-use cuarena::tools::trace::{replay, Action, Trace, TraceFormat};
-use cuarena::tools::ToolError;
+use crate::support::{dict, gzip};
 use cuarena::ArenaConfig;
-use serde_pickle::{HashableValue, Value};
+use cuarena_trace::trace::{replay, Action, Trace, TraceFormat};
+use cuarena_trace::ToolError;
+use serde_pickle::Value;
 
 /// A fresh directory under the system temp dir, unique per test and process.
 fn temp_dir(test: &str) -> PathBuf {
@@ -18,12 +17,6 @@ fn temp_dir(test: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    enc.write_all(bytes).unwrap();
-    enc.finish().unwrap()
 }
 
 const CSV: &str = "action,addr,size,stream,time_us
@@ -75,19 +68,6 @@ fn csv_plain_and_gzipped() {
     }
     check_small_csv(&Trace::from_csv_reader(CSV.as_bytes(), "mem").unwrap());
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-pub(crate) fn s(x: &str) -> HashableValue {
-    HashableValue::String(x.to_owned())
-}
-
-pub(crate) fn dict(items: Vec<(&str, Value)>) -> Value {
-    Value::Dict(
-        items
-            .into_iter()
-            .map(|(k, v)| (s(k), v))
-            .collect::<BTreeMap<_, _>>(),
-    )
 }
 
 /// An event dict as PyTorch 2.11 writes it, frames included.

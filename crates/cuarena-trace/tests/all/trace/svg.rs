@@ -1,6 +1,6 @@
 //! The SVG pictures: the timeline and the memory map.
 
-use cuarena::tools::viz::{memory_map_svg, timeline_svg, MemoryMap, Sample, Timeline};
+use cuarena_trace::viz::{memory_map_svg, timeline_svg, MemoryMap, Sample, Timeline};
 
 /// Open and close counts of an element agree.
 fn balanced(svg: &str, tag: &str) -> bool {
