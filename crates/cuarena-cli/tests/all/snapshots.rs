@@ -503,3 +503,55 @@ fn recorded_expandable_segments_follow_map_and_unmap() {
     assert_eq!(r.initial, Some(0));
     assert_eq!(r.peak, f["peak_reserved"].as_u64().unwrap());
 }
+
+/// A snapshot whose pending-free and allocated blocks sum past 2^64: the
+/// `--json` verdict saturates (or refuses), never wraps.
+#[test]
+fn json_segments_active_bytes_do_not_wrap() {
+    // 2^14 pending-free blocks of 2^50 B (sum 2^64, saturating) plus one
+    // allocated block: allocated + pending_free overflows u64.
+    let mut blocks: Vec<Value> = (0..1i64 << 14)
+        .map(|i| {
+            dict(vec![
+                ("address", Value::I64(i << 40)),
+                ("size", Value::I64(1 << 50)),
+                ("state", Value::String("active_pending_free".into())),
+            ])
+        })
+        .collect();
+    blocks.push(dict(vec![
+        ("address", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+        ("state", Value::String("active_allocated".into())),
+    ]));
+    let seg = dict(vec![
+        ("address", Value::I64(0)),
+        ("total_size", Value::I64(1 << 62)),
+        ("blocks", Value::List(blocks)),
+    ]);
+    let ev = dict(vec![
+        ("action", Value::String("alloc".into())),
+        ("addr", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+    ]);
+    let top = dict(vec![
+        ("segments", Value::List(vec![seg])),
+        ("device_traces", Value::List(vec![Value::List(vec![ev])])),
+    ]);
+    let path =
+        std::env::temp_dir().join(format!("cuarena-review-ovf-{}.pickle", std::process::id()));
+    std::fs::write(
+        &path,
+        serde_pickle::value_to_vec(&top, Default::default()).unwrap(),
+    )
+    .unwrap();
+    let o = cuarena(&["replay", &path.to_string_lossy(), "--json"]);
+    let _ = std::fs::remove_file(&path);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.code().is_some(), "killed: {o:?}");
+    // A wrapped sum reads 511; saturating reads u64::MAX (or refuse it).
+    assert!(
+        !out.contains("\"segments_active_bytes\":511,"),
+        "wrapped: {out}"
+    );
+}
