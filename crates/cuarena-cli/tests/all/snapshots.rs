@@ -12,7 +12,7 @@ use serde_pickle::Value;
 use crate::cli::cuarena;
 use crate::support::{data, dict};
 
-/// Every snapshot (pickle) shipped in `tests/data`.
+/// Every snapshot (pickle) shipped in the trace crate's `tests/data`.
 fn shipped_snapshots() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(data())
         .unwrap()
