@@ -18,11 +18,12 @@ echo "built $(basename "$wheel")"
 python3 -m venv "$work/user"
 "$work/user/bin/pip" install --quiet "$wheel"
 installed="$work/user/bin/cuarena"
-cargo build --release --quiet --bin cuarena
+cargo build --release --quiet -p cuarena-cli
 built=target/release/cuarena
 
 "$installed" --version
-for trace in tests/data/mlp_small_with_stacks.pickle tests/data/gpt2_varlen_h100.pickle.gz; do
+data=crates/cuarena-trace/tests/data
+for trace in "$data/mlp_small_with_stacks.pickle" "$data/gpt2_varlen_h100.pickle.gz"; do
     a=$("$installed" replay "$trace" --json)
     b=$("$built" replay "$trace" --json)
     if [ "$a" != "$b" ]; then

@@ -47,9 +47,15 @@ for line in sys.stdin:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         kind = " ".join(m["target"]["kind"])
+        name = m["target"]["name"]
         if kind == "bin" and m.get("profile", {}).get("test"):
             kind = "bin-test"  # the unit tests of a binary, not the binary
-        print(m["target"]["name"], kind, m["executable"])
+        # Each crate has a test binary `all`: those of the workspace crates
+        # are named after their crate (crates/cuarena-trace -> trace-all).
+        parts = m.get("manifest_path", "").split("/")
+        if kind == "test" and len(parts) > 2 and parts[-3] == "crates":
+            name = parts[-2].removeprefix("cuarena-") + "-" + name
+        print(name, kind, m["executable"])
 '
 }
 
@@ -62,11 +68,11 @@ build() {
     echo "== building tests (release)" >&2
     # With `nccl`: the test binary then holds the NCCL tests too (libnccl is
     # loaded only when they run, so the binary runs on any GPU machine).
-    cargo test --release --features nccl --no-run --message-format=json | list_executables >>"$list" || exit 1
+    cargo test --release --workspace --features cuarena/nccl --no-run --message-format=json | list_executables >>"$list" || exit 1
     echo "== building benches" >&2
     cargo bench --no-run --message-format=json | list_executables >>"$list" || exit 1
     echo "== building examples and the cuarena command" >&2
-    cargo build --release --features nccl --examples --bins --message-format=json | list_executables >>"$list" || exit 1
+    cargo build --release --workspace --features cuarena/nccl --examples --bins --message-format=json | list_executables >>"$list" || exit 1
     while read -r name kind exe; do
         local dest
         case "$kind" in
@@ -85,7 +91,7 @@ build() {
     # The traces go into the stage: the GPU machine sees only the repo and
     # what is carried.
     mkdir -p "$stage/traces"
-    for t in "$repo"/tests/data/resnet50_varbatch.csv.gz "$repo"/tests/data/*.pickle.gz; do
+    for t in "$repo"/crates/cuarena-trace/tests/data/resnet50_varbatch.csv.gz "$repo"/crates/cuarena-trace/tests/data/*.pickle.gz; do
         [ -e "$t" ] && cp "$t" "$stage/traces/"
     done
     du -sh "$stage" >&2
@@ -127,6 +133,7 @@ run() {
     export NCCL_NVLS_ENABLE=0
     if [[ $skip != *" tests "* ]]; then
         step "gpu tests" tests.log "$bin/test-all" gpu --test-threads=1 --nocapture
+        step "gpu replay test" tests-replay.log "$bin/test-trace-all" gpu_replay --test-threads=1 --nocapture
     fi
     if [[ $skip != *" nccl "* ]]; then
         step "nccl tests" nccl.log "$bin/test-all" nccl --test-threads=1 --nocapture
@@ -150,21 +157,22 @@ run() {
     fi
     # Reduced sizes, and one host thread: racecheck loses track of kernels
     # launched from several threads at once (and then hangs). The GPU trace
-    # replay test is left out of racecheck: its thousands of pattern
-    # kernels under racecheck did not finish (it runs under memcheck).
+    # replay test (the trace crate's binary) runs under memcheck only: its
+    # thousands of pattern kernels under racecheck did not finish.
     local san_env=(env CUARENA_GPU_MAX_BLOCK="${SAN_MAX_BLOCK:-4194304}" CUARENA_GPU_PROGRAMS="${SAN_PROGRAMS:-20}" CUARENA_GPU_THREADS=1)
     if [[ $skip != *" memcheck "* ]]; then
         step "memcheck (reduced)" memcheck.log "${san_env[@]}" compute-sanitizer --tool memcheck \
             --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
+        step "memcheck replay (reduced)" memcheck-replay.log "${san_env[@]}" compute-sanitizer --tool memcheck \
+            --error-exitcode 99 "$bin/test-trace-all" gpu_replay --test-threads=1
     fi
     if [[ $skip != *" racecheck "* ]]; then
         step "racecheck (reduced)" racecheck.log "${san_env[@]}" compute-sanitizer --tool racecheck \
-            --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --test-threads=1 \
-            --skip gpu_trace_replay
+            --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
     fi
     if [[ $skip != *" synccheck "* ]]; then
         step "synccheck (reduced)" synccheck.log "${san_env[@]}" compute-sanitizer --tool synccheck \
-            --error-exitcode 99 "$bin/test-all" gpu --test-threads=1 --skip gpu_trace_replay
+            --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
     fi
     if [[ $skip != *" nccl-memcheck "* ]]; then
         # NCCL probes the driver with calls it expects to fail (peer access
@@ -177,12 +185,12 @@ run() {
 
     echo
     echo "== results"
-    for log in tests nccl memcheck racecheck synccheck nccl-memcheck; do
+    for log in tests tests-replay nccl memcheck memcheck-replay racecheck synccheck nccl-memcheck; do
         [ -e "$out/$log.log" ] || continue
         printf '%-10s %s\n' "$log" "$(grep -hE '^test result' "$out/$log.log" | tail -n 1)"
         grep -hE '^test .*(FAILED|panicked)|random programs' "$out/$log.log" | sed "s/^/           /"
     done
-    for log in memcheck racecheck synccheck nccl-memcheck; do
+    for log in memcheck memcheck-replay racecheck synccheck nccl-memcheck; do
         [ -e "$out/$log.log" ] && printf '%-14s %s\n' "$log" "$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$log.log" | tail -n 1)"
     done
     grep -hE "^device |end-to-end" "$out/bench.log" 2>/dev/null

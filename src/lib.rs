@@ -12,7 +12,6 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-// The core: no module here imports from `tools`.
 mod arena;
 pub mod backend;
 pub mod config;
@@ -23,10 +22,6 @@ pub mod plan;
 mod slots;
 pub mod storage;
 pub mod stream;
-
-// Beside the core (feature `tools`): trace readers, replays, pictures.
-#[cfg(feature = "tools")]
-pub mod tools;
 
 #[cfg(feature = "cuda")]
 pub use arena::cuda::graph;

@@ -61,7 +61,7 @@
 //!    (roughly, once it has freed half as many blocks as are live), and
 //!    the bound above holds for any stretch of the program, not only the
 //!    whole, with the cap added. On the fragmentation programs of
-//!    [`crate::tools::fragment`] this is two targeted compactions and one
+//!    `cuarena_trace::fragment` this is two targeted compactions and one
 //!    full one at every size from 10k to 320k blocks, so replay time grows
 //!    linearly.
 //!

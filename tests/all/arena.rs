@@ -365,30 +365,6 @@ fn config_is_validated() {
     ));
 }
 
-/// The demo's claim, proven in CI: the non-moving baseline fails where the
-/// compacting arena succeeds, and every live tensor keeps its bytes.
-#[test]
-#[cfg(feature = "tools")]
-fn the_demo_scenario_holds_on_the_host_backend() {
-    use cuarena::tools::ToolError;
-    let cap = 64 << 20;
-    let mut ours = Arena::host(ArenaConfig::new(cap)).expect("arena");
-    let mut base = Arena::host(ArenaConfig::new(cap)).expect("baseline");
-    let r =
-        cuarena::tools::scenario::run(&mut ours, &mut base, 120, &mut |_| {}).expect("scenario");
-    assert!(
-        r.request_bytes > r.before.largest_free_bytes && r.request_bytes <= r.before.free_bytes
-    );
-    assert!(
-        matches!(r.baseline, Err(ToolError::Arena(Error::OutOfMemory { .. }))),
-        "{:?}",
-        r.baseline
-    );
-    assert!(r.compacted());
-    assert!(r.bytes_moved() > 0);
-    assert!(r.verified.0 > 1);
-}
-
 /// The host backend keeps the same handle table a kernel would read: after
 /// every compaction (and after `flush_table`) it equals the arena's.
 #[test]

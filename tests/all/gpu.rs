@@ -26,7 +26,7 @@ use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::cuda::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use cuarena::backend::cuda::{CudaBackend, CudaOptions};
+use cuarena::backend::cuda::CudaBackend;
 use cuarena::{Arena, ArenaConfig, Error, Handle};
 
 const KIB: u64 = 1 << 10;
@@ -450,103 +450,5 @@ fn random_arena_programs_keep_every_byte_on_cuda() {
     println!(
         "{programs} random programs of 400 steps on CUDA in {:.1?}",
         t0.elapsed()
-    );
-}
-
-/// A synthetic trace under pressure, replayed on the GPU with real bytes at
-/// its peak live bytes: completes with every pattern intact; a deliberately
-/// corrupted block is caught; the capped pool baseline runs on the same ops.
-#[test]
-fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
-    use cuarena::tools::gpu::replay::{replay_gpu, GpuReplayOptions};
-    use cuarena::tools::trace::replay::Outcome;
-    use cuarena::tools::trace::{Op, Ops};
-    if !gpu_available() {
-        return;
-    }
-    // Sizes 256 B..1 MiB; frees in random order keep ~64 MiB live.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let (mut ops, mut live, mut live_bytes, mut next) = (Vec::new(), Vec::new(), 0u64, 0u32);
-    while ops.len() < 6000 {
-        let size = (1 + rnd() % 4096) * 256;
-        while live_bytes + size > 64 << 20 {
-            let (id, s): (u32, u64) = live.swap_remove((rnd() as usize) % live.len());
-            live_bytes -= s;
-            ops.push(Op::Free { id });
-        }
-        ops.push(Op::Alloc { id: next, size });
-        live.push((next, size));
-        live_bytes += size;
-        next += 1;
-    }
-    let ops = Ops::from_ops(ops);
-    let cap = ops.peak_live_rounded(256);
-    let config = ArenaConfig::new(cap);
-    // The default kernels, and registers with no side buffer.
-    let default = CudaOptions::default();
-    let registers = default
-        .with_large_moves(None)
-        .with_bulk_stages(0)
-        .with_vectors_per_thread(16);
-    // (The other kernels without the warm-up pass: the test's time goes to
-    // the delays the replay enqueues to time each compaction.)
-    for (name, cuda, warmup) in [
-        ("default", default, 1),
-        (
-            "registers, no side buffer",
-            registers.with_side_buffer_bytes(0),
-            0,
-        ),
-    ] {
-        let t0 = std::time::Instant::now();
-        let options = GpuReplayOptions::default()
-            .with_cuda_options(cuda)
-            .with_warmup_passes(warmup);
-        let r = replay_gpu(&ops, &config, &options).expect("replay");
-        println!(
-            "{name}: {:?} in {:.1?}, {} compactions",
-            r.outcome,
-            t0.elapsed(),
-            r.timed.targeted_compactions + r.timed.full_compactions
-        );
-        assert!(
-            matches!(r.outcome, Outcome::Completed),
-            "{name}: {:?}",
-            r.outcome
-        );
-        assert_eq!(r.mismatched_words, 0, "{name}");
-        assert!(
-            r.timed.targeted_compactions + r.timed.full_compactions > 0,
-            "no compaction exercised"
-        );
-    }
-    let bad = GpuReplayOptions::default().with_corrupt_block(Some(3));
-    let r = replay_gpu(&ops, &config, &bad).expect("replay");
-    assert!(
-        matches!(
-            r.outcome,
-            Outcome::Failed {
-                error: cuarena::tools::ToolError::DataMismatch { .. },
-                ..
-            }
-        ),
-        "{:?}",
-        r.outcome
-    );
-    let pool = cuarena::tools::gpu::baselines::replay_pool(
-        &ops,
-        &cuarena::tools::gpu::baselines::PoolOptions::default().with_max_size_bytes(2 * cap),
-    )
-    .expect("pool");
-    assert!(
-        matches!(pool.outcome, Outcome::Completed),
-        "{:?}",
-        pool.outcome
     );
 }

@@ -1,4 +1,5 @@
-//! Whether the GPU tests can run here, shared by the `gpu*` modules.
+//! Whether the GPU tests can run here, shared by the `gpu*` modules (and
+//! by the trace crate's GPU replay test, which includes this file).
 
 use std::io::Write as _;
 use std::sync::Once;

@@ -1,0 +1,557 @@
+//! Snapshots as PyTorch users bring them: every shipped trace reads, its
+//! program starts with the blocks live before recording, ends with the
+//! bytes `segments` held active, and `cuarena replay` answers first. Hand-
+//! made snapshots cover what the fixtures may lack (an `oom` without
+//! `addr`, PyTorch 2.0's block layout, several devices, an empty trace).
+
+use std::path::PathBuf;
+
+use cuarena_trace::trace::{Action, FreePoint, Trace};
+use serde_pickle::Value;
+
+use crate::cli::cuarena;
+use crate::support::{data, dict};
+
+/// Every snapshot (pickle) shipped in the trace crate's `tests/data`.
+fn shipped_snapshots() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(data())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.ends_with(".pickle") || n.ends_with(".pickle.gz")
+        })
+        .collect();
+    v.sort();
+    assert!(v.len() >= 6, "{v:?}");
+    v
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn every_shipped_snapshot_ends_with_what_segments_hold() {
+    for p in shipped_snapshots() {
+        let t = Trace::read(&p).unwrap();
+        for device in t.devices() {
+            let ops = t.ops(device);
+            let active = t.active_at_dump(device).expect("snapshots have segments");
+            // The invariant: what the replay leaves live is what PyTorch
+            // said was active at the dump (allocated, or pending free).
+            assert_eq!(
+                ops.live_bytes_at_end,
+                active.allocated + active.pending_free,
+                "{} device {device}",
+                p.display()
+            );
+            // Peak live counts the tensors live before recording.
+            assert!(ops.peak_live_bytes >= ops.initial_bytes, "{}", p.display());
+            assert!(ops.peak_live_bytes >= active.allocated, "{}", p.display());
+            let first = t.ops_with(device, FreePoint::FirstFree);
+            assert_eq!(first.live_bytes_at_end, active.allocated, "{}", p.display());
+            // Reserved at the start is what the segments hold less what
+            // the segment events added.
+            let r = t.reserved(device);
+            assert!(r.initial.is_some() && r.peak >= r.at_dump.unwrap());
+        }
+    }
+}
+
+#[test]
+fn every_shipped_trace_prints_the_verdict_first() {
+    let mut all: Vec<PathBuf> = shipped_snapshots();
+    all.push(data().join("resnet50_varbatch.csv.gz"));
+    for p in all {
+        let path = p.to_string_lossy().into_owned();
+        let o = cuarena(&["replay", &path]);
+        let out = text(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("cuarena replay: "), "{out}");
+        assert!(lines[1].trim_start().starts_with("peak live"), "{out}");
+        assert!(
+            lines[2].trim_start().starts_with("PyTorch reserved"),
+            "{out}"
+        );
+        assert!(lines[3].contains("cuarena runs it in"), "{out}");
+        assert!(lines[3].contains("x peak live"), "{out}");
+
+        // The same verdict as JSON, and consistent with the library.
+        let o = cuarena(&["replay", &path, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
+        let json = text(&o.stdout);
+        assert_eq!(json.lines().count(), 1, "{json}");
+        let t = Trace::read(&p).unwrap();
+        let ops = t.ops(t.devices()[0]);
+        let num = |k: &str| -> u64 {
+            let rest = json
+                .split(&format!("\"{k}\":"))
+                .nth(1)
+                .unwrap_or_else(|| panic!("{k}: {json}"));
+            let end = rest.find([',', '}']).unwrap();
+            rest[..end]
+                .parse()
+                .unwrap_or_else(|_| panic!("{k}: {json}"))
+        };
+        assert_eq!(num("peak_live_bytes"), ops.peak_live_rounded(256), "{path}");
+        assert_eq!(num("live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
+        assert_eq!(
+            num("live_before_recording_bytes"),
+            ops.initial_bytes,
+            "{path}"
+        );
+        if let Some(a) = t.active_at_dump(ops.device) {
+            assert_eq!(num("segments_active_bytes"), a.allocated + a.pending_free);
+            assert!(num("pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
+        }
+        assert!(
+            num("arena_capacity_bytes") >= num("peak_live_bytes"),
+            "{path}"
+        );
+    }
+}
+
+// ---- hand-made snapshots -------------------------------------------------
+
+fn ev(action: &str, addr: i64, size: i64) -> Value {
+    dict(vec![
+        ("action", Value::String(action.into())),
+        ("addr", Value::I64(addr)),
+        ("size", Value::I64(size)),
+        ("stream", Value::I64(0)),
+        ("time_us", Value::I64(1)),
+        ("frames", Value::List(vec![])),
+    ])
+}
+
+/// A block in PyTorch 2.1+'s layout, or 2.0's (no address, no requested
+/// size, a `history`).
+fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
+    if v20 {
+        dict(vec![
+            ("size", Value::I64(size)),
+            ("state", Value::String(state.into())),
+            (
+                "history",
+                Value::List(vec![dict(vec![("addr", Value::I64(addr))])]),
+            ),
+        ])
+    } else {
+        dict(vec![
+            ("address", Value::I64(addr)),
+            ("size", Value::I64(size)),
+            ("requested_size", Value::I64(size - 7)),
+            ("state", Value::String(state.into())),
+            ("frames", Value::List(vec![])),
+        ])
+    }
+}
+
+fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
+    dict(vec![
+        ("device", Value::I64(device)),
+        ("address", Value::I64(addr)),
+        ("total_size", Value::I64(total)),
+        ("stream", Value::I64(0)),
+        ("segment_type", Value::String("large".into())),
+        ("is_expandable", Value::Bool(false)),
+        ("blocks", Value::List(blocks)),
+    ])
+}
+
+fn snapshot(devices: Vec<Vec<Value>>, segments: Vec<Value>) -> Vec<u8> {
+    let top = dict(vec![
+        ("segments", Value::List(segments)),
+        (
+            "device_traces",
+            Value::List(devices.into_iter().map(Value::List).collect()),
+        ),
+        ("allocator_settings", dict(vec![])),
+    ]);
+    serde_pickle::value_to_vec(&top, serde_pickle::SerOptions::new()).unwrap()
+}
+
+/// A session recorded after its model was loaded, that hit an OOM and went
+/// on: 1 MiB of weights live before recording (only in `segments`), 512 KiB
+/// freed that was allocated before, an `oom` with `device_free` and no
+/// `addr`, in both block layouts.
+fn oom_session(v20: bool) -> Vec<u8> {
+    let mib = 1 << 20;
+    let oom = dict(vec![
+        ("action", Value::String("oom".into())),
+        ("device_free", Value::I64(mib)),
+        ("size", Value::I64(3 * mib)),
+        ("stream", Value::I64(0)),
+    ]);
+    let events = vec![
+        ev("alloc", 0x10_0000 * 8, mib),
+        ev("segment_alloc", 0x10_0000 * 16, 2 * mib),
+        ev("free_requested", 0x10_0000 * 4, mib / 2),
+        ev("free_completed", 0x10_0000 * 4, mib / 2),
+        ev("snapshot", 0, 0),
+        oom,
+        ev("alloc", 0x10_0000 * 16, mib),
+        ev("free_requested", 0x10_0000 * 8, mib),
+        ev("free_completed", 0x10_0000 * 8, mib),
+        ev("mystery", 1, 1),
+        dict(vec![
+            ("action", Value::String("oom".into())),
+            ("size", Value::I64(10 * mib)),
+        ]),
+    ];
+    let segments = vec![
+        segment(
+            0,
+            0,
+            4 * mib,
+            vec![
+                block(0, mib, "active_allocated", v20),
+                block(mib, 3 * mib, "inactive", v20),
+            ],
+        ),
+        segment(
+            0,
+            0x10_0000 * 16,
+            2 * mib,
+            vec![
+                block(0x10_0000 * 16, mib, "active_allocated", v20),
+                block(0x10_0000 * 17, mib, "inactive", v20),
+            ],
+        ),
+    ];
+    snapshot(vec![events], segments)
+}
+
+#[test]
+fn a_session_with_an_oom_reads_and_counts_what_was_live_before() {
+    for v20 in [false, true] {
+        let t = Trace::from_bytes(&oom_session(v20), "oom").unwrap();
+        assert_eq!(t.counts.of(Action::Oom), 2);
+        assert_eq!((t.counts.snapshot, t.counts.unknown.len()), (1, 1));
+        let oom = t.events.iter().find(|e| e.action == Action::Oom).unwrap();
+        assert_eq!((oom.addr, oom.size), (1 << 20, 3 << 20));
+        let ops = t.ops(0);
+        // The weights (from `segments`) and the 512 KiB freed in the trace.
+        assert_eq!(ops.initial_blocks, 2, "v20 {v20}");
+        assert_eq!(ops.initial_bytes, (1 << 20) + (1 << 19));
+        assert_eq!(ops.initial_frees, 1);
+        assert_eq!(ops.live_bytes_at_end, 2 << 20);
+        let r = t.reserved(0);
+        assert_eq!(
+            (r.initial, r.at_dump, r.peak),
+            (Some(4 << 20), Some(6 << 20), 6 << 20)
+        );
+    }
+}
+
+fn temp(name: &str, bytes: &[u8]) -> String {
+    let dir = std::env::temp_dir().join(format!("cuarena-snapshots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn the_verdict_answers_an_oom() {
+    let p = temp("oom.pickle", &oom_session(false));
+    let o = cuarena(&["replay", &p]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    // Peak live: 1 MiB of weights, 512 KiB freed later, 1 MiB, then 1 MiB.
+    let line = |i: usize| out.lines().nth(i).unwrap_or_default().to_owned();
+    assert!(
+        line(1).contains("3.00 MiB  at event 5, counting 1.50 MiB live before recording"),
+        "{out}"
+    );
+    assert!(line(2).contains("6.00 MiB  = 2.000 x peak live"), "{out}");
+    assert!(line(3).contains("3.00 MiB  = 1.0000 x peak live"), "{out}");
+    assert!(line(4).contains("oom at event 4: asked 3.00 MiB, with 2.00 MiB allocated, 6.00 MiB reserved by PyTorch and 1.00 MiB free"), "{out}");
+    // 7 MiB hold the 2 MiB live and the 3 MiB asked for.
+    assert!(
+        line(5).contains("an arena of all that memory (7.00 MiB) serves it and runs the rest"),
+        "{out}"
+    );
+    // 10 MiB asked with nothing free: no arena of 6 MiB serves it.
+    assert!(line(6).contains("oom at event 8: asked 10.00 MiB"), "{out}");
+    assert!(
+        line(7).contains("(6.00 MiB) would not serve it either"),
+        "{out}"
+    );
+    assert!(out.contains("skipped: 1 snapshot, 1 `mystery`"), "{out}");
+    let o = cuarena(&["replay", &p, "--json"]);
+    let json = text(&o.stdout);
+    assert!(json.contains("\"oom_events\":2"), "{json}");
+    assert!(
+        json.contains("\"arena_serves_request\":false,\"arena_fails_at_event\":8"),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"arena_serves_request\":true,\"arena_fails_at_event\":null"),
+        "{json}"
+    );
+    assert!(json.contains("\"device_free_bytes\":1048576"), "{json}");
+}
+
+#[test]
+fn several_devices_and_empty_traces() {
+    let two = snapshot(
+        vec![vec![ev("alloc", 4096, 100)], vec![ev("alloc", 8192, 300)]],
+        vec![segment(
+            1,
+            0,
+            4096,
+            vec![block(0, 1024, "active_allocated", false)],
+        )],
+    );
+    let p = temp("two.pickle", &two);
+    let o = cuarena(&["replay", &p, "--device", "1", "--json"]);
+    let json = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(json.contains("\"device\":1,\"devices\":[0,1]"), "{json}");
+    assert!(
+        json.contains("\"live_before_recording_bytes\":1024"),
+        "{json}"
+    );
+    let o = cuarena(&["replay", &p, "--device", "2"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--device 2"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let empty = temp("empty.pickle", &snapshot(vec![vec![]], vec![]));
+    let o = cuarena(&["replay", &empty]);
+    assert_eq!(o.status.code(), Some(3));
+    let err = text(&o.stderr);
+    assert!(err.contains("_record_memory_history(max_entries="), "{err}");
+    assert!(err.contains("_dump_snapshot(path)"), "{err}");
+}
+
+#[test]
+fn bad_values_exit_with_their_own_codes() {
+    let huge = temp(
+        "huge.csv",
+        format!(
+            "action,addr,size,stream,time_us\nalloc,1,{},0,0\n",
+            u64::MAX - 5
+        )
+        .as_bytes(),
+    );
+    let o = cuarena(&["replay", &huge]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("18446744073709551610"),
+        "{}",
+        text(&o.stderr)
+    );
+    let csv = "tests/data/resnet50_varbatch.csv.gz";
+    for (args, needle) in [
+        (
+            vec!["--capacity", "18446744073709551615"],
+            "18446744073709551615",
+        ),
+        (
+            vec!["--capacity", "2000000TiB"],
+            "past the largest capacity",
+        ),
+        (vec!["--align", "2147483648"], "2147483648"),
+        (vec!["--align", "3"], "not a power of two"),
+        (vec!["--json", "--gpu"], "--gpu"),
+    ] {
+        let mut a = vec!["replay", csv];
+        a.extend(args.iter().copied());
+        let o = cuarena(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains(needle),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+}
+
+// ---- the recorded fixtures, against the facts Python computed ------------
+
+/// The facts recorded beside `snap_NAME.pickle.gz`.
+fn facts(name: &str) -> serde_json::Value {
+    let p = data().join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+fn fixture(name: &str) -> Trace {
+    Trace::read(&data().join(format!("{name}.pickle.gz"))).unwrap()
+}
+
+#[test]
+fn recorded_fixtures_read_as_python_reads_them() {
+    for name in [
+        "snap_after_load",
+        "snap_ring_buffer",
+        "snap_oom_caught",
+        "snap_expandable",
+        "snap_two_devices",
+    ] {
+        let t = fixture(name);
+        let f = facts(name);
+        let devices = f["devices"].as_object().unwrap();
+        assert_eq!(t.devices().len(), devices.len(), "{name}");
+        for (d, df) in devices {
+            let device: u32 = d.parse().unwrap();
+            // Every event of every action, per device.
+            for (action, n) in df["events"].as_object().unwrap() {
+                let a = Action::parse(action).unwrap_or_else(|| panic!("{name}: {action}"));
+                let got = t
+                    .events
+                    .iter()
+                    .filter(|e| e.device == device && e.action == a)
+                    .count() as u64;
+                assert_eq!(got, n.as_u64().unwrap(), "{name} device {d} {action}");
+            }
+            let active = t.active_at_dump(device).unwrap();
+            let num = |k: &str| df[k].as_u64().unwrap();
+            assert_eq!(active.allocated, num("active_allocated_size"), "{name}");
+            assert_eq!(
+                active.requested,
+                num("active_allocated_requested_size"),
+                "{name}"
+            );
+            assert_eq!(
+                active.allocated_blocks,
+                num("active_allocated_blocks"),
+                "{name}"
+            );
+            assert_eq!(active.reserved, num("segments_total_size"), "{name}");
+            // The program ends with what PyTorch had allocated at the dump,
+            // and its peak is at least that.
+            let ops = t.ops(device);
+            assert_eq!(ops.live_bytes_at_end, active.allocated, "{name}");
+            assert!(ops.peak_live_rounded(256) >= active.allocated, "{name}");
+            let r = t.reserved(device);
+            assert_eq!(r.at_dump, Some(num("segments_total_size")), "{name}");
+        }
+    }
+}
+
+#[test]
+fn recorded_after_load_and_ring_buffer_count_what_was_live_before() {
+    for name in ["snap_after_load", "snap_ring_buffer"] {
+        let t = fixture(name);
+        let ops = t.ops(0);
+        let f = facts(name);
+        // Weights and optimizer state were live before recording (115
+        // blocks at the dump, of which the trace allocated none): the
+        // program holds them from its start.
+        assert!(ops.initial_from_segments > 0, "{name}");
+        assert!(ops.initial_frees > 0, "{name}");
+        assert_eq!(
+            ops.initial_frees,
+            ops.initial_blocks - ops.initial_from_segments
+        );
+        // PyTorch's own peak counts them too: ours is within the rounding
+        // of its block sizes, where the program dropped them before.
+        let torch_peak = f["peak_allocated"].as_u64().unwrap();
+        let peak = ops.peak_live_rounded(512);
+        assert!(
+            peak as f64 >= 0.95 * torch_peak as f64,
+            "{name}: {peak} vs {torch_peak}"
+        );
+        assert!(peak > ops.initial_bytes, "{name}");
+    }
+}
+
+#[test]
+fn recorded_oom_session_gets_its_verdict() {
+    let p = data().join("snap_oom_caught.pickle.gz");
+    let o = cuarena(&["replay", &p.to_string_lossy(), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["oom_events"], 2);
+    let ooms = v["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 2);
+    for o in ooms {
+        // The 1.40 GiB and the 3 GiB requests, with the device's free bytes.
+        assert!(o["requested_bytes"].as_u64().unwrap() >= 1_400 << 20, "{o}");
+        assert!(o["device_free_bytes"].as_u64().unwrap() > 0, "{o}");
+        assert_eq!(
+            o["arena_bytes"].as_u64().unwrap(),
+            (o["reserved_bytes"].as_u64().unwrap() + o["device_free_bytes"].as_u64().unwrap())
+                / 256
+                * 256
+        );
+    }
+    let f = facts("snap_oom_caught");
+    assert!(
+        v["peak_live_bytes"].as_u64().unwrap() as f64
+            >= 0.95 * f["peak_allocated"].as_f64().unwrap()
+    );
+    assert_eq!(v["pytorch_reserved_peak_bytes"], f["peak_reserved"]);
+}
+
+#[test]
+fn recorded_expandable_segments_follow_map_and_unmap() {
+    let t = fixture("snap_expandable");
+    let f = facts("snap_expandable");
+    let segs = t.segments.as_ref().unwrap();
+    assert!(segs.iter().all(|s| s.expandable));
+    let r = t.reserved(0);
+    // Nothing was reserved before recording: the expandable segments grew
+    // from empty, and the peak is PyTorch's.
+    assert_eq!(r.initial, Some(0));
+    assert_eq!(r.peak, f["peak_reserved"].as_u64().unwrap());
+}
+
+/// A snapshot whose pending-free and allocated blocks sum past 2^64: the
+/// `--json` verdict saturates (or refuses), never wraps.
+#[test]
+fn json_segments_active_bytes_do_not_wrap() {
+    // 2^14 pending-free blocks of 2^50 B (sum 2^64, saturating) plus one
+    // allocated block: allocated + pending_free overflows u64.
+    let mut blocks: Vec<Value> = (0..1i64 << 14)
+        .map(|i| {
+            dict(vec![
+                ("address", Value::I64(i << 40)),
+                ("size", Value::I64(1 << 50)),
+                ("state", Value::String("active_pending_free".into())),
+            ])
+        })
+        .collect();
+    blocks.push(dict(vec![
+        ("address", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+        ("state", Value::String("active_allocated".into())),
+    ]));
+    let seg = dict(vec![
+        ("address", Value::I64(0)),
+        ("total_size", Value::I64(1 << 62)),
+        ("blocks", Value::List(blocks)),
+    ]);
+    let ev = dict(vec![
+        ("action", Value::String("alloc".into())),
+        ("addr", Value::I64(1 << 62)),
+        ("size", Value::I64(512)),
+    ]);
+    let top = dict(vec![
+        ("segments", Value::List(vec![seg])),
+        ("device_traces", Value::List(vec![Value::List(vec![ev])])),
+    ]);
+    let path =
+        std::env::temp_dir().join(format!("cuarena-review-ovf-{}.pickle", std::process::id()));
+    std::fs::write(
+        &path,
+        serde_pickle::value_to_vec(&top, Default::default()).unwrap(),
+    )
+    .unwrap();
+    let o = cuarena(&["replay", &path.to_string_lossy(), "--json"]);
+    let _ = std::fs::remove_file(&path);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.code().is_some(), "killed: {o:?}");
+    // A wrapped sum reads 511; saturating reads u64::MAX (or refuse it).
+    assert!(
+        !out.contains("\"segments_active_bytes\":511,"),
+        "wrapped: {out}"
+    );
+}
