@@ -78,9 +78,9 @@ pub enum Error {
     #[error("handle belongs to arena #{handle_arena}, not to this arena #{arena}")]
     ForeignHandle {
         /// Id of the arena the handle came from.
-        handle_arena: u32,
+        handle_arena: u64,
         /// Id of the arena it was given to.
-        arena: u32,
+        arena: u64,
     },
 
     /// The block is spilled to the host tier; bring it back with
@@ -400,6 +400,35 @@ pub enum Error {
         source_name: &'static str,
         /// The compiler's log.
         log: String,
+    },
+
+    /// A `SharedArena` call made while this thread holds an arena's lock
+    /// (inside [`crate::SharedArena::with`] or
+    /// [`with_mut`](crate::SharedArena::with_mut)) that could deadlock:
+    /// the same arena again, or one taken out of order (a thread holding
+    /// several takes them in increasing id order). Nothing was done.
+    #[error(
+        "SharedArena::{call} on arena #{arena} from a thread that holds arena #{held}'s lock: \
+         inside with/with_mut use the Arena given to the closure \
+         (a nested call may only take an arena of higher id)"
+    )]
+    Reentrant {
+        /// The call that was refused.
+        call: &'static str,
+        /// Id of the arena it was made on.
+        arena: u64,
+        /// Id of the arena whose lock this thread holds (the highest).
+        held: u64,
+    },
+
+    /// A fixed limit was reached: arena ids in this process, or streams
+    /// registered with one arena. Nothing was changed.
+    #[error("no more {what}: all {limit} are in use")]
+    LimitReached {
+        /// What ran out.
+        what: &'static str,
+        /// How many there can be.
+        limit: u64,
     },
 
     /// An earlier failure left device memory and the arena's table in

@@ -18,7 +18,7 @@ pub(crate) type BlockKey = crate::slots::SlotKey;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle {
     pub(crate) key: BlockKey,
-    pub(crate) arena: u32,
+    pub(crate) arena: u64,
 }
 
 impl Handle {
@@ -32,7 +32,7 @@ impl Handle {
 
     /// Rebuilds a handle of arena `arena_id` from [`Handle::to_bits`]. A
     /// forged or stale value is rejected by the arena when used.
-    pub fn from_bits(bits: u64, arena_id: u32) -> Self {
+    pub fn from_bits(bits: u64, arena_id: u64) -> Self {
         Self {
             key: BlockKey::from_bits(bits),
             arena: arena_id,
@@ -40,7 +40,7 @@ impl Handle {
     }
 
     /// Id of the arena that issued the handle.
-    pub fn arena_id(self) -> u32 {
+    pub fn arena_id(self) -> u64 {
         self.arena
     }
 }

@@ -73,7 +73,7 @@ struct Inner {
     handle: Option<Handle>,
     len_bytes: u64,
     elem: Option<ElemType>,
-    arena: u32,
+    arena: u64,
     reclaim: Arc<Reclaim>,
 }
 
@@ -98,7 +98,7 @@ impl Storage {
         handle: Option<Handle>,
         len_bytes: u64,
         elem: Option<ElemType>,
-        arena: u32,
+        arena: u64,
         reclaim: Arc<Reclaim>,
     ) -> Self {
         Self {
@@ -142,7 +142,7 @@ impl Storage {
     }
 
     /// Id of the arena it belongs to.
-    pub fn arena_id(&self) -> u32 {
+    pub fn arena_id(&self) -> u64 {
         self.inner.arena
     }
 

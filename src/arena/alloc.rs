@@ -116,7 +116,9 @@ impl<B: Backend> Arena<B> {
         self.set_entry(key, Some((offset, bytes)));
         let c = &mut self.counters;
         c.allocs += 1;
-        c.requested_bytes += bytes;
+        // Exact: live sizes add up to at most the region plus the host
+        // tier, which `ArenaConfig::validate` keeps within u64.
+        c.requested_bytes = c.requested_bytes.saturating_add(bytes);
         let allocated = self.config.capacity_bytes - self.index.free_bytes();
         c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
         Ok(Handle {
@@ -330,7 +332,7 @@ impl<B: Backend> Arena<B> {
         }
         self.set_entry(h.key, None);
         self.counters.frees += 1;
-        self.counters.requested_bytes -= size;
+        self.counters.requested_bytes = self.counters.requested_bytes.saturating_sub(size);
         Ok(())
     }
 

@@ -29,7 +29,7 @@ pub(super) struct Checked {
 /// the backend.
 pub(super) fn check_block_range<T: Pod>(
     blocks: &Slots<Block>,
-    arena_id: u32,
+    arena_id: u64,
     r: &BlockRange,
     typed: bool,
 ) -> Result<Option<Checked>> {

@@ -28,7 +28,6 @@ impl<B: Backend> Arena<B> {
         let b = self.block_mut(h)?;
         if stream != StreamId::ARENA && !b.uses().contains(&stream) {
             b.streams_mut().uses.push(stream);
-            self.other_streams = true;
         }
         Ok(())
     }
@@ -59,19 +58,27 @@ impl<B: Backend> Arena<B> {
     /// before enqueueing work that uses arena bytes on `stream` (kernel
     /// arguments taken for a stream do). An event record and a stream wait
     /// when there is such work, nothing otherwise; the host never waits.
-    pub fn wait_on_arena(&mut self, stream: StreamId) -> Result<()> {
+    ///
+    /// Takes `&self`: several threads sharing the arena join their streams
+    /// at once (a stream joined twice waits twice, which is harmless).
+    pub fn wait_on_arena(&self, stream: StreamId) -> Result<()> {
         self.check_usable()?;
         self.check_own_stream(stream)?;
         if stream == StreamId::ARENA {
             return Ok(());
         }
-        let i = stream.0 as usize;
-        if self.joined.len() <= i {
-            self.joined.resize(i + 1, u64::MAX); // never joined
-        }
-        if self.joined[i] != self.epoch {
+        // Registration sized the table; a missing entry is an unknown stream.
+        let joined = self
+            .joined
+            .get(stream.0 as usize)
+            .ok_or(Error::UnknownStream {
+                stream: stream.0,
+                registered: self.backend.stream_count(),
+            })?;
+        // `epoch` changes only under `&mut self`, so it is stable here.
+        if joined.load(std::sync::atomic::Ordering::Acquire) != self.epoch {
             self.backend.join_arena(stream)?;
-            self.joined[i] = self.epoch;
+            joined.store(self.epoch, std::sync::atomic::Ordering::Release);
         }
         Ok(())
     }

@@ -54,7 +54,7 @@ use crate::stream::StreamId;
 pub struct KernelArgs<'a> {
     set: ViewSet<'a>,
     blocks: &'a mut Slots<Block>,
-    arena_id: u32,
+    arena_id: u64,
     clock: &'a AtomicU64,
     stream: StreamId,
     /// Streams this stream was made to wait for already, by these arguments.
@@ -174,10 +174,6 @@ impl Arena<CudaBackend> {
         let r = self.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
-        if stream != StreamId::ARENA {
-            // Blocks may get stream uses (see `Arena::other_streams`).
-            self.other_streams = true;
-        }
         let Arena {
             backend,
             blocks,

@@ -81,8 +81,9 @@ impl Arena<CudaBackend> {
     /// device): another context's stream is [`Error::ForeignStream`].
     pub fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
         self.check_usable()?;
-        let id = self.id();
-        Ok(self.backend_mut().register_stream(stream)?.of_arena(id))
+        let id = self.backend_mut().register_stream(stream)?;
+        self.note_stream(id);
+        Ok(id.of_arena(self.id()))
     }
 
     /// The stream registered as `id` ([`StreamId::ARENA`]: the arena
