@@ -141,19 +141,31 @@ pub enum Error {
         slice_bytes: u64,
     },
 
-    /// A typed access with an element type other than the block's.
-    #[error("element type mismatch: block holds {block_type}, access asked for {requested_type}")]
+    /// A typed access (or a copy) whose element type is not the range's
+    /// dtype. Byte-level calls (`read_bytes`, `write_bytes`) take any
+    /// range; `as_dtype` reinterprets one.
+    #[error("dtype mismatch: the range holds {block_type}, the access asked for {requested_type} (read or write its bytes, or reinterpret it with as_dtype)")]
     TypeMismatch {
-        /// The block's element type.
+        /// The range's dtype (its block's, unless reinterpreted).
         block_type: &'static str,
-        /// The type of the access.
+        /// The dtype of the access.
         requested_type: &'static str,
     },
 
-    /// A typed access whose element size does not divide the block's bytes.
-    #[error("block of {block_bytes} B is not a whole number of {elem_bytes}-byte elements")]
+    /// An element count whose bytes overflow `u64`.
+    #[error("{numel} elements of {elem_bytes} B overflow u64")]
+    ElemCountOverflow {
+        /// Elements asked for.
+        numel: u64,
+        /// Bytes per element.
+        elem_bytes: u64,
+    },
+
+    /// A typed access, or a reinterpretation, of a range whose bytes are
+    /// not a whole number of elements.
+    #[error("range of {block_bytes} B is not a whole number of {elem_bytes}-byte elements")]
     NotWholeElements {
-        /// Bytes of the block.
+        /// Bytes of the range.
         block_bytes: u64,
         /// Size of one element.
         elem_bytes: u64,
@@ -167,11 +179,14 @@ pub enum Error {
         output: usize,
     },
 
-    /// A typed view of a block whose address is not aligned for the type
-    /// (a block allocated with an alignment below the element's).
-    #[error("block at offset {offset} is not aligned for {requested_type} ({elem_align_bytes}-byte alignment)")]
+    /// A typed view, or a reinterpretation, at an offset not aligned for
+    /// the type (a block allocated with an alignment below the element's,
+    /// or a slice starting inside an element).
+    #[error(
+        "offset {offset} B is not aligned for {requested_type} ({elem_align_bytes}-byte alignment)"
+    )]
     MisalignedView {
-        /// Offset of the block.
+        /// The offset: in the region for a view, in the storage for a slice.
         offset: u64,
         /// The view's element type.
         requested_type: &'static str,
@@ -357,6 +372,15 @@ pub enum Error {
         len_bytes: u64,
         /// Bytes of the storage, slice or block it was asked of.
         available_bytes: u64,
+    },
+
+    /// A range `start..end` with `end < start`.
+    #[error("range {start}..{end} ends before it starts")]
+    ReversedRange {
+        /// Start asked for.
+        start: u64,
+        /// End asked for.
+        end: u64,
     },
 
     /// A copy whose source and destination overlap (in one block).

@@ -26,6 +26,7 @@ mod ops;
 mod shared;
 mod spill;
 mod stats;
+mod stats_cell;
 mod streams;
 #[cfg(test)]
 mod tests;
@@ -39,8 +40,9 @@ pub use stats::{fmt_bytes, CompactionReport, Stats};
 
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::handle::{BlockKey, ElemType, Handle, TableEntry};
+use crate::handle::{BlockKey, Handle, TableEntry};
 use crate::placement::{Allocation, FreeIndex, Lifetimes};
 use crate::plan::lag::Lag;
 use crate::plan::planner::LiveBlock;
@@ -116,12 +118,15 @@ enum Place {
 struct Block {
     place: Place,
     size: u64,
-    /// Interned (see [`ElemType::interned`]): 8 bytes rather than 40.
-    elem: Option<&'static ElemType>,
+    /// The dtype it was allocated for (`None`: untyped bytes).
+    dtype: Option<DType>,
     /// Streams that used the block; `None` until kernel arguments or
     /// [`Arena::record_stream`] name it (one small allocation then, beside
-    /// a kernel launch; plain alloc and free never make one).
-    streams: Option<Box<StreamUses>>,
+    /// a kernel launch; plain alloc and free never make one). Behind a
+    /// mutex of its own so that kernel arguments, taken under a shared
+    /// arena's shared lock by several threads, record uses; under `&mut`
+    /// (compaction, free) it is reached without locking.
+    streams: std::sync::Mutex<Option<Box<StreamUses>>>,
     /// `Counters::allocs` when it was allocated: its lifetime at free, in
     /// allocation ticks, feeds `Arena::lifetimes`.
     born: u64,
@@ -162,13 +167,19 @@ impl Block {
     }
 
     /// The streams that used the block since it was allocated.
-    fn uses(&self) -> &[crate::stream::StreamId] {
-        self.streams.as_ref().map_or(&[], |s| &s.uses)
+    fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
+        self.with_streams(|s| s.as_ref().map(|s| s.uses.clone()).unwrap_or_default())
     }
 
-    /// The stream-use records, created on first use.
-    fn streams_mut(&mut self) -> &mut StreamUses {
-        self.streams.get_or_insert_with(Default::default)
+    /// Runs `f` on the stream-use records (`None` before the first use),
+    /// under their lock. Nothing in `f` panics, so a poisoned lock (it
+    /// cannot be) would hold consistent records.
+    fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
+        let mut s = self
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut s)
     }
 }
 

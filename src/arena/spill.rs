@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::handle::{BlockKey, Handle};
 use crate::placement::Allocation;
 use crate::plan::planner;
+use crate::storage::AsRange;
 
 impl<B: Backend> Arena<B> {
     /// Brings every handle in `handles` onto the device together, spilling
@@ -36,9 +37,18 @@ impl<B: Backend> Arena<B> {
     /// the evictions (least recently used first) and the full compaction
     /// that make room for all of them, checked on a copy of the placement
     /// index before the first eviction.
-    pub fn make_resident(&mut self, handles: &[Handle]) -> Result<()> {
+    ///
+    /// Takes anything that names blocks: handles, storages, slices
+    /// (`&[h]`, `&[&x, &y]`, or `&[&x as &dyn AsRange, &slice]` to mix);
+    /// empty storages name none.
+    pub fn make_resident<R: AsRange>(&mut self, ranges: &[R]) -> Result<()> {
         // A poisoned arena's layout is not trusted: placing may compact.
         self.check_usable()?;
+        let handles: smallvec::SmallVec<[Handle; 8]> = ranges
+            .iter()
+            .filter_map(|r| r.block_range().handle)
+            .collect();
+        let handles = &handles[..];
         let mut keep = smallvec::SmallVec::<[BlockKey; 8]>::new();
         for &h in handles {
             self.block(h)?;

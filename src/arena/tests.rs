@@ -46,7 +46,7 @@ fn stream_registration_stops_at_the_limit_and_waits_still_work() {
     let x = a.alloc_storage(64).unwrap();
     a.record_stream(&x, last).unwrap();
     a.wait_on_arena(last).unwrap();
-    a.fill_bytes(&x, 1).unwrap();
+    a.fill_bytes(&x, &[1]).unwrap();
     a.wait_on_arena(last).unwrap();
 }
 

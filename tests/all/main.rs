@@ -24,6 +24,7 @@ mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod pins;
+mod shared;
 #[cfg(feature = "tools")]
 mod snapshots;
 mod spill;
