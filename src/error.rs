@@ -84,8 +84,10 @@ pub enum Error {
     },
 
     /// The block is spilled to the host tier; bring it back with
-    /// [`crate::Arena::make_resident`] before taking a view or pointer.
-    #[error("block is spilled to host memory; call Arena::make_resident first")]
+    /// [`crate::Arena::make_resident`] or
+    /// [`crate::SharedArena::make_resident`] before taking a view or
+    /// pointer (`SharedArena`'s reads and `with_kernel_args` do it).
+    #[error("block is spilled to host memory: bring it back with make_resident (Arena or SharedArena) first")]
     NotResident,
 
     /// Spilling cannot make room: the host tier is full. Nothing was

@@ -346,6 +346,10 @@ impl<B: Backend> Arena<B> {
                 capacity_bytes: config.capacity_bytes,
             });
         }
+        // Streams the backend had registered before it was given to the
+        // arena have their entries too.
+        let streams = backend.stream_count();
+        let joined = (0..streams).map(|_| AtomicU64::new(u64::MAX)).collect();
         Ok(Self {
             id: take_arena_id(&NEXT_ARENA_ID)?,
             index: FreeIndex::new(config.capacity_bytes),
@@ -358,7 +362,7 @@ impl<B: Backend> Arena<B> {
             reclaim: Default::default(),
             reclaiming: Vec::new(),
             epoch: 0,
-            joined: Vec::new(),
+            joined,
             tier,
             clock: AtomicU64::new(0),
             table: Vec::new(),
@@ -366,7 +370,7 @@ impl<B: Backend> Arena<B> {
             live: Vec::new(),
             live_pos: Vec::new(),
             moved: (Vec::new(), Vec::new()),
-            other_streams: false,
+            other_streams: streams > 1,
             spans: Vec::new(),
             pacer: Pacer::for_placement(large_apart),
             lag: Lag::new(),

@@ -29,7 +29,9 @@ use crate::stream::StreamId;
 /// closure (through a clone, say) returns [`Error::Reentrant`] rather than
 /// waiting on itself, and so does taking an arena of lower (or equal) id
 /// than one the thread holds, so two threads nesting two arenas cannot
-/// wait on each other. Inside a closure, use the `Arena` it was given.
+/// wait on each other. Inside a closure, use the `Arena` it was given (a
+/// closure that waits for another thread calling this arena still waits
+/// forever, as with any lock).
 ///
 /// [`Storage`]s it hands out are freed when their last owner drops, on any
 /// thread, without taking the lock: the handle waits in the reclaim queue

@@ -5,8 +5,10 @@
 //! compacts and places it. A block is "used" when it is resolved for a
 //! kernel (views, pointers, [`Arena::resolve`]), a transfer or a pin.
 //! Spilled handles stay valid: transfers and pins bring them back on their
-//! own; views and pointers need [`Arena::make_resident`] first (they borrow
-//! the arena immutably, so they cannot move anything).
+//! own; views, pointers and reads under a shared lock need
+//! [`Arena::make_resident`] first (they borrow the arena immutably, so they
+//! cannot move anything). A [`crate::SharedArena`] does that itself in its
+//! reads and `with_kernel_args`, and offers `make_resident`.
 //!
 //! Errors keep the arena's contract: arguments (handle, length, type,
 //! range, pattern) are checked before any residency change, and the

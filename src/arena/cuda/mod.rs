@@ -45,7 +45,10 @@ use crate::stream::StreamId;
 ///   with every move ([`view`](Arena::view), [`view_mut`](Arena::view_mut),
 ///   [`views_io`](Arena::views_io) are for it).
 /// - Views borrow the arena, so nothing can move while they live; a pinned
-///   block's pointer is valid until its last `unpin`.
+///   block's pointer is valid until its last `unpin`. Kernel arguments take
+///   `&self`: threads sharing a [`SharedArena`](crate::SharedArena) take
+///   theirs and launch under its shared lock at once, while compaction and
+///   spilling wait for the exclusive one.
 impl Arena<CudaBackend> {
     /// An arena of `config.capacity_bytes` on CUDA device `ordinal`, with
     /// the default kernel options.
