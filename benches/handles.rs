@@ -154,8 +154,8 @@ impl Variant {
 }
 
 fn resolve_bench(reps: usize) -> Result<()> {
-    let n: usize = 1 << 28; // f32 elements per tensor: 1 GiB each
-    let n4 = (n / 4) as u64;
+    let n: u64 = 1 << 28; // f32 elements per tensor: 1 GiB each
+    let n4 = n / 4;
     let mut arena = Arena::cuda(ArenaConfig::new(3 * GIB + 64 * MIB), 0)?;
     let a = arena.alloc_elems::<f32>(n)?;
     let b = arena.alloc_elems::<f32>(n)?;
@@ -171,7 +171,8 @@ fn resolve_bench(reps: usize) -> Result<()> {
         arena.pinned_ptr(bad)?,
     );
     let stream = arena.stream().clone();
-    let memset = |ptr: u64, value: f32, words: usize| -> Result<()> {
+    let memset = |ptr: u64, value: f32, words: u64| -> Result<()> {
+        let words = words as usize;
         // SAFETY: `ptr` is a pinned block of at least `words` u32s, on the
         // arena stream.
         unsafe { sys::cuMemsetD32Async(ptr, value.to_bits(), words, stream.cu_stream()) }

@@ -182,7 +182,8 @@ impl ArenaConfig {
     }
 
     /// Checks the config: alignment a power of two up to [`MAX_ALIGN`],
-    /// capacity non-zero and a multiple of the alignment.
+    /// capacity non-zero and a multiple of the alignment, capacity plus
+    /// host tier within `u64`.
     pub fn validate(&self) -> Result<()> {
         if !self.alignment_bytes.is_power_of_two() || self.alignment_bytes > MAX_ALIGN {
             return Err(Error::InvalidAlignment {
@@ -195,6 +196,20 @@ impl ArenaConfig {
                 reason: format!(
                     "capacity {} B must be non-zero and a multiple of the alignment {} B",
                     self.capacity_bytes, self.alignment_bytes
+                ),
+            });
+        }
+        // Live blocks' sizes add up to at most the region plus the host
+        // tier: keeping that sum in a u64 keeps every byte counter exact.
+        if self
+            .capacity_bytes
+            .checked_add(self.spill_host_bytes)
+            .is_none()
+        {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "capacity {} B plus host tier {} B exceed u64::MAX B",
+                    self.capacity_bytes, self.spill_host_bytes
                 ),
             });
         }

@@ -78,14 +78,16 @@ pub enum Error {
     #[error("handle belongs to arena #{handle_arena}, not to this arena #{arena}")]
     ForeignHandle {
         /// Id of the arena the handle came from.
-        handle_arena: u32,
+        handle_arena: u64,
         /// Id of the arena it was given to.
-        arena: u32,
+        arena: u64,
     },
 
     /// The block is spilled to the host tier; bring it back with
-    /// [`crate::Arena::make_resident`] before taking a view or pointer.
-    #[error("block is spilled to host memory; call Arena::make_resident first")]
+    /// [`crate::Arena::make_resident`] or
+    /// [`crate::SharedArena::make_resident`] before taking a view or
+    /// pointer (`SharedArena`'s reads and `with_kernel_args` do it).
+    #[error("block is spilled to host memory: bring it back with make_resident (Arena or SharedArena) first")]
     NotResident,
 
     /// Spilling cannot make room: the host tier is full. Nothing was
@@ -141,19 +143,31 @@ pub enum Error {
         slice_bytes: u64,
     },
 
-    /// A typed access with an element type other than the block's.
-    #[error("element type mismatch: block holds {block_type}, access asked for {requested_type}")]
+    /// A typed access (or a copy) whose element type is not the range's
+    /// dtype. Byte-level calls (`read_bytes`, `write_bytes`) take any
+    /// range; `as_dtype` reinterprets one.
+    #[error("dtype mismatch: the range holds {block_type}, the access asked for {requested_type} (read or write its bytes, or reinterpret it with as_dtype)")]
     TypeMismatch {
-        /// The block's element type.
+        /// The range's dtype (its block's, unless reinterpreted).
         block_type: &'static str,
-        /// The type of the access.
+        /// The dtype of the access.
         requested_type: &'static str,
     },
 
-    /// A typed access whose element size does not divide the block's bytes.
-    #[error("block of {block_bytes} B is not a whole number of {elem_bytes}-byte elements")]
+    /// An element count whose bytes overflow `u64`.
+    #[error("{numel} elements of {elem_bytes} B overflow u64")]
+    ElemCountOverflow {
+        /// Elements asked for.
+        numel: u64,
+        /// Bytes per element.
+        elem_bytes: u64,
+    },
+
+    /// A typed access, or a reinterpretation, of a range whose bytes are
+    /// not a whole number of elements.
+    #[error("range of {block_bytes} B is not a whole number of {elem_bytes}-byte elements")]
     NotWholeElements {
-        /// Bytes of the block.
+        /// Bytes of the range.
         block_bytes: u64,
         /// Size of one element.
         elem_bytes: u64,
@@ -167,11 +181,14 @@ pub enum Error {
         output: usize,
     },
 
-    /// A typed view of a block whose address is not aligned for the type
-    /// (a block allocated with an alignment below the element's).
-    #[error("block at offset {offset} is not aligned for {requested_type} ({elem_align_bytes}-byte alignment)")]
+    /// A typed view, or a reinterpretation, at an offset not aligned for
+    /// the type (a block allocated with an alignment below the element's,
+    /// or a slice starting inside an element).
+    #[error(
+        "offset {offset} B is not aligned for {requested_type} ({elem_align_bytes}-byte alignment)"
+    )]
     MisalignedView {
-        /// Offset of the block.
+        /// The offset: in the region for a view, in the storage for a slice.
         offset: u64,
         /// The view's element type.
         requested_type: &'static str,
@@ -359,6 +376,15 @@ pub enum Error {
         available_bytes: u64,
     },
 
+    /// A range `start..end` with `end < start`.
+    #[error("range {start}..{end} ends before it starts")]
+    ReversedRange {
+        /// Start asked for.
+        start: u64,
+        /// End asked for.
+        end: u64,
+    },
+
     /// A copy whose source and destination overlap (in one block).
     #[error(
         "copy of {len_bytes} B from region offset {src_offset} to {dst_offset}: the ranges overlap"
@@ -400,6 +426,35 @@ pub enum Error {
         source_name: &'static str,
         /// The compiler's log.
         log: String,
+    },
+
+    /// A `SharedArena` call made while this thread holds an arena's lock
+    /// (inside [`crate::SharedArena::with`] or
+    /// [`with_mut`](crate::SharedArena::with_mut)) that could deadlock:
+    /// the same arena again, or one taken out of order (a thread holding
+    /// several takes them in increasing id order). Nothing was done.
+    #[error(
+        "SharedArena::{call} on arena #{arena} from a thread that holds arena #{held}'s lock: \
+         inside with/with_mut use the Arena given to the closure \
+         (a nested call may only take an arena of higher id)"
+    )]
+    Reentrant {
+        /// The call that was refused.
+        call: &'static str,
+        /// Id of the arena it was made on.
+        arena: u64,
+        /// Id of the arena whose lock this thread holds (the highest).
+        held: u64,
+    },
+
+    /// A fixed limit was reached: arena ids in this process, or streams
+    /// registered with one arena. Nothing was changed.
+    #[error("no more {what}: all {limit} are in use")]
+    LimitReached {
+        /// What ran out.
+        what: &'static str,
+        /// How many there can be.
+        limit: u64,
     },
 
     /// An earlier failure left device memory and the arena's table in

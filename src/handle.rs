@@ -6,9 +6,7 @@
 //! A freed handle, a handle whose slot was reused, and a handle from another
 //! arena are all detected and rejected.
 
-use std::any::TypeId;
-use std::cell::Cell;
-use std::sync::{Mutex, PoisonError};
+use crate::dtype::DType;
 
 /// Slot key of a block in its arena's table (generational; see
 /// [`crate::slots`] for the encoding kernels rely on).
@@ -18,7 +16,7 @@ pub(crate) type BlockKey = crate::slots::SlotKey;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle {
     pub(crate) key: BlockKey,
-    pub(crate) arena: u32,
+    pub(crate) arena: u64,
 }
 
 impl Handle {
@@ -32,7 +30,7 @@ impl Handle {
 
     /// Rebuilds a handle of arena `arena_id` from [`Handle::to_bits`]. A
     /// forged or stale value is rejected by the arena when used.
-    pub fn from_bits(bits: u64, arena_id: u32) -> Self {
+    pub fn from_bits(bits: u64, arena_id: u64) -> Self {
         Self {
             key: BlockKey::from_bits(bits),
             arena: arena_id,
@@ -40,57 +38,8 @@ impl Handle {
     }
 
     /// Id of the arena that issued the handle.
-    pub fn arena_id(self) -> u32 {
+    pub fn arena_id(self) -> u64 {
         self.arena
-    }
-}
-
-/// The element type a block was allocated for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ElemType {
-    /// Rust type name.
-    pub name: &'static str,
-    /// Bytes per element.
-    pub size_bytes: usize,
-    pub(crate) id: TypeId,
-}
-
-impl ElemType {
-    /// The element type of `T`.
-    pub fn of<T: 'static>() -> Self {
-        Self {
-            name: std::any::type_name::<T>(),
-            size_bytes: std::mem::size_of::<T>(),
-            id: TypeId::of::<T>(),
-        }
-    }
-
-    /// A `'static` copy of this type, one per distinct type in the process
-    /// (leaked once: `ElemType` comes only from [`ElemType::of`], so the set
-    /// is fixed by the program's code). Blocks keep this pointer rather than
-    /// the 40-byte value, so that the arena's per-block table stays small.
-    /// Each thread remembers the last type it interned, so a run of typed
-    /// allocations of one type takes no lock; a miss takes one process-wide
-    /// lock and scans the few types seen so far.
-    pub(crate) fn interned(self) -> &'static ElemType {
-        thread_local! {
-            static LAST: Cell<Option<&'static ElemType>> = const { Cell::new(None) };
-        }
-        if let Some(t) = LAST.with(Cell::get).filter(|t| **t == self) {
-            return t;
-        }
-        static TYPES: Mutex<Vec<&'static ElemType>> = Mutex::new(Vec::new());
-        let mut types = TYPES.lock().unwrap_or_else(PoisonError::into_inner);
-        let t = match types.iter().find(|t| ***t == self) {
-            Some(t) => *t,
-            None => {
-                let t: &'static ElemType = Box::leak(Box::new(self));
-                types.push(t);
-                t
-            }
-        };
-        LAST.with(|last| last.set(Some(t)));
-        t
     }
 }
 
@@ -111,8 +60,8 @@ pub struct BlockInfo {
     pub reserved_bytes: u64,
     /// Alignment of the offset.
     pub align_bytes: u64,
-    /// Element type for typed allocations.
-    pub elem: Option<ElemType>,
+    /// The dtype it was allocated for (`None`: untyped bytes).
+    pub dtype: Option<DType>,
     /// Outstanding pins.
     pub pins: u32,
 }

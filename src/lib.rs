@@ -15,6 +15,7 @@
 mod arena;
 pub mod backend;
 pub mod config;
+mod dtype;
 pub mod error;
 mod handle;
 pub mod placement;
@@ -29,7 +30,14 @@ pub use arena::cuda::graph;
 pub use arena::cuda::KernelArgs;
 pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
+pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use handle::{BlockInfo, ElemType, Handle, TableEntry};
+pub use handle::{BlockInfo, Handle, TableEntry};
 pub use storage::{AsRange, BlockRange, Storage, StorageSlice};
 pub use stream::StreamId;
+
+/// The bytemuck this crate is built with: typed calls take its `Pod` types.
+pub use bytemuck;
+/// The half this crate is built with: its `f16` and `bf16` are the
+/// elements of [`DType::F16`] and [`DType::BF16`].
+pub use half;

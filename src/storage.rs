@@ -1,8 +1,8 @@
 //! Storage a framework's tensor can own.
 //!
 //! A [`Storage`] is one block of an arena held by shared ownership: `Send +
-//! Sync`, cheap to clone (an `Arc`), with its length and element type
-//! readable without touching the arena. When the last clone (and the last
+//! Sync`, cheap to clone (an `Arc`), with its length and [`DType`] (or none:
+//! untyped bytes) readable without touching the arena. When the last clone (and the last
 //! [`StorageSlice`] of it) is dropped, on whatever thread, its handle goes
 //! to the arena's reclaim queue; the arena frees it at its next allocation
 //! or compaction, or when asked ([`crate::Arena::reclaim`]), waiting then for
@@ -13,16 +13,21 @@
 //! empty tensors all the time.
 //!
 //! A [`StorageSlice`] is a byte range of a storage (a tensor's `narrow` or
-//! `slice`); it keeps the storage alive. Slices, storages and plain handles
+//! `slice`), read as its storage's dtype or, reinterpreted without a copy,
+//! as another ([`StorageSlice::as_dtype`]); it keeps the storage alive.
+//! Lengths are unambiguous: `len_bytes` counts bytes, `numel` elements of
+//! the dtype (bytes, for untyped storage). Slices, storages and plain handles
 //! all name bytes through [`AsRange`], which every device-side operation
 //! and kernel-argument call takes; they are resolved to addresses when
 //! used, so compaction may move the block in between.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::handle::{ElemType, Handle};
+use crate::handle::Handle;
 
 /// Handles of dropped storages, waiting for their arena to free them.
 #[derive(Debug, Default)]
@@ -72,8 +77,8 @@ struct Inner {
     /// `None` for a zero-byte storage.
     handle: Option<Handle>,
     len_bytes: u64,
-    elem: Option<ElemType>,
-    arena: u32,
+    dtype: Option<DType>,
+    arena: u64,
     reclaim: Arc<Reclaim>,
 }
 
@@ -97,15 +102,15 @@ impl Storage {
     pub(crate) fn new(
         handle: Option<Handle>,
         len_bytes: u64,
-        elem: Option<ElemType>,
-        arena: u32,
+        dtype: Option<DType>,
+        arena: u64,
         reclaim: Arc<Reclaim>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 handle,
                 len_bytes,
-                elem,
+                dtype,
                 arena,
                 reclaim,
             }),
@@ -117,12 +122,9 @@ impl Storage {
         self.inner.len_bytes
     }
 
-    /// Elements of its element type (bytes for an untyped storage).
-    pub fn len(&self) -> u64 {
-        match self.inner.elem {
-            Some(e) if e.size_bytes > 0 => self.inner.len_bytes / e.size_bytes as u64,
-            _ => self.inner.len_bytes,
-        }
+    /// Elements of its dtype; an untyped storage's elements are bytes.
+    pub fn numel(&self) -> u64 {
+        self.inner.len_bytes / elem_bytes(self.inner.dtype)
     }
 
     /// True for a storage of zero bytes (which holds no block).
@@ -130,9 +132,9 @@ impl Storage {
         self.inner.len_bytes == 0
     }
 
-    /// The element type it was allocated for, if typed.
-    pub fn elem(&self) -> Option<ElemType> {
-        self.inner.elem
+    /// The dtype it was allocated for; `None` for untyped bytes.
+    pub fn dtype(&self) -> Option<DType> {
+        self.inner.dtype
     }
 
     /// The block's handle (`None` for an empty storage). The handle is a
@@ -142,7 +144,7 @@ impl Storage {
     }
 
     /// Id of the arena it belongs to.
-    pub fn arena_id(&self) -> u32 {
+    pub fn arena_id(&self) -> u64 {
         self.inner.arena
     }
 
@@ -152,14 +154,8 @@ impl Storage {
     }
 
     /// Owners now (clones and slices alive).
-    pub fn owners(&self) -> usize {
-        Arc::strong_count(&self.inner)
-    }
-
-    /// Elements `start..end` of the storage (bytes for an untyped one), as
-    /// a slice that keeps it alive. [`Error::RangeOutOfBounds`] past its end.
-    pub fn slice(&self, range: std::ops::Range<u64>) -> Result<StorageSlice> {
-        self.whole().slice(range)
+    pub fn owners(&self) -> u64 {
+        Arc::strong_count(&self.inner) as u64
     }
 
     /// The whole storage as a slice.
@@ -168,17 +164,42 @@ impl Storage {
             storage: self.clone(),
             offset_bytes: 0,
             len_bytes: self.inner.len_bytes,
+            dtype: self.inner.dtype,
         }
+    }
+
+    /// Elements `start..end` of the storage, as a slice that keeps it
+    /// alive (see [`StorageSlice::slice`]).
+    pub fn slice(&self, range: Range<u64>) -> Result<StorageSlice> {
+        self.whole().slice(range)
+    }
+
+    /// Bytes `start..end` of the storage (see [`StorageSlice::slice_bytes`]).
+    pub fn slice_bytes(&self, range: Range<u64>) -> Result<StorageSlice> {
+        self.whole().slice_bytes(range)
+    }
+
+    /// The whole storage read as `dtype`, without a copy (see
+    /// [`StorageSlice::as_dtype`]).
+    pub fn as_dtype(&self, dtype: DType) -> Result<StorageSlice> {
+        self.whole().as_dtype(dtype)
     }
 }
 
+/// Bytes of one element of `dtype` (1 for untyped bytes).
+fn elem_bytes(dtype: Option<DType>) -> u64 {
+    dtype.map_or(1, DType::size_bytes)
+}
+
 /// Bytes `offset_bytes..offset_bytes + len_bytes` of a [`Storage`], which it
-/// keeps alive: a tensor's view after `narrow` / `slice`.
+/// keeps alive, read as a dtype: a tensor's view after `narrow`, `slice` or
+/// a reinterpreting `view(dtype)`.
 #[derive(Debug, Clone)]
 pub struct StorageSlice {
     storage: Storage,
     offset_bytes: u64,
     len_bytes: u64,
+    dtype: Option<DType>,
 }
 
 impl StorageSlice {
@@ -197,9 +218,9 @@ impl StorageSlice {
         self.len_bytes
     }
 
-    /// Elements of the storage's type in the slice (bytes if untyped).
-    pub fn len(&self) -> u64 {
-        self.len_bytes / self.elem_bytes()
+    /// Elements of its dtype in the slice; bytes when untyped.
+    pub fn numel(&self) -> u64 {
+        self.len_bytes / elem_bytes(self.dtype)
     }
 
     /// True for a slice of zero bytes.
@@ -207,36 +228,101 @@ impl StorageSlice {
         self.len_bytes == 0
     }
 
-    fn elem_bytes(&self) -> u64 {
-        match self.storage.elem() {
-            Some(e) if e.size_bytes > 0 => e.size_bytes as u64,
-            _ => 1,
-        }
+    /// The dtype the slice is read as: its storage's, or the one
+    /// [`as_dtype`](StorageSlice::as_dtype) gave it; `None` for untyped
+    /// bytes.
+    pub fn dtype(&self) -> Option<DType> {
+        self.dtype
     }
 
-    /// Elements `start..end` of this slice (bytes if untyped).
-    /// [`Error::RangeOutOfBounds`] past its end.
-    pub fn slice(&self, range: std::ops::Range<u64>) -> Result<StorageSlice> {
-        let e = self.elem_bytes();
+    /// Elements `start..end` of this slice, in its dtype (bytes when
+    /// untyped). [`Error::RangeOutOfBounds`] past its end,
+    /// [`Error::ReversedRange`] when `end < start`.
+    pub fn slice(&self, range: Range<u64>) -> Result<StorageSlice> {
+        let e = elem_bytes(self.dtype);
+        if range.start > range.end {
+            return Err(Error::ReversedRange {
+                start: range.start,
+                end: range.end,
+            });
+        }
         let out = || Error::RangeOutOfBounds {
             offset_bytes: range.start.saturating_mul(e),
-            len_bytes: range.end.saturating_sub(range.start).saturating_mul(e),
+            len_bytes: (range.end - range.start).saturating_mul(e),
             available_bytes: self.len_bytes,
         };
-        if range.start > range.end {
-            return Err(out());
-        }
         let start = range.start.checked_mul(e).ok_or_else(out)?;
         let end = range.end.checked_mul(e).ok_or_else(out)?;
+        self.sub(start, end)
+    }
+
+    /// Bytes `start..end` of this slice, keeping its dtype: both ends must
+    /// fall on element boundaries ([`Error::MisalignedView`],
+    /// [`Error::NotWholeElements`]); any byte range of an untyped slice.
+    pub fn slice_bytes(&self, range: Range<u64>) -> Result<StorageSlice> {
+        if range.start > range.end {
+            return Err(Error::ReversedRange {
+                start: range.start,
+                end: range.end,
+            });
+        }
+        let s = self.sub(range.start, range.end)?;
+        if let Some(d) = self.dtype {
+            check_bitcast(s.offset_bytes, s.len_bytes, d)?;
+        }
+        Ok(s)
+    }
+
+    /// The same bytes read as `dtype`, without a copy (a bitcast, as a
+    /// framework's `view(dtype)`): the length must be a whole number of
+    /// `dtype`'s elements ([`Error::NotWholeElements`]) and the offset in
+    /// the storage a multiple of its size ([`Error::MisalignedView`]).
+    /// Typed calls on the result check against `dtype`; the block's own
+    /// alignment is checked when a kernel view is taken.
+    pub fn as_dtype(&self, dtype: DType) -> Result<StorageSlice> {
+        check_bitcast(self.offset_bytes, self.len_bytes, dtype)?;
+        Ok(StorageSlice {
+            dtype: Some(dtype),
+            ..self.clone()
+        })
+    }
+
+    /// Bytes `start..end` of this slice (`start <= end`), in bounds.
+    fn sub(&self, start: u64, end: u64) -> Result<StorageSlice> {
         if end > self.len_bytes {
-            return Err(out());
+            return Err(Error::RangeOutOfBounds {
+                offset_bytes: start,
+                len_bytes: end - start,
+                available_bytes: self.len_bytes,
+            });
         }
         Ok(StorageSlice {
             storage: self.storage.clone(),
             offset_bytes: self.offset_bytes + start,
             len_bytes: end - start,
+            dtype: self.dtype,
         })
     }
+}
+
+/// Checks that `len` bytes at `offset` (in a block) hold whole, aligned
+/// elements of `dtype`.
+fn check_bitcast(offset: u64, len: u64, dtype: DType) -> Result<()> {
+    let e = dtype.size_bytes();
+    if len % e != 0 {
+        return Err(Error::NotWholeElements {
+            block_bytes: len,
+            elem_bytes: e,
+        });
+    }
+    if offset % e != 0 {
+        return Err(Error::MisalignedView {
+            offset,
+            requested_type: dtype.name(),
+            elem_align_bytes: e,
+        });
+    }
+    Ok(())
 }
 
 /// Bytes of one block: what a [`Handle`], a [`Storage`] or a
@@ -249,6 +335,9 @@ pub struct BlockRange {
     pub offset_bytes: u64,
     /// Bytes; `None` for "to the block's end".
     pub len_bytes: Option<u64>,
+    /// The dtype the bytes are read as; `None`: the block's own (a plain
+    /// handle, or a storage as allocated).
+    pub dtype: Option<DType>,
 }
 
 /// Anything that names bytes of an arena block.
@@ -263,6 +352,7 @@ impl AsRange for Handle {
             handle: Some(*self),
             offset_bytes: 0,
             len_bytes: None,
+            dtype: None,
         }
     }
 }
@@ -273,6 +363,7 @@ impl AsRange for Storage {
             handle: self.handle(),
             offset_bytes: 0,
             len_bytes: Some(self.len_bytes()),
+            dtype: self.dtype(),
         }
     }
 }
@@ -283,6 +374,7 @@ impl AsRange for StorageSlice {
             handle: self.storage.handle(),
             offset_bytes: self.offset_bytes,
             len_bytes: Some(self.len_bytes),
+            dtype: self.dtype,
         }
     }
 }
@@ -302,7 +394,7 @@ mod tests {
         let mut a = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
         let s = a.alloc_storage_elems::<f32>(100).unwrap();
         let t = s.clone();
-        assert_eq!((s.len(), s.len_bytes(), s.owners()), (100, 400, 2));
+        assert_eq!((s.numel(), s.len_bytes(), s.owners()), (100, 400, 2));
         let h = s.handle().unwrap();
         drop(s);
         assert_eq!(a.pending_reclaim(), 0, "one owner left");
@@ -325,7 +417,10 @@ mod tests {
         a.write_range::<f32>(&e, &[]).unwrap();
         let s = a.alloc_storage_elems::<u32>(10).unwrap();
         let mid: StorageSlice = s.slice(2..5).unwrap();
-        assert_eq!((mid.offset_bytes(), mid.len_bytes(), mid.len()), (8, 12, 3));
+        assert_eq!(
+            (mid.offset_bytes(), mid.len_bytes(), mid.numel()),
+            (8, 12, 3)
+        );
         assert!(matches!(
             s.slice(5..11),
             Err(Error::RangeOutOfBounds {
@@ -337,7 +432,10 @@ mod tests {
         assert!(mid.slice(0..4).is_err());
         #[allow(clippy::reversed_empty_ranges)]
         let backwards = s.slice(3..2);
-        assert!(backwards.is_err());
+        assert_eq!(
+            backwards.err(),
+            Some(Error::ReversedRange { start: 3, end: 2 })
+        );
         drop(s);
         // The slice keeps the storage alive.
         a.reclaim().unwrap();
@@ -370,7 +468,7 @@ mod tests {
             a.write_range(&y.slice(0..2).unwrap(), &[1u32]).unwrap_err(),
             a.write_range(&y, &[1.0f32; 8]).unwrap_err(),
             a.fill(&y, 1u8).unwrap_err(),
-            a.fill(&y, [0u8; 3]).unwrap_err(),
+            a.fill_bytes(&y, &[0u8; 3]).unwrap_err(),
         ] {
             assert!(
                 matches!(
@@ -385,7 +483,7 @@ mod tests {
         }
         assert_eq!(a.read_range::<u32>(&y).unwrap(), before);
         assert_eq!(a.stats().allocs, stats.allocs);
-        a.fill_bytes(&y, 0xff).unwrap();
+        a.fill_bytes(&y, &[0xff]).unwrap();
         assert_eq!(a.read_range::<u32>(&y).unwrap(), vec![u32::MAX; 8]);
     }
 
@@ -417,5 +515,76 @@ mod tests {
         a.record_stream(&x, crate::StreamId::ARENA).unwrap();
         drop(x);
         assert_eq!(a.reclaim().unwrap(), 1);
+    }
+
+    #[test]
+    fn dtypes_reinterpret_without_a_copy_and_bytes_ignore_them() {
+        use crate::DType;
+        let mut a = Arena::host(ArenaConfig::new(1 << 16)).unwrap();
+        let x = a.alloc_storage_dtype(DType::F32, 4).unwrap();
+        assert_eq!(
+            (x.dtype(), x.numel(), x.len_bytes()),
+            (Some(DType::F32), 4, 16)
+        );
+        a.write_range(&x, &[1.0f32, -2.0, 0.5, 8.0]).unwrap();
+        // Bytes of any dtype; typed access checked against the dtype.
+        let bytes = a.read_bytes(&x).unwrap();
+        assert_eq!(&bytes[..4], &1.0f32.to_le_bytes());
+        assert!(matches!(
+            a.read_range::<u8>(&x),
+            Err(Error::TypeMismatch {
+                block_type: "f32",
+                requested_type: "u8"
+            })
+        ));
+        // A bitcast: the same bytes as u32s, or as bf16 pairs.
+        let bits = x.as_dtype(DType::U32).unwrap();
+        assert_eq!(a.read_range::<u32>(&bits).unwrap()[0], 1.0f32.to_bits());
+        let halves = x.slice(1..3).unwrap().as_dtype(DType::BF16).unwrap();
+        assert_eq!((halves.offset_bytes(), halves.numel()), (4, 4));
+        assert_eq!(a.read_range::<half::bf16>(&halves).unwrap().len(), 4);
+        // Checked: whole elements, aligned offsets.
+        let odd = x.as_dtype(DType::U8).unwrap().slice(1..7).unwrap();
+        assert_eq!(
+            odd.as_dtype(DType::I16).err(),
+            Some(Error::MisalignedView {
+                offset: 1,
+                requested_type: "i16",
+                elem_align_bytes: 2
+            })
+        );
+        assert_eq!(
+            odd.slice(1..4).unwrap().as_dtype(DType::I16).err(),
+            Some(Error::NotWholeElements {
+                block_bytes: 3,
+                elem_bytes: 2
+            })
+        );
+        assert!(x.slice_bytes(2..6).is_err());
+        assert_eq!(x.slice_bytes(4..12).unwrap().numel(), 2);
+        // Byte writes into a typed range; bool and fp8 go through bytes.
+        a.write_bytes(&x.slice(0..1).unwrap(), &2.0f32.to_le_bytes())
+            .unwrap();
+        assert_eq!(a.read_range::<f32>(&x).unwrap()[0], 2.0);
+        let mask = a.alloc_storage_dtype(DType::Bool, 3).unwrap();
+        a.write_bytes(&mask, &[1, 0, 1]).unwrap();
+        assert_eq!(
+            a.read_range::<u8>(&mask.as_dtype(DType::U8).unwrap())
+                .unwrap(),
+            [1, 0, 1]
+        );
+        // Copies need one dtype, or a reinterpretation.
+        let y = a.alloc_storage_elems::<u32>(4).unwrap();
+        assert!(matches!(a.copy(&x, &y), Err(Error::TypeMismatch { .. })));
+        a.copy(&bits, &y).unwrap();
+        assert_eq!(a.read_range::<u32>(&y).unwrap()[0], 2.0f32.to_bits());
+        // Element counts that overflow say so.
+        assert_eq!(
+            a.alloc_storage_dtype(DType::F64, u64::MAX / 2).err(),
+            Some(Error::ElemCountOverflow {
+                numel: u64::MAX / 2,
+                elem_bytes: 8
+            })
+        );
     }
 }

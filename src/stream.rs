@@ -30,12 +30,17 @@
 //! trivially; the arena still validates stream ids and keeps the records, so
 //! the same programs run on both backends.
 
+/// Streams one arena can register, its own included: plenty for copy,
+/// compute and communication streams, and a bound on the per-stream
+/// tables the arena keeps ([`crate::Error::LimitReached`] past it).
+pub(crate) const MAX_STREAMS: u32 = 1 << 16;
+
 /// A stream registered with one arena; [`StreamId::ARENA`] is the arena's
 /// own, in every arena. An id carries the id of the arena that registered
 /// it, so another arena refuses it ([`crate::Error::UnknownStream`]) as it
 /// refuses another arena's handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub(crate) u32, pub(crate) u32);
+pub struct StreamId(pub(crate) u32, pub(crate) u64);
 
 impl StreamId {
     /// The arena's own stream: transfers, compactions and device-side
@@ -48,13 +53,13 @@ impl StreamId {
     }
 
     /// Id of the arena that registered it (0 for [`StreamId::ARENA`]).
-    pub fn arena_id(self) -> u32 {
+    pub fn arena_id(self) -> u64 {
         self.1
     }
 
     /// The id as arena `arena` hands it out (the arena stream stays
     /// [`StreamId::ARENA`]).
-    pub(crate) fn of_arena(self, arena: u32) -> Self {
+    pub(crate) fn of_arena(self, arena: u64) -> Self {
         if self.0 == 0 {
             StreamId::ARENA
         } else {

@@ -3,24 +3,15 @@
 //! by an allocation, then a full one), and everything is downloaded again
 //! after each and compared bit for bit.
 
-use cuarena::{CompactionReport, ElemType};
+use cuarena::CompactionReport;
 
 use super::*;
 
-/// The bytes of a live block, read as the element type it was allocated
-/// with (`read` brings a spilled block back first).
+/// The bytes of a live block, whatever its dtype (brought back first if
+/// spilled).
 fn bytes_of<E: Exec>(e: &mut E, x: Handle) -> Res<Vec<u8>> {
-    let elem = e.arena().info(x)?.elem;
-    Ok(match elem {
-        Some(t) if t == ElemType::of::<f32>() => {
-            bytemuck::cast_slice(&e.arena().read::<f32>(x)?).to_vec()
-        }
-        Some(t) if t == ElemType::of::<i32>() => {
-            bytemuck::cast_slice(&e.arena().read::<i32>(x)?).to_vec()
-        }
-        None => e.arena().read::<u8>(x)?,
-        Some(t) => return Err(format!("a live tensor of {} elements", t.name).into()),
-    })
+    e.arena().make_resident(&[x])?;
+    Ok(e.arena().read_bytes(&x)?)
 }
 
 /// Downloads every tensor of `tensors` again and compares it bit for bit
@@ -79,7 +70,7 @@ pub(crate) fn check_every_tensor<E: Exec>(e: &mut E, out: &Outcome) -> Res<()> {
         tensors.push(x);
     }
     let live = e.arena().stats().live_blocks;
-    if tensors.len() != live {
+    if tensors.len() as u64 != live {
         return Err(format!(
             "{} live blocks, {} of them found to check (a spilled block the run does not name?)",
             live,

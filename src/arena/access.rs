@@ -1,11 +1,11 @@
 //! Queries and host transfers.
 
-use bytemuck::Pod;
-
+use super::ops::{check_dtype, host_vec};
 use super::{Arena, Block, Stats};
 use crate::backend::Backend;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::handle::{BlockInfo, ElemType, Handle};
+use crate::handle::{BlockInfo, Handle};
 
 impl<B: Backend> Arena<B> {
     /// Everything known about a live block.
@@ -26,7 +26,7 @@ impl<B: Backend> Arena<B> {
             size_bytes: b.size,
             reserved_bytes: b.reserved(),
             align_bytes: b.align(),
-            elem: b.elem.copied(),
+            dtype: b.dtype,
             pins: b.pins,
         }
     }
@@ -41,9 +41,9 @@ impl<B: Backend> Arena<B> {
         Ok(self.block(h)?.align())
     }
 
-    /// Element type, for blocks from [`alloc_elems`](Arena::alloc_elems).
-    pub fn elem_type(&self, h: Handle) -> Result<Option<ElemType>> {
-        Ok(self.block(h)?.elem.copied())
+    /// The dtype the block was allocated for (`None`: untyped bytes).
+    pub fn dtype(&self, h: Handle) -> Result<Option<DType>> {
+        Ok(self.block(h)?.dtype)
     }
 
     /// True if the handle names a live block of this arena.
@@ -122,9 +122,9 @@ impl<B: Backend> Arena<B> {
             } else {
                 1.0 - r.largest_free_bytes as f64 / r.free_bytes as f64
             },
-            live_blocks: self.blocks.len(),
-            free_regions: r.free_regions,
-            pinned_blocks: c.pinned_blocks,
+            live_blocks: self.blocks.len() as u64,
+            free_regions: r.free_regions as u64,
+            pinned_blocks: c.pinned_blocks as u64,
             peak_allocated_bytes: c.peak_allocated_bytes,
             allocs: c.allocs,
             frees: c.frees,
@@ -160,22 +160,11 @@ impl<B: Backend> Arena<B> {
 
     // ---- data -----------------------------------------------------------------
 
-    pub(super) fn check_type<T: Pod>(b: &Block) -> Result<()> {
-        let want = ElemType::of::<T>();
-        match b.elem {
-            Some(e) if e.id != want.id => Err(Error::TypeMismatch {
-                block_type: e.name,
-                requested_type: want.name,
-            }),
-            _ => Ok(()),
-        }
-    }
-
     /// A whole-block transfer's arguments: the handle, `T` against the
-    /// block's type, `len` bytes against its size.
-    fn check_transfer<T: Pod>(&self, h: Handle, len: usize) -> Result<()> {
+    /// block's dtype, `len` bytes against its size.
+    fn check_transfer<T: Element>(&self, h: Handle, len: usize) -> Result<()> {
         let b = self.block(h)?;
-        Self::check_type::<T>(b)?;
+        check_dtype(b.dtype, T::DTYPE)?;
         if len as u64 != b.size {
             return Err(Error::LengthMismatch {
                 block_bytes: b.size,
@@ -185,10 +174,11 @@ impl<B: Backend> Arena<B> {
         Ok(())
     }
 
-    /// Writes `data` into the block; `data` must be exactly the block's size.
-    /// Arguments are checked before a spilled block is brought back: a
-    /// wrong type or length changes nothing.
-    pub fn write<T: Pod>(&mut self, h: Handle, data: &[T]) -> Result<()> {
+    /// Writes `data` into the block; `data` must be exactly the block's
+    /// size, `T` its dtype unless it is untyped. Arguments are checked
+    /// before a spilled block is brought back: a wrong type or length
+    /// changes nothing. Byte ranges of any dtype: [`write_bytes`](Arena::write_bytes).
+    pub fn write<T: Element>(&mut self, h: Handle, data: &[T]) -> Result<()> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         self.check_transfer::<T>(h, bytes.len())?;
         self.make_resident(&[h])?;
@@ -202,7 +192,7 @@ impl<B: Backend> Arena<B> {
 
     /// Reads the block into `out`, which must be exactly the block's size.
     /// Arguments are checked before a spilled block is brought back.
-    pub fn read_into<T: Pod>(&mut self, h: Handle, out: &mut [T]) -> Result<()> {
+    pub fn read_into<T: Element>(&mut self, h: Handle, out: &mut [T]) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         self.check_transfer::<T>(h, bytes.len())?;
         self.make_resident(&[h])?;
@@ -213,29 +203,18 @@ impl<B: Backend> Arena<B> {
         self.sticky(r)
     }
 
-    /// Reads the block as a `Vec<T>`.
-    pub fn read<T: Pod>(&mut self, h: Handle) -> Result<Vec<T>> {
+    /// Reads the block as a `Vec<T>`, bringing it back if spilled.
+    pub fn read<T: Element>(&mut self, h: Handle) -> Result<Vec<T>> {
         let b = self.block(h)?;
-        Self::check_type::<T>(b)?;
-        let elem = std::mem::size_of::<T>() as u64;
-        if elem == 0 || b.size % elem != 0 {
+        check_dtype(b.dtype, T::DTYPE)?;
+        let elem = T::DTYPE.size_bytes();
+        if b.size % elem != 0 {
             return Err(Error::NotWholeElements {
                 block_bytes: b.size,
                 elem_bytes: elem,
             });
         }
-        let n = usize::try_from(b.size / elem).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: b.size,
-            max_bytes: usize::MAX as u64,
-        })?;
-        // Fallible: a block larger than host memory (a metadata arena's,
-        // say) is an error, not an abort.
-        let mut out = Vec::new();
-        out.try_reserve_exact(n).map_err(|_| Error::HostMemory {
-            requested_bytes: b.size,
-            what: "the Vec that Arena::read returns",
-        })?;
-        out.resize(n, T::zeroed());
+        let mut out = host_vec::<T>(b.size, "the Vec that Arena::read returns")?;
         self.read_into(h, &mut out)?;
         Ok(out)
     }

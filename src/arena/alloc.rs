@@ -3,14 +3,13 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use bytemuck::Pod;
-
 use super::shadow::Handover;
 use super::{Arena, Block, Place};
 use crate::backend::Backend;
 use crate::config::{CompactionPolicy, MAX_ALIGN};
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::handle::{BlockKey, ElemType, Handle};
+use crate::handle::{BlockKey, Handle};
 use crate::placement::Allocation;
 use crate::plan::lag;
 use crate::plan::planner::{self, Request};
@@ -27,22 +26,28 @@ impl<B: Backend> Arena<B> {
         self.alloc_impl(bytes, align_bytes, None)
     }
 
-    /// Allocates `n` elements of `T`; the handle remembers `T`.
-    pub fn alloc_elems<T: Pod>(&mut self, n: usize) -> Result<Handle> {
-        let elem = std::mem::size_of::<T>() as u64;
-        let bytes = (n as u64).checked_mul(elem).ok_or(Error::SizeOverflow {
-            requested_bytes: n as u64,
-            align_bytes: elem,
+    /// Allocates `numel` elements of `T`, aligned for them; the block's
+    /// dtype is `T`'s.
+    pub fn alloc_elems<T: Element>(&mut self, numel: u64) -> Result<Handle> {
+        let (bytes, align) = self.typed_layout(T::DTYPE, numel)?;
+        self.alloc_impl(bytes, align, Some(T::DTYPE))
+    }
+
+    /// Bytes and alignment of `numel` elements of `dtype` in this arena.
+    pub(super) fn typed_layout(&self, dtype: DType, numel: u64) -> Result<(u64, u64)> {
+        let elem = dtype.size_bytes();
+        let bytes = numel.checked_mul(elem).ok_or(Error::ElemCountOverflow {
+            numel,
+            elem_bytes: elem,
         })?;
-        let align = (std::mem::align_of::<T>() as u64).max(self.config.alignment_bytes);
-        self.alloc_impl(bytes, align, Some(ElemType::of::<T>()))
+        Ok((bytes, elem.max(self.config.alignment_bytes)))
     }
 
     pub(super) fn alloc_impl(
         &mut self,
         bytes: u64,
         align: u64,
-        elem: Option<ElemType>,
+        dtype: Option<DType>,
     ) -> Result<Handle> {
         self.check_usable()?;
         if bytes == 0 {
@@ -99,8 +104,8 @@ impl<B: Backend> Arena<B> {
         let inserted = self.blocks.insert(Block {
             place: Place::Device(node),
             size: bytes,
-            elem: elem.map(ElemType::interned),
-            streams: None,
+            dtype,
+            streams: Default::default(),
             born: self.counters.allocs,
             last_use: AtomicU64::new(self.tick()),
             // `align <= MAX_ALIGN < 2^32`, checked above.
@@ -128,7 +133,9 @@ impl<B: Backend> Arena<B> {
         self.set_entry(key, Some((offset, bytes)));
         let c = &mut self.counters;
         c.allocs += 1;
-        c.requested_bytes += bytes;
+        // Exact: live sizes add up to at most the region plus the host
+        // tier, which `ArenaConfig::validate` keeps within u64.
+        c.requested_bytes = c.requested_bytes.saturating_add(bytes);
         let allocated = self.config.capacity_bytes - self.index.free_bytes();
         c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
         Ok(Handle {
@@ -391,7 +398,7 @@ impl<B: Backend> Arena<B> {
         }
         self.set_entry(h.key, None);
         self.counters.frees += 1;
-        self.counters.requested_bytes -= size;
+        self.counters.requested_bytes = self.counters.requested_bytes.saturating_sub(size);
         Ok(())
     }
 

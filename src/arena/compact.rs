@@ -118,8 +118,8 @@ impl<B: Backend> Arena<B> {
         c.compaction += t0.elapsed();
         Ok(CompactionReport {
             kind: plan.kind,
-            moves: plan.move_count(),
-            waves: plan.waves.len(),
+            moves: plan.move_count() as u64,
+            waves: plan.waves.len() as u64,
             bytes_moved: plan.bytes_moved(),
             planning,
             execution,

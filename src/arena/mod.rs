@@ -27,7 +27,10 @@ mod shadow;
 mod shared;
 mod spill;
 mod stats;
+mod stats_cell;
 mod streams;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -38,8 +41,9 @@ pub use stats::{fmt_bytes, CompactionReport, Stats};
 
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::handle::{BlockKey, ElemType, Handle, TableEntry};
+use crate::handle::{BlockKey, Handle, TableEntry};
 use crate::placement::{Allocation, FreeIndex, Lifetimes};
 use crate::plan::lag::Lag;
 use crate::plan::planner::LiveBlock;
@@ -78,8 +82,22 @@ fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
     owners[i] = owner;
 }
 
-/// Ids of arenas, so handles of one are rejected by another.
-static NEXT_ARENA_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+/// Ids of arenas, so handles of one are rejected by another: the next id
+/// to hand out.
+static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Takes the next id from `counter`, or refuses once they are all used: an
+/// id is never handed out twice, so no arena accepts another's handles.
+/// 64 bits: a process making an arena every nanosecond runs out after 584
+/// years, but the refusal keeps that from wrapping all the same.
+fn take_arena_id(counter: &AtomicU64) -> Result<u64> {
+    counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
+        .map_err(|_| Error::LimitReached {
+            what: "arena ids in this process",
+            limit: u64::MAX - 1,
+        })
+}
 
 /// Where a block's bytes are.
 #[derive(Debug, PartialEq, Eq)]
@@ -101,12 +119,15 @@ enum Place {
 struct Block {
     place: Place,
     size: u64,
-    /// Interned (see [`ElemType::interned`]): 8 bytes rather than 40.
-    elem: Option<&'static ElemType>,
+    /// The dtype it was allocated for (`None`: untyped bytes).
+    dtype: Option<DType>,
     /// Streams that used the block; `None` until kernel arguments or
     /// [`Arena::record_stream`] name it (one small allocation then, beside
-    /// a kernel launch; plain alloc and free never make one).
-    streams: Option<Box<StreamUses>>,
+    /// a kernel launch; plain alloc and free never make one). Behind a
+    /// mutex of its own so that kernel arguments, taken under a shared
+    /// arena's shared lock by several threads, record uses; under `&mut`
+    /// (compaction, free) it is reached without locking.
+    streams: std::sync::Mutex<Option<Box<StreamUses>>>,
     /// `Counters::allocs` when it was allocated: its lifetime at free, in
     /// allocation ticks, feeds `Arena::lifetimes`.
     born: u64,
@@ -147,13 +168,19 @@ impl Block {
     }
 
     /// The streams that used the block since it was allocated.
-    fn uses(&self) -> &[crate::stream::StreamId] {
-        self.streams.as_ref().map_or(&[], |s| &s.uses)
+    fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
+        self.with_streams(|s| s.as_ref().map(|s| s.uses.clone()).unwrap_or_default())
     }
 
-    /// The stream-use records, created on first use.
-    fn streams_mut(&mut self) -> &mut StreamUses {
-        self.streams.get_or_insert_with(Default::default)
+    /// Runs `f` on the stream-use records (`None` before the first use),
+    /// under their lock. Nothing in `f` panics, so a poisoned lock (it
+    /// cannot be) would hold consistent records.
+    fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
+        let mut s = self
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut s)
     }
 }
 
@@ -209,7 +236,7 @@ struct Counters {
 /// [`compact`](Arena::compact)), unless the block is pinned.
 #[derive(Debug)]
 pub struct Arena<B: Backend = HostBackend> {
-    id: u32,
+    id: u64,
     config: ArenaConfig,
     backend: B,
     index: FreeIndex,
@@ -229,8 +256,13 @@ pub struct Arena<B: Backend = HostBackend> {
     /// Counts the arena stream's work that other streams must be ordered
     /// after (moves, writes, fills, copies, frees).
     epoch: u64,
-    /// Per registered stream, the `epoch` it last joined.
-    joined: Vec<u64>,
+    /// Per registered stream (index 0, the arena's, unused), the `epoch`
+    /// it last joined. Atomic so that kernel arguments, taken under a
+    /// shared arena's shared lock, can note joins; it grows only when a
+    /// stream is registered (exclusive), up to [`MAX_STREAMS`] entries.
+    ///
+    /// [`MAX_STREAMS`]: crate::stream::MAX_STREAMS
+    joined: Vec<AtomicU64>,
     /// The host tier's index when spilling is on (`spill_host_bytes > 0`).
     tier: Option<FreeIndex>,
     /// Use clock for the spill policy's LRU.
@@ -246,9 +278,11 @@ pub struct Arena<B: Backend = HostBackend> {
     /// The positions in `live` of a plan's moved blocks, and room to sort
     /// them (see `compact::sort_moved`).
     moved: (Vec<u32>, Vec<LiveBlock>),
-    /// Whether a block may have been used on a stream other than the
-    /// arena's ([`Arena::record_stream`], kernel arguments): until then a
-    /// compaction need not look up the moved blocks' stream records.
+    /// Whether a stream other than the arena's was registered, so that a
+    /// block may have been used on one ([`Arena::record_stream`], kernel
+    /// arguments): until then a compaction need not look up the moved
+    /// blocks' stream records. Set at registration, which is exclusive,
+    /// so that uses recorded under a shared lock need not set it.
     other_streams: bool,
     spans: Vec<(u64, u64)>,
     /// The compaction policy's state (see [`crate::plan::policy`]).
@@ -287,7 +321,9 @@ impl Arena<HostBackend> {
     /// same here as on a GPU.
     pub fn register_stream(&mut self) -> Result<crate::stream::StreamId> {
         self.check_usable()?;
-        Ok(self.backend.register_stream()?.of_arena(self.id))
+        let id = self.backend.register_stream()?;
+        self.note_stream(id);
+        Ok(id.of_arena(self.id))
     }
 }
 
@@ -321,8 +357,12 @@ impl<B: Backend> Arena<B> {
         // Spilling changes residency where naive has none: no budget then.
         let shadow = (config.compaction == CompactionPolicy::Budgeted && tier.is_none())
             .then(|| Box::new(shadow::Shadow::new(config.capacity_bytes)));
+        // Streams the backend had registered before it was given to the
+        // arena have their entries too.
+        let streams = backend.stream_count();
+        let joined = (0..streams).map(|_| AtomicU64::new(u64::MAX)).collect();
         Ok(Self {
-            id: NEXT_ARENA_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: take_arena_id(&NEXT_ARENA_ID)?,
             index: FreeIndex::new(config.capacity_bytes),
             config,
             backend,
@@ -333,7 +373,7 @@ impl<B: Backend> Arena<B> {
             reclaim: Default::default(),
             reclaiming: Vec::new(),
             epoch: 0,
-            joined: Vec::new(),
+            joined,
             tier,
             clock: AtomicU64::new(0),
             table: Vec::new(),
@@ -341,7 +381,7 @@ impl<B: Backend> Arena<B> {
             live: Vec::new(),
             live_pos: Vec::new(),
             moved: (Vec::new(), Vec::new()),
-            other_streams: false,
+            other_streams: streams > 1,
             spans: Vec::new(),
             pacer: Pacer::for_placement(large_apart),
             lag: Lag::new(),
@@ -352,9 +392,21 @@ impl<B: Backend> Arena<B> {
         })
     }
 
-    /// This arena's id (handles carry it).
-    pub fn id(&self) -> u32 {
+    /// This arena's id (handles carry it): unique in the process.
+    pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Makes room in the per-stream tables for registered stream `id`
+    /// (its index is below [`crate::stream::MAX_STREAMS`]: the backends
+    /// refuse more).
+    fn note_stream(&mut self, id: crate::stream::StreamId) {
+        let i = id.index() as usize;
+        while self.joined.len() <= i {
+            self.joined.push(AtomicU64::new(u64::MAX)); // never joined
+        }
+        // Blocks may get stream uses from now on (see `other_streams`).
+        self.other_streams |= i > 0;
     }
 
     /// Forgets the lifetimes learned so far (see

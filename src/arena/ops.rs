@@ -5,33 +5,35 @@
 //! every backend. Every argument is checked before anything changes: a
 //! call that returns an error has moved, spilled and written nothing.
 
-use bytemuck::Pod;
-
 use super::{Arena, Block};
 use crate::backend::Backend;
+use crate::dtype::{name_of, DType, Element};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::slots::Slots;
 use crate::storage::{AsRange, BlockRange};
 
-/// A range checked against its block: the handle, offset in the block, bytes.
+/// A range checked against its block: the handle, offset in the block,
+/// bytes, and the dtype it is read as (the range's, else the block's).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Checked {
     pub(super) handle: Handle,
     pub(super) offset: u64,
     pub(super) len: u64,
+    pub(super) dtype: Option<DType>,
 }
 
 /// Checks `r` against its block in `blocks` (alive, of arena `arena_id`,
-/// in bounds) and, for a typed access, the element type. `None` for zero
-/// bytes of no block (an empty storage). Shared by the arena's operations
-/// and the CUDA kernel arguments, which hold the block table apart from
-/// the backend.
-pub(super) fn check_block_range<T: Pod>(
+/// in bounds) and, for a typed access (`want` set), that the range's dtype
+/// is `want` (an untyped range takes any) and that it holds whole
+/// elements. `None` for zero bytes of no block (an empty storage). Shared
+/// by the arena's operations and the CUDA kernel arguments, which hold
+/// the block table apart from the backend.
+pub(super) fn check_block_range(
     blocks: &Slots<Block>,
-    arena_id: u32,
+    arena_id: u64,
     r: &BlockRange,
-    typed: bool,
+    want: Option<DType>,
 ) -> Result<Option<Checked>> {
     let Some(handle) = r.handle else {
         let len = r.len_bytes.unwrap_or(0);
@@ -42,6 +44,9 @@ pub(super) fn check_block_range<T: Pod>(
                 available_bytes: 0,
             });
         }
+        if let (Some(have), Some(want)) = (r.dtype, want) {
+            check_dtype(Some(have), want)?;
+        }
         return Ok(None);
     };
     if handle.arena != arena_id {
@@ -51,8 +56,9 @@ pub(super) fn check_block_range<T: Pod>(
         });
     }
     let b = blocks.get(handle.key).ok_or(Error::StaleHandle)?;
-    if typed {
-        Arena::<crate::backend::MetaBackend>::check_type::<T>(b)?;
+    let dtype = r.dtype.or(b.dtype);
+    if let Some(want) = want {
+        check_dtype(dtype, want)?;
     }
     let len = r.len_bytes.unwrap_or(b.size.saturating_sub(r.offset_bytes));
     let fits = r.offset_bytes.checked_add(len).is_some_and(|e| e <= b.size);
@@ -63,8 +69,8 @@ pub(super) fn check_block_range<T: Pod>(
             available_bytes: b.size,
         });
     }
-    let elem = std::mem::size_of::<T>() as u64;
-    if elem > 1 && len % elem != 0 {
+    let elem = want.map_or(1, DType::size_bytes);
+    if len % elem != 0 {
         return Err(Error::NotWholeElements {
             block_bytes: len,
             elem_bytes: elem,
@@ -74,14 +80,45 @@ pub(super) fn check_block_range<T: Pod>(
         handle,
         offset: r.offset_bytes,
         len,
+        dtype,
     }))
+}
+
+/// [`Error::TypeMismatch`] unless a range of dtype `have` (`None`:
+/// untyped, which takes any) may be accessed as `want`.
+pub(super) fn check_dtype(have: Option<DType>, want: DType) -> Result<()> {
+    match have {
+        Some(h) if h != want => Err(Error::TypeMismatch {
+            block_type: name_of(have),
+            requested_type: want.name(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A `Vec` of `n` zeroed `T`s for `bytes` bytes, allocated fallibly: a
+/// range larger than host memory (a metadata arena's) is an error, not an
+/// abort.
+pub(super) fn host_vec<T: bytemuck::Pod>(bytes: u64, what: &'static str) -> Result<Vec<T>> {
+    let elem = (std::mem::size_of::<T>() as u64).max(1);
+    let n = usize::try_from(bytes / elem).map_err(|_| Error::ExceedsAddressSpace {
+        requested_bytes: bytes,
+        max_bytes: usize::MAX as u64,
+    })?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| Error::HostMemory {
+        requested_bytes: bytes,
+        what,
+    })?;
+    out.resize(n, T::zeroed());
+    Ok(out)
 }
 
 impl<B: Backend> Arena<B> {
     /// Checks `r` against its block (see [`check_block_range`]).
-    fn check_range<T: Pod>(&self, r: &BlockRange, typed: bool) -> Result<Option<Checked>> {
+    fn check_range(&self, r: &BlockRange, want: Option<DType>) -> Result<Option<Checked>> {
         self.check_usable()?;
-        check_block_range::<T>(&self.blocks, self.id, r, typed)
+        check_block_range(&self.blocks, self.id, r, want)
     }
 
     /// Region offset of a checked range whose block is resident.
@@ -92,10 +129,25 @@ impl<B: Backend> Arena<B> {
 
     /// Writes `data` into the bytes `dst` names (a whole block, a storage or
     /// a slice of one); `data` must be exactly that long
-    /// ([`Error::LengthMismatch`]), of the block's element type if it has one.
-    pub fn write_range<T: Pod>(&mut self, dst: &impl AsRange, data: &[T]) -> Result<()> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let Some(c) = self.check_range::<T>(&dst.block_range(), true)? else {
+    /// ([`Error::LengthMismatch`]) and `T` the range's dtype, unless it is
+    /// untyped ([`Error::TypeMismatch`]). A spilled block is brought back.
+    pub fn write_range<T: Element>(&mut self, dst: &impl AsRange, data: &[T]) -> Result<()> {
+        self.write_checked(dst, bytemuck::cast_slice(data), Some(T::DTYPE))
+    }
+
+    /// Writes `data` into the bytes `dst` names, whatever their dtype;
+    /// `data` must be exactly that long ([`Error::LengthMismatch`]).
+    pub fn write_bytes(&mut self, dst: &impl AsRange, data: &[u8]) -> Result<()> {
+        self.write_checked(dst, data, None)
+    }
+
+    fn write_checked(
+        &mut self,
+        dst: &impl AsRange,
+        bytes: &[u8],
+        want: Option<DType>,
+    ) -> Result<()> {
+        let Some(c) = self.check_range(&dst.block_range(), want)? else {
             return expect_len(0, bytes.len() as u64);
         };
         expect_len(c.len, bytes.len() as u64)?;
@@ -108,14 +160,51 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Reads the bytes `src` names into `out`, which must be exactly that
-    /// long. Needs no exclusive access (a shared arena reads under its read
-    /// lock); a spilled block is [`Error::NotResident`] here (bring it back
-    /// with [`make_resident`](Arena::make_resident), or use
-    /// [`read`](Arena::read), which does). The host waits for the arena
-    /// stream and for the streams that used the block.
-    pub fn read_range_into<T: Pod>(&self, src: &impl AsRange, out: &mut [T]) -> Result<()> {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        let Some(c) = self.check_range::<T>(&src.block_range(), true)? else {
+    /// long, `T` being the range's dtype unless it is untyped. Needs no
+    /// exclusive access (a shared arena reads under its shared lock); a
+    /// spilled block is [`Error::NotResident`] here (bring it back with
+    /// [`make_resident`](Arena::make_resident); `SharedArena`'s reads do).
+    /// The host waits for the arena stream and for the streams that used
+    /// the block.
+    pub fn read_range_into<T: Element>(&self, src: &impl AsRange, out: &mut [T]) -> Result<()> {
+        self.read_checked(src, bytemuck::cast_slice_mut(out), Some(T::DTYPE))
+    }
+
+    /// The bytes `src` names as a `Vec<T>` (see
+    /// [`read_range_into`](Arena::read_range_into)).
+    pub fn read_range<T: Element>(&self, src: &impl AsRange) -> Result<Vec<T>> {
+        let len = self
+            .check_range(&src.block_range(), Some(T::DTYPE))?
+            .map_or(0, |c| c.len);
+        let mut out = host_vec::<T>(len, "the Vec that Arena::read_range returns")?;
+        self.read_range_into(src, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads the bytes `src` names into `out`, whatever their dtype (see
+    /// [`read_range_into`](Arena::read_range_into)).
+    pub fn read_bytes_into(&self, src: &impl AsRange, out: &mut [u8]) -> Result<()> {
+        self.read_checked(src, out, None)
+    }
+
+    /// The bytes `src` names, whatever their dtype (see
+    /// [`read_range_into`](Arena::read_range_into)).
+    pub fn read_bytes(&self, src: &impl AsRange) -> Result<Vec<u8>> {
+        let len = self
+            .check_range(&src.block_range(), None)?
+            .map_or(0, |c| c.len);
+        let mut out = host_vec::<u8>(len, "the Vec that Arena::read_bytes returns")?;
+        self.read_checked(src, &mut out, None)?;
+        Ok(out)
+    }
+
+    fn read_checked(
+        &self,
+        src: &impl AsRange,
+        bytes: &mut [u8],
+        want: Option<DType>,
+    ) -> Result<()> {
+        let Some(c) = self.check_range(&src.block_range(), want)? else {
             return expect_len(0, bytes.len() as u64);
         };
         expect_len(c.len, bytes.len() as u64)?;
@@ -125,35 +214,14 @@ impl<B: Backend> Arena<B> {
         self.sticky(r)
     }
 
-    /// The bytes `src` names as a `Vec<T>` (see
-    /// [`read_range_into`](Arena::read_range_into)).
-    pub fn read_range<T: Pod>(&self, src: &impl AsRange) -> Result<Vec<T>> {
-        let len = match self.check_range::<T>(&src.block_range(), true)? {
-            Some(c) => c.len,
-            None => 0,
-        };
-        let elem = (std::mem::size_of::<T>() as u64).max(1);
-        let n = usize::try_from(len / elem).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: len,
-            max_bytes: usize::MAX as u64,
-        })?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(n).map_err(|_| Error::HostMemory {
-            requested_bytes: len,
-            what: "the Vec that Arena::read_range returns",
-        })?;
-        out.resize(n, T::zeroed());
-        self.read_range_into(src, &mut out)?;
-        Ok(out)
-    }
-
     /// Copies the bytes `src` names to the bytes `dst` names, on the device
     /// in arena-stream order. Same length ([`Error::LengthMismatch`]), same
-    /// element type when both are typed ([`Error::TypeMismatch`]); within
-    /// one block the ranges must not overlap ([`Error::OverlappingRanges`]).
+    /// dtype when both are typed ([`Error::TypeMismatch`]: reinterpret one
+    /// with `as_dtype` to copy across dtypes); within one block the ranges
+    /// must not overlap ([`Error::OverlappingRanges`]).
     pub fn copy(&mut self, src: &impl AsRange, dst: &impl AsRange) -> Result<()> {
-        let s = self.check_range::<u8>(&src.block_range(), false)?;
-        let d = self.check_range::<u8>(&dst.block_range(), false)?;
+        let s = self.check_range(&src.block_range(), None)?;
+        let d = self.check_range(&dst.block_range(), None)?;
         let (s, d) = match (s, d) {
             (None, None) => return Ok(()),
             (Some(c), None) => return expect_len(0, c.len),
@@ -161,12 +229,11 @@ impl<B: Backend> Arena<B> {
             (Some(s), Some(d)) => (s, d),
         };
         expect_len(d.len, s.len)?;
-        let (sb, db) = (self.block(s.handle)?, self.block(d.handle)?);
-        if let (Some(se), Some(de)) = (sb.elem, db.elem) {
-            if se.id != de.id {
+        if let (Some(se), Some(de)) = (s.dtype, d.dtype) {
+            if se != de {
                 return Err(Error::TypeMismatch {
-                    block_type: de.name,
-                    requested_type: se.name,
+                    block_type: de.name(),
+                    requested_type: se.name(),
                 });
             }
         }
@@ -190,25 +257,27 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Fills the bytes `dst` names with `value` repeated, on the device in
-    /// arena-stream order. `T` must be the block's element type (if it has
-    /// one) and 1, 2, 4, 8 or 16 bytes ([`Error::InvalidPattern`]).
-    pub fn fill<T: Pod>(&mut self, dst: &impl AsRange, value: T) -> Result<()> {
+    /// arena-stream order; `T` must be the range's dtype unless it is
+    /// untyped.
+    pub fn fill<T: Element>(&mut self, dst: &impl AsRange, value: T) -> Result<()> {
         let pattern = bytemuck::bytes_of(&value);
-        let Some(c) = self.check_range::<T>(&dst.block_range(), true)? else {
+        let Some(c) = self.check_range(&dst.block_range(), Some(T::DTYPE))? else {
             return Ok(());
         };
         crate::backend::check_pattern(c.len, pattern)?;
         self.fill_checked(c, pattern)
     }
 
-    /// Fills the bytes `dst` names with `byte`, whatever their element type
-    /// (zeros, for example).
-    pub fn fill_bytes(&mut self, dst: &impl AsRange, byte: u8) -> Result<()> {
+    /// Fills the bytes `dst` names with `pattern` repeated, whatever their
+    /// dtype (`&[0]` for zeros): 1, 2, 4, 8 or 16 bytes that divide the
+    /// range ([`Error::InvalidPattern`]).
+    pub fn fill_bytes(&mut self, dst: &impl AsRange, pattern: &[u8]) -> Result<()> {
         let r = dst.block_range();
-        let Some(c) = self.check_range::<u8>(&r, false)? else {
+        let Some(c) = self.check_range(&r, None)? else {
             return Ok(());
         };
-        self.fill_checked(c, &[byte])
+        crate::backend::check_pattern(c.len, pattern)?;
+        self.fill_checked(c, pattern)
     }
 
     fn fill_checked(&mut self, c: Checked, pattern: &[u8]) -> Result<()> {

@@ -1,27 +1,56 @@
 //! An arena many threads share.
 
+use std::cell::RefCell;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use bytemuck::Pod;
-
-use super::Arena;
+use super::stats_cell::StatsCell;
+use super::{Arena, Stats};
 use crate::backend::{Backend, HostBackend};
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::storage::{AsRange, Storage};
+use crate::stream::StreamId;
 
 /// A thread-safe arena: `Clone`, `Send + Sync` (for a `Send + Sync`
-/// backend), shared by every thread of a framework. Reads take a read lock
-/// (many at once); everything that can allocate, move or write takes the
-/// write lock. [`Storage`]s it hands out are freed when their last owner
-/// drops, on any thread, without taking the lock: the handle waits in the
-/// reclaim queue for the arena's next allocation, compaction or
-/// [`reclaim`](SharedArena::reclaim).
+/// backend), shared by every thread of a framework.
 ///
-/// The single-owner [`Arena`] stays the type for custom loops; this wraps
-/// one, and [`write`](SharedArena::write) gives the whole `Arena` API.
+/// Calls that only read or take kernel arguments (`read_range`,
+/// `read_bytes`, `record_stream`, `wait_on_arena`, [`with`](Self::with),
+/// `with_kernel_args` on CUDA) share the lock, so several threads read and
+/// launch at once; everything that can allocate, move, spill or write
+/// (`alloc_*`, `write_*`, `copy`, `fill*`, `make_resident`, `reclaim`,
+/// [`with_mut`](Self::with_mut)) takes it exclusively. The whole [`Arena`]
+/// API is reached through closures, [`with`](Self::with) and
+/// [`with_mut`](Self::with_mut), never through a guard that could outlive
+/// the call, and [`stats`](Self::stats) needs no lock at all.
+///
+/// **No call deadlocks its thread.** A thread takes the lock at most once:
+/// calling this arena's methods from inside its own `with`/`with_mut`
+/// closure (through a clone, say) returns [`Error::Reentrant`] rather than
+/// waiting on itself, and so does taking an arena of lower (or equal) id
+/// than one the thread holds, so two threads nesting two arenas cannot
+/// wait on each other. Inside a closure, use the `Arena` it was given (a
+/// closure that waits for another thread calling this arena still waits
+/// forever, as with any lock).
+///
+/// [`Storage`]s it hands out are freed when their last owner drops, on any
+/// thread, without taking the lock: the handle waits in the reclaim queue
+/// for the arena's next allocation, compaction or
+/// [`reclaim`](SharedArena::reclaim). A spilled storage is brought back by
+/// the calls that read or write it here, or by
+/// [`make_resident`](SharedArena::make_resident).
 #[derive(Debug)]
 pub struct SharedArena<B: Backend = HostBackend> {
-    inner: Arc<RwLock<Arena<B>>>,
+    inner: Arc<Shared<B>>,
+}
+
+#[derive(Debug)]
+struct Shared<B: Backend> {
+    /// The arena's id, readable without the lock.
+    id: u64,
+    lock: RwLock<Arena<B>>,
+    /// Published after every exclusive call, read by `stats`.
+    stats: StatsCell,
 }
 
 impl<B: Backend> Clone for SharedArena<B> {
@@ -30,6 +59,67 @@ impl<B: Backend> Clone for SharedArena<B> {
             inner: Arc::clone(&self.inner),
         }
     }
+}
+
+thread_local! {
+    /// Ids of the shared arenas whose lock this thread holds, in the order
+    /// taken (so increasing: see `Hold::enter`).
+    static HELD: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's mark on arena `id` while it holds the lock; dropping it
+/// (after the guard, on return or unwind) removes the mark.
+struct Hold {
+    id: u64,
+    marked: bool,
+}
+
+impl Hold {
+    /// Marks arena `id` as held by this thread, or refuses `call` when that
+    /// could deadlock: the thread holds it already, or holds one of higher
+    /// id (threads take arenas in increasing id order, so none waits on a
+    /// thread that waits on it).
+    fn enter(call: &'static str, id: u64) -> Result<Self> {
+        let marked = HELD.try_with(|held| {
+            let mut held = held.borrow_mut();
+            if let Some(&top) = held.last() {
+                if top >= id {
+                    return Err(Error::Reentrant {
+                        call,
+                        arena: id,
+                        held: top,
+                    });
+                }
+            }
+            held.push(id);
+            Ok(())
+        });
+        match marked {
+            Ok(r) => r.map(|()| Hold { id, marked: true }),
+            // The thread is exiting (a destructor of another thread-local
+            // calls in): nothing of its own can be held any more.
+            Err(_) => Ok(Hold { id, marked: false }),
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.marked {
+            let _ = HELD.try_with(|held| {
+                let mut held = held.borrow_mut();
+                if let Some(i) = held.iter().rposition(|&h| h == self.id) {
+                    held.remove(i);
+                }
+            });
+        }
+    }
+}
+
+/// A lock guard with this thread's mark, dropped after it.
+struct Guard<G> {
+    guard: G,
+    _hold: Hold,
 }
 
 /// A thread panicked while holding the lock: the arena may be part-way
@@ -44,59 +134,230 @@ impl<B: Backend> SharedArena<B> {
     /// Shares `arena`.
     pub fn new(arena: Arena<B>) -> Self {
         Self {
-            inner: Arc::new(RwLock::new(arena)),
+            inner: Arc::new(Shared {
+                id: arena.id(),
+                stats: StatsCell::new(&arena.stats()),
+                lock: RwLock::new(arena),
+            }),
         }
     }
 
-    /// The arena, exclusively (blocks while others hold the lock).
-    pub fn write(&self) -> Result<RwLockWriteGuard<'_, Arena<B>>> {
-        self.inner.write().map_err(|_| lock_poisoned())
+    /// The arena's id (no lock).
+    pub fn id(&self) -> u64 {
+        self.inner.id
     }
 
-    /// The arena, shared with other readers.
-    pub fn read(&self) -> Result<RwLockReadGuard<'_, Arena<B>>> {
-        self.inner.read().map_err(|_| lock_poisoned())
+    /// The statistics as of the last call that changed the arena, without
+    /// taking the lock: never waits for other threads' work, and may be
+    /// called anywhere, inside [`with`](Self::with) and
+    /// [`with_mut`](Self::with_mut) closures included.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.read()
+    }
+
+    fn read(&self, call: &'static str) -> Result<Guard<RwLockReadGuard<'_, Arena<B>>>> {
+        let hold = Hold::enter(call, self.inner.id)?;
+        let guard = self.inner.lock.read().map_err(|_| lock_poisoned())?;
+        Ok(Guard { guard, _hold: hold })
+    }
+
+    fn write(&self, call: &'static str) -> Result<Guard<RwLockWriteGuard<'_, Arena<B>>>> {
+        let hold = Hold::enter(call, self.inner.id)?;
+        let guard = self.inner.lock.write().map_err(|_| lock_poisoned())?;
+        Ok(Guard { guard, _hold: hold })
+    }
+
+    /// Runs `f` under the exclusive lock, then publishes the statistics
+    /// (failed calls count too).
+    fn exclusive<R>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&mut Arena<B>) -> Result<R>,
+    ) -> Result<R> {
+        let mut g = self.write(call)?;
+        let r = f(&mut g.guard);
+        self.inner.stats.publish(&g.guard.stats());
+        r
+    }
+
+    /// Runs `f` with the arena under the shared lock: other threads read,
+    /// take kernel arguments and run their own `with` at the same time.
+    /// Inside `f`, use the `&Arena` given; a call on this `SharedArena`
+    /// there is [`Error::Reentrant`].
+    pub fn with<R>(&self, f: impl FnOnce(&Arena<B>) -> R) -> Result<R> {
+        let g = self.read("with")?;
+        Ok(f(&g.guard))
+    }
+
+    /// Runs `f` with the arena under the exclusive lock: the whole
+    /// [`Arena`] API (pins, handles, compaction, streams). Inside `f`, use
+    /// the `&mut Arena` given; a call on this `SharedArena` there is
+    /// [`Error::Reentrant`]. The statistics are published when it returns.
+    pub fn with_mut<R>(&self, f: impl FnOnce(&mut Arena<B>) -> R) -> Result<R> {
+        self.exclusive("with_mut", |a| Ok(f(a)))
+    }
+
+    /// Runs `f` under the shared lock; if it finds a spilled block
+    /// ([`Error::NotResident`]), brings the blocks `r` names back and runs
+    /// `g` under the exclusive lock instead.
+    fn shared_or_resident<R>(
+        &self,
+        call: &'static str,
+        r: &impl AsRange,
+        f: impl FnOnce(&Arena<B>) -> Result<R>,
+        g: impl FnOnce(&Arena<B>) -> Result<R>,
+    ) -> Result<R> {
+        {
+            let a = self.read(call)?;
+            match f(&a.guard) {
+                Err(Error::NotResident) => {}
+                done => return done,
+            }
+        }
+        self.exclusive(call, |a| {
+            a.make_resident(&[r])?;
+            g(a)
+        })
     }
 
     /// [`Arena::alloc_storage`].
     pub fn alloc_storage(&self, bytes: u64) -> Result<Storage> {
-        self.write()?.alloc_storage(bytes)
+        self.exclusive("alloc_storage", |a| a.alloc_storage(bytes))
+    }
+
+    /// [`Arena::alloc_storage_dtype`].
+    pub fn alloc_storage_dtype(&self, dtype: DType, numel: u64) -> Result<Storage> {
+        self.exclusive("alloc_storage_dtype", |a| {
+            a.alloc_storage_dtype(dtype, numel)
+        })
     }
 
     /// [`Arena::alloc_storage_elems`].
-    pub fn alloc_storage_elems<T: Pod>(&self, n: u64) -> Result<Storage> {
-        self.write()?.alloc_storage_elems::<T>(n)
+    pub fn alloc_storage_elems<T: Element>(&self, numel: u64) -> Result<Storage> {
+        self.exclusive("alloc_storage_elems", |a| a.alloc_storage_elems::<T>(numel))
     }
 
     /// [`Arena::alloc_storage_zeroed`].
-    pub fn alloc_storage_zeroed<T: Pod>(&self, n: u64) -> Result<Storage> {
-        self.write()?.alloc_storage_zeroed::<T>(n)
+    pub fn alloc_storage_zeroed<T: Element>(&self, numel: u64) -> Result<Storage> {
+        self.exclusive("alloc_storage_zeroed", |a| {
+            a.alloc_storage_zeroed::<T>(numel)
+        })
     }
 
     /// [`Arena::write_range`].
-    pub fn write_range<T: Pod>(&self, dst: &impl AsRange, data: &[T]) -> Result<()> {
-        self.write()?.write_range(dst, data)
+    pub fn write_range<T: Element>(&self, dst: &impl AsRange, data: &[T]) -> Result<()> {
+        self.exclusive("write_range", |a| a.write_range(dst, data))
     }
 
-    /// [`Arena::read_range`], under the read lock.
-    pub fn read_range<T: Pod>(&self, src: &impl AsRange) -> Result<Vec<T>> {
-        self.read()?.read_range(src)
+    /// [`Arena::write_bytes`].
+    pub fn write_bytes(&self, dst: &impl AsRange, data: &[u8]) -> Result<()> {
+        self.exclusive("write_bytes", |a| a.write_bytes(dst, data))
+    }
+
+    /// [`Arena::read_range`], under the shared lock; a spilled block is
+    /// brought back first (under the exclusive lock).
+    pub fn read_range<T: Element>(&self, src: &impl AsRange) -> Result<Vec<T>> {
+        self.shared_or_resident(
+            "read_range",
+            src,
+            |a| a.read_range(src),
+            |a| a.read_range(src),
+        )
+    }
+
+    /// [`Arena::read_bytes`], under the shared lock; a spilled block is
+    /// brought back first (under the exclusive lock).
+    pub fn read_bytes(&self, src: &impl AsRange) -> Result<Vec<u8>> {
+        self.shared_or_resident(
+            "read_bytes",
+            src,
+            |a| a.read_bytes(src),
+            |a| a.read_bytes(src),
+        )
     }
 
     /// [`Arena::copy`].
     pub fn copy(&self, src: &impl AsRange, dst: &impl AsRange) -> Result<()> {
-        self.write()?.copy(src, dst)
+        self.exclusive("copy", |a| a.copy(src, dst))
     }
 
     /// [`Arena::fill`].
-    pub fn fill<T: Pod>(&self, dst: &impl AsRange, value: T) -> Result<()> {
-        self.write()?.fill(dst, value)
+    pub fn fill<T: Element>(&self, dst: &impl AsRange, value: T) -> Result<()> {
+        self.exclusive("fill", |a| a.fill(dst, value))
+    }
+
+    /// [`Arena::fill_bytes`].
+    pub fn fill_bytes(&self, dst: &impl AsRange, pattern: &[u8]) -> Result<()> {
+        self.exclusive("fill_bytes", |a| a.fill_bytes(dst, pattern))
+    }
+
+    /// [`Arena::make_resident`]: brings spilled blocks back (exclusive).
+    pub fn make_resident<R: AsRange>(&self, ranges: &[R]) -> Result<()> {
+        self.exclusive("make_resident", |a| a.make_resident(ranges))
+    }
+
+    /// [`Arena::record_stream`], under the shared lock.
+    pub fn record_stream(&self, r: &impl AsRange, stream: StreamId) -> Result<()> {
+        let a = self.read("record_stream")?;
+        a.guard.record_stream(r, stream)
+    }
+
+    /// [`Arena::wait_on_arena`], under the shared lock.
+    pub fn wait_on_arena(&self, stream: StreamId) -> Result<()> {
+        let a = self.read("wait_on_arena")?;
+        a.guard.wait_on_arena(stream)
     }
 
     /// [`Arena::reclaim`].
-    pub fn reclaim(&self) -> Result<usize> {
-        self.write()?.reclaim()
+    pub fn reclaim(&self) -> Result<u64> {
+        self.exclusive("reclaim", Arena::reclaim)
     }
+}
+
+#[cfg(feature = "cuda")]
+impl SharedArena<crate::backend::cuda::CudaBackend> {
+    /// Runs `f` with [`KernelArgs`](crate::KernelArgs) for `stream` under
+    /// the shared lock: threads take their views and launch at once, while
+    /// allocation, compaction and spilling wait for `f` to return (and for
+    /// no kernel: the arguments order the arena stream after the work on
+    /// the device). Launch inside `f`, on `args.stream()`.
+    ///
+    /// `resident` names the blocks the work uses that may be spilled (pass
+    /// `&[] as &[Handle]` for none): if one is, it is brought back first
+    /// and `f` runs under the exclusive lock, which keeps it resident.
+    pub fn with_kernel_args<A: AsRange, R>(
+        &self,
+        stream: StreamId,
+        resident: &[A],
+        f: impl FnOnce(&mut crate::KernelArgs<'_>) -> Result<R>,
+    ) -> Result<R> {
+        const CALL: &str = "with_kernel_args";
+        {
+            let a = self.read(CALL)?;
+            if all_resident(&a.guard, resident)? {
+                let mut args = a.guard.kernel_args(stream)?;
+                return f(&mut args);
+            }
+        }
+        self.exclusive(CALL, |a| {
+            a.make_resident(resident)?;
+            let mut args = a.kernel_args(stream)?;
+            f(&mut args)
+        })
+    }
+}
+
+/// Whether every block `ranges` name is resident (under a lock held).
+#[cfg(feature = "cuda")]
+fn all_resident<B: Backend, R: AsRange>(a: &Arena<B>, ranges: &[R]) -> Result<bool> {
+    for r in ranges {
+        if let Some(h) = r.block_range().handle {
+            if !a.info(h)?.resident {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //! compacts and places it. A block is "used" when it is resolved for a
 //! kernel (views, pointers, [`Arena::resolve`]), a transfer or a pin.
 //! Spilled handles stay valid: transfers and pins bring them back on their
-//! own; views and pointers need [`Arena::make_resident`] first (they borrow
-//! the arena immutably, so they cannot move anything).
+//! own; views, pointers and reads under a shared lock need
+//! [`Arena::make_resident`] first (they borrow the arena immutably, so they
+//! cannot move anything). A [`crate::SharedArena`] does that itself in its
+//! reads and `with_kernel_args`, and offers `make_resident`.
 //!
 //! Errors keep the arena's contract: arguments (handle, length, type,
 //! range, pattern) are checked before any residency change, and the
@@ -24,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::handle::{BlockKey, Handle};
 use crate::placement::Allocation;
 use crate::plan::planner;
+use crate::storage::AsRange;
 
 impl<B: Backend> Arena<B> {
     /// Brings every handle in `handles` onto the device together, spilling
@@ -36,9 +39,18 @@ impl<B: Backend> Arena<B> {
     /// the evictions (least recently used first) and the full compaction
     /// that make room for all of them, checked on a copy of the placement
     /// index before the first eviction.
-    pub fn make_resident(&mut self, handles: &[Handle]) -> Result<()> {
+    ///
+    /// Takes anything that names blocks: handles, storages, slices
+    /// (`&[h]`, `&[&x, &y]`, or `&[&x as &dyn AsRange, &slice]` to mix);
+    /// empty storages name none.
+    pub fn make_resident<R: AsRange>(&mut self, ranges: &[R]) -> Result<()> {
         // A poisoned arena's layout is not trusted: placing may compact.
         self.check_usable()?;
+        let handles: smallvec::SmallVec<[Handle; 8]> = ranges
+            .iter()
+            .filter_map(|r| r.block_range().handle)
+            .collect();
+        let handles = &handles[..];
         let mut keep = smallvec::SmallVec::<[BlockKey; 8]>::new();
         for &h in handles {
             self.block(h)?;

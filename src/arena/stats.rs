@@ -22,11 +22,11 @@ pub struct Stats {
     /// `1 - largest_free / free`: 0 when all free space is one region.
     pub fragmentation: f64,
     /// Live blocks.
-    pub live_blocks: usize,
+    pub live_blocks: u64,
     /// Free regions.
-    pub free_regions: usize,
+    pub free_regions: u64,
     /// Live blocks with at least one pin.
-    pub pinned_blocks: usize,
+    pub pinned_blocks: u64,
     /// Highest `allocated_bytes` seen.
     pub peak_allocated_bytes: u64,
     /// Successful allocations.
@@ -102,9 +102,9 @@ pub struct CompactionReport {
     /// Targeted or full.
     pub kind: PlanKind,
     /// Blocks moved.
-    pub moves: usize,
+    pub moves: u64,
     /// Waves (kernel launches on the CUDA backend).
-    pub waves: usize,
+    pub waves: u64,
     /// Bytes copied.
     pub bytes_moved: u64,
     /// Host time planning.

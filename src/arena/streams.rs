@@ -3,12 +3,11 @@
 //! reclaim queue that dropped [`Storage`]s leave their blocks in. The
 //! contract is in [`crate::stream`].
 
-use bytemuck::Pod;
-
 use super::Arena;
 use crate::backend::{check_stream, Backend};
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::handle::{BlockKey, ElemType};
+use crate::handle::BlockKey;
 use crate::storage::{AsRange, Storage};
 use crate::stream::StreamId;
 
@@ -19,16 +18,23 @@ impl<B: Backend> Arena<B> {
     /// stream waits, never on the host. Record after enqueueing the work or
     /// before; the wait covers whatever `stream` holds when it happens.
     /// Kernel arguments taken for a stream record it themselves.
-    pub fn record_stream(&mut self, r: &impl AsRange, stream: StreamId) -> Result<()> {
+    ///
+    /// Takes `&self` (the records have a lock of their own): threads
+    /// sharing the arena record under its shared lock.
+    pub fn record_stream(&self, r: &impl AsRange, stream: StreamId) -> Result<()> {
         self.check_usable()?;
         self.check_own_stream(stream)?;
         let Some(h) = r.block_range().handle else {
             return Ok(()); // an empty storage uses nothing
         };
-        let b = self.block_mut(h)?;
-        if stream != StreamId::ARENA && !b.uses().contains(&stream) {
-            b.streams_mut().uses.push(stream);
-            self.other_streams = true;
+        let b = self.block(h)?;
+        if stream != StreamId::ARENA {
+            b.with_streams(|s| {
+                let u = s.get_or_insert_with(Default::default);
+                if !u.uses.contains(&stream) {
+                    u.uses.push(stream);
+                }
+            });
         }
         Ok(())
     }
@@ -47,7 +53,7 @@ impl<B: Backend> Arena<B> {
     /// Makes the arena stream wait for the streams that used block `key`.
     pub(super) fn wait_uses(&self, key: BlockKey) -> Result<()> {
         if let Some(b) = self.blocks.get(key) {
-            for &s in b.uses() {
+            for s in b.uses() {
                 self.backend.wait_stream(s)?;
             }
         }
@@ -59,19 +65,27 @@ impl<B: Backend> Arena<B> {
     /// before enqueueing work that uses arena bytes on `stream` (kernel
     /// arguments taken for a stream do). An event record and a stream wait
     /// when there is such work, nothing otherwise; the host never waits.
-    pub fn wait_on_arena(&mut self, stream: StreamId) -> Result<()> {
+    ///
+    /// Takes `&self`: several threads sharing the arena join their streams
+    /// at once (a stream joined twice waits twice, which is harmless).
+    pub fn wait_on_arena(&self, stream: StreamId) -> Result<()> {
         self.check_usable()?;
         self.check_own_stream(stream)?;
         if stream == StreamId::ARENA {
             return Ok(());
         }
-        let i = stream.0 as usize;
-        if self.joined.len() <= i {
-            self.joined.resize(i + 1, u64::MAX); // never joined
-        }
-        if self.joined[i] != self.epoch {
+        // Registration sized the table; a missing entry is an unknown stream.
+        let joined = self
+            .joined
+            .get(stream.0 as usize)
+            .ok_or(Error::UnknownStream {
+                stream: stream.0,
+                registered: self.backend.stream_count(),
+            })?;
+        // `epoch` changes only under `&mut self`, so it is stable here.
+        if joined.load(std::sync::atomic::Ordering::Acquire) != self.epoch {
             self.backend.join_arena(stream)?;
-            self.joined[i] = self.epoch;
+            joined.store(self.epoch, std::sync::atomic::Ordering::Release);
         }
         Ok(())
     }
@@ -84,39 +98,39 @@ impl<B: Backend> Arena<B> {
         self.storage(bytes, self.config.alignment_bytes, None)
     }
 
-    /// `n` elements of `T` as an owned [`Storage`], aligned for `T`.
-    pub fn alloc_storage_elems<T: Pod>(&mut self, n: u64) -> Result<Storage> {
-        let bytes = n
-            .checked_mul(std::mem::size_of::<T>() as u64)
-            .ok_or(Error::SizeOverflow {
-                requested_bytes: n,
-                align_bytes: std::mem::size_of::<T>() as u64,
-            })?;
-        let align = (std::mem::align_of::<T>() as u64).max(self.config.alignment_bytes);
-        self.storage(bytes, align, Some(ElemType::of::<T>()))
+    /// `numel` elements of `dtype` as an owned [`Storage`], aligned for
+    /// them: a framework's allocation for a runtime dtype.
+    pub fn alloc_storage_dtype(&mut self, dtype: DType, numel: u64) -> Result<Storage> {
+        let (bytes, align) = self.typed_layout(dtype, numel)?;
+        self.storage(bytes, align, Some(dtype))
     }
 
-    /// `n` zeroed elements of `T` as an owned [`Storage`] (filled on the
-    /// arena stream).
-    pub fn alloc_storage_zeroed<T: Pod>(&mut self, n: u64) -> Result<Storage> {
-        let s = self.alloc_storage_elems::<T>(n)?;
+    /// `numel` elements of `T` as an owned [`Storage`] of `T`'s dtype.
+    pub fn alloc_storage_elems<T: Element>(&mut self, numel: u64) -> Result<Storage> {
+        self.alloc_storage_dtype(T::DTYPE, numel)
+    }
+
+    /// `numel` zeroed elements of `T` as an owned [`Storage`] (filled on
+    /// the arena stream).
+    pub fn alloc_storage_zeroed<T: Element>(&mut self, numel: u64) -> Result<Storage> {
+        let s = self.alloc_storage_elems::<T>(numel)?;
         if let Some(h) = s.handle() {
-            self.fill_bytes(&h, 0)?;
+            self.fill_bytes(&h, &[0])?;
         }
         Ok(s)
     }
 
-    fn storage(&mut self, bytes: u64, align: u64, elem: Option<ElemType>) -> Result<Storage> {
+    fn storage(&mut self, bytes: u64, align: u64, dtype: Option<DType>) -> Result<Storage> {
         let handle = if bytes == 0 {
             self.check_usable()?;
             None
         } else {
-            Some(self.alloc_impl(bytes, align, elem)?)
+            Some(self.alloc_impl(bytes, align, dtype)?)
         };
         Ok(Storage::new(
             handle,
             bytes,
-            elem,
+            dtype,
             self.id,
             std::sync::Arc::clone(&self.reclaim),
         ))
@@ -125,17 +139,17 @@ impl<B: Backend> Arena<B> {
     /// Frees the blocks of storages dropped since the last call (it runs by
     /// itself at every allocation and compaction). A block still pinned
     /// waits for its last unpin. Returns the blocks freed.
-    pub fn reclaim(&mut self) -> Result<usize> {
+    pub fn reclaim(&mut self) -> Result<u64> {
         self.check_usable()?;
         self.drain_reclaim()
     }
 
     /// Blocks of dropped storages waiting to be freed.
-    pub fn pending_reclaim(&self) -> usize {
-        self.reclaim.pending() + self.reclaiming.len()
+    pub fn pending_reclaim(&self) -> u64 {
+        (self.reclaim.pending() + self.reclaiming.len()) as u64
     }
 
-    pub(super) fn drain_reclaim(&mut self) -> Result<usize> {
+    pub(super) fn drain_reclaim(&mut self) -> Result<u64> {
         self.reclaim.take(&mut self.reclaiming);
         let mut freed = 0;
         let mut i = 0;

@@ -12,7 +12,7 @@ use super::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
 use crate::plan::{Plan, Wave};
-use crate::stream::StreamId;
+use crate::stream::{StreamId, MAX_STREAMS};
 
 /// Host-memory backend for tests, docs, CI and the demo's fallback.
 #[derive(Debug, Clone)]
@@ -62,11 +62,14 @@ impl HostBackend {
 
     /// Registers another stream (an id: host work is synchronous).
     pub fn register_stream(&mut self) -> Result<StreamId> {
+        if self.streams >= MAX_STREAMS {
+            return Err(Error::LimitReached {
+                what: "streams registered with one arena (its own included)",
+                limit: u64::from(MAX_STREAMS),
+            });
+        }
         let id = StreamId(self.streams, 0);
-        self.streams = self.streams.checked_add(1).ok_or(Error::UnknownStream {
-            stream: u32::MAX,
-            registered: self.streams,
-        })?;
+        self.streams += 1;
         Ok(id)
     }
 

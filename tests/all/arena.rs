@@ -42,6 +42,7 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
     let h = a.alloc(1000).expect("alloc");
     a.write(h, &[7u8; 1000]).expect("write");
     let t = a.alloc_elems::<f32>(10).expect("typed");
+    let odd = a.alloc(1001).expect("odd");
     let before = state(&a);
     let stats = a.stats();
 
@@ -65,8 +66,11 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
         Err(Error::SizeOverflow { .. })
     ));
     assert!(matches!(
-        a.alloc_elems::<u64>(usize::MAX),
-        Err(Error::SizeOverflow { .. })
+        a.alloc_elems::<u64>(u64::MAX / 4),
+        Err(Error::ElemCountOverflow {
+            numel: 4_611_686_018_427_387_903,
+            elem_bytes: 8
+        })
     ));
     assert_eq!(
         a.read::<u8>(h).map(|v| v.len()),
@@ -83,10 +87,10 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
     );
     assert!(matches!(a.read::<u32>(t), Err(Error::TypeMismatch { .. })));
     assert!(matches!(
-        a.read::<[u8; 3]>(h),
+        a.read::<u64>(odd),
         Err(Error::NotWholeElements {
-            block_bytes: 1000,
-            elem_bytes: 3
+            block_bytes: 1001,
+            elem_bytes: 8
         })
     ));
     assert_eq!(a.unpin(h), Err(Error::NotPinned));
@@ -116,7 +120,7 @@ fn handle_metadata_is_queryable() {
     let h = a.alloc_elems::<f32>(100).expect("alloc");
     assert_eq!(a.size_bytes(h), Ok(400));
     assert_eq!(a.align_bytes(h), Ok(256));
-    assert_eq!(a.elem_type(h).expect("elem").map(|e| e.size_bytes), Some(4));
+    assert_eq!(a.dtype(h), Ok(Some(cuarena::DType::F32)));
     let x: Vec<f32> = (0..100).map(|i| i as f32).collect();
     a.write(h, &x).expect("write");
     assert_eq!(a.read::<f32>(h).expect("read"), x);

@@ -77,7 +77,7 @@ fn arena_with_a_movable_tensor() -> (Arena<CudaBackend>, Handle, Handle) {
     let mut a = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
     let low = a.alloc(MIB).expect("low");
     let fillers: Vec<Handle> = (0..8).map(|_| a.alloc(MIB).expect("filler")).collect();
-    let x = a.alloc_elems::<f32>(N).expect("x");
+    let x = a.alloc_elems::<f32>(N as u64).expect("x");
     for h in fillers {
         a.free(h).expect("free filler");
     }
@@ -149,11 +149,11 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 3.0));
 
     // Kernel arguments for the other stream record the use themselves.
-    let y = a.alloc_elems::<f32>(N).expect("y");
+    let y = a.alloc_elems::<f32>(N as u64).expect("y");
     // Fillers below the large-block size (1/32 of the arena), so that they
     // sit below z and freeing them leaves a hole z moves into.
     let fillers: Vec<Handle> = (0..4).map(|_| a.alloc(MIB).expect("filler")).collect();
-    let z = a.alloc_elems::<f32>(N).expect("z");
+    let z = a.alloc_elems::<f32>(N as u64).expect("z");
     for f in fillers {
         a.free(f).expect("free");
     }

@@ -176,7 +176,7 @@ fn setup(arena: &mut Arena<CudaBackend>, m: &Model) -> (Tensors, Vec<Handle>, Ve
     let mut fillers = Vec::new();
     let mut tensor = |arena: &mut Arena<CudaBackend>| {
         fillers.push(arena.alloc(64 * KIB).expect("filler"));
-        arena.alloc_elems::<f32>(N).expect("tensor")
+        arena.alloc_elems::<f32>(N as u64).expect("tensor")
     };
     let (a, b, c) = (tensor(arena), tensor(arena), tensor(arena));
     let (t1, t2, acc) = (tensor(arena), tensor(arena), tensor(arena));
@@ -442,9 +442,9 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
     let mut arena = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
     let k = Kernels::load(&arena);
     let n = 1024usize;
-    let x = arena.alloc_elems::<f32>(n).expect("x");
-    let y = arena.alloc_elems::<f32>(n).expect("y");
-    let out = arena.alloc_elems::<f32>(n).expect("out");
+    let x = arena.alloc_elems::<f32>(n as u64).expect("x");
+    let y = arena.alloc_elems::<f32>(n as u64).expect("y");
+    let out = arena.alloc_elems::<f32>(n as u64).expect("out");
     arena.upload(x, &vec![1.5f32; n]).expect("x");
     arena.upload(y, &vec![2.0f32; n]).expect("y");
     let nu = n as u32;
@@ -498,9 +498,9 @@ fn replay_brings_spilled_handles_back() {
     let mut arena = Arena::cuda(config, 0).expect("CUDA arena");
     let k = Kernels::load(&arena);
     let n = N;
-    let x = arena.alloc_elems::<f32>(n).expect("x");
-    let y = arena.alloc_elems::<f32>(n).expect("y");
-    let out = arena.alloc_elems::<f32>(n).expect("out");
+    let x = arena.alloc_elems::<f32>(n as u64).expect("x");
+    let y = arena.alloc_elems::<f32>(n as u64).expect("y");
+    let out = arena.alloc_elems::<f32>(n as u64).expect("out");
     arena.upload(x, &vec![1.0f32; n]).expect("x");
     arena.upload(y, &vec![0.25f32; n]).expect("y");
     let nu = n as u32;

@@ -244,7 +244,7 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
     // Fillers below the large-block size (1/32 of the arena), so that they
     // sit below z and freeing them leaves a hole z moves into.
     let fillers: Vec<_> = (0..8).map(|_| arena.alloc(MIB).expect("filler")).collect();
-    let z = arena.alloc_elems::<f32>(n).expect("z");
+    let z = arena.alloc_elems::<f32>(n as u64).expect("z");
     arena.upload(z, &vec![-1.0f32; n]).expect("upload");
     for f in fillers {
         arena.free(f).expect("free");
@@ -424,10 +424,10 @@ fn range_program<B: Backend>(arena: &mut Arena<B>) -> Vec<Vec<u8>> {
         .expect("fill 8 odd");
     let p16: [u8; 16] = std::array::from_fn(|i| i as u8 * 3 + 1);
     arena
-        .fill(&raw.slice(256..256 + 1024).unwrap(), p16)
+        .fill_bytes(&raw.slice(256..256 + 1024).unwrap(), &p16)
         .expect("fill 16");
     arena
-        .fill(&raw.slice(1301..1301 + 32).unwrap(), p16)
+        .fill_bytes(&raw.slice(1301..1301 + 32).unwrap(), &p16)
         .expect("fill 16 odd");
     arena
         .fill(&zeros.slice(10..20).unwrap(), 0xFFFF_0000u32)
@@ -436,7 +436,7 @@ fn range_program<B: Backend>(arena: &mut Arena<B>) -> Vec<Vec<u8>> {
         .fill(&f.slice(700..777).unwrap(), -2.0f32)
         .expect("fill f32s");
     arena
-        .fill_bytes(&f.slice(0..4).unwrap(), 0x7F)
+        .fill_bytes(&f.slice(0..4).unwrap(), &[0x7F])
         .expect("fill bytes");
     snaps.push(snap(arena));
     // Copies between storages and within one.

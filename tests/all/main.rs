@@ -22,5 +22,6 @@ mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod pins;
+mod shared;
 mod spill;
 mod threads;

@@ -106,7 +106,7 @@ pub(crate) fn run_spill_program<B: Backend>(
             }
         }
         let st = arena.stats();
-        assert_eq!(st.live_blocks, live.len(), "step {step}");
+        assert_eq!(st.live_blocks, live.len() as u64, "step {step}");
         let resident: u64 = arena.blocks().iter().map(|b| b.reserved_bytes).sum();
         assert_eq!(st.allocated_bytes, resident, "step {step}");
     }

@@ -53,7 +53,7 @@ enum Owner {
 
 impl Held {
     fn elem(&self) -> u64 {
-        if self.storage.elem().is_some() {
+        if self.storage.dtype().is_some() {
             4
         } else {
             1
@@ -63,7 +63,7 @@ impl Held {
 
 /// A random range of `h` in elements: `(start, end)`.
 fn range(rng: &mut Rng, h: &Held) -> (u64, u64) {
-    let n = h.storage.len();
+    let n = h.storage.numel();
     let a = rng.below(n + 1);
     let b = rng.below(n + 1);
     (a.min(b), a.max(b))
@@ -77,7 +77,7 @@ fn write(arena: &SharedArena, h: &mut Held, s: &StorageSlice, data: &[u8]) {
             .collect();
         arena.write_range(s, &words).expect("write_range");
     } else {
-        arena.write_range(s, data).expect("write_range");
+        arena.write_bytes(s, data).expect("write_bytes");
     }
     let o = s.offset_bytes() as usize;
     h.expected[o..o + data.len()].copy_from_slice(data);
@@ -94,7 +94,7 @@ fn check(arena: &SharedArena, h: &Held, s: &StorageSlice, what: &str) {
             .flat_map(|w| w.to_le_bytes())
             .collect()
     } else {
-        arena.read_range::<u8>(s).expect("read_range")
+        arena.read_bytes(s).expect("read_bytes")
     };
     assert!(got == want, "{what}: a storage lost its bytes");
 }
@@ -219,14 +219,10 @@ fn worker(
                 let bytes: Vec<u8> = if held[i].elem() == 4 {
                     let v = rng.next() as u32;
                     arena.fill(&s, v).expect("fill");
-                    (0..s.len()).flat_map(|_| v.to_le_bytes()).collect()
+                    (0..s.numel()).flat_map(|_| v.to_le_bytes()).collect()
                 } else {
                     let v = rng.next() as u8;
-                    arena
-                        .write()
-                        .expect("lock")
-                        .fill_bytes(&s, v)
-                        .expect("fill");
+                    arena.fill_bytes(&s, &[v]).expect("fill");
                     vec![v; s.len_bytes() as usize]
                 };
                 held[i].expected[o..o + bytes.len()].copy_from_slice(&bytes);
@@ -299,43 +295,49 @@ fn compactor(arena: SharedArena, stop: Arc<AtomicBool>, seed: u64) -> usize {
     let mut rounds = 0;
     while !stop.load(Ordering::Relaxed) || rounds < 200 {
         rounds += 1;
-        let mut a = arena.write().expect("lock");
-        match rng.below(6) {
-            0 | 1 => match a.alloc(1 + rng.below(6 << 10)) {
-                Ok(h) => mine.push(h),
-                Err(Error::OutOfMemory { .. }) => {}
-                Err(e) => panic!("compactor alloc: {e}"),
-            },
-            2 => {
-                // As much as the free bytes allow: rarely a hole that big.
-                let free = a.stats().free_bytes;
-                if free > 1024 {
-                    match a.alloc(free / 2) {
-                        Ok(h) => a.free(h).expect("free"),
+        let pick = rng.below(6);
+        let size = 1 + rng.below(6 << 10);
+        let victim = rng.below(mine.len().max(1) as u64) as usize;
+        arena
+            .with_mut(|a| {
+                match pick {
+                    0 | 1 => match a.alloc(size) {
+                        Ok(h) => mine.push(h),
                         Err(Error::OutOfMemory { .. }) => {}
                         Err(e) => panic!("compactor alloc: {e}"),
+                    },
+                    2 => {
+                        // As much as the free bytes allow: rarely a hole that big.
+                        let free = a.stats().free_bytes;
+                        if free > 1024 {
+                            match a.alloc(free / 2) {
+                                Ok(h) => a.free(h).expect("free"),
+                                Err(Error::OutOfMemory { .. }) => {}
+                                Err(e) => panic!("compactor alloc: {e}"),
+                            }
+                        }
+                    }
+                    3 | 4 if !mine.is_empty() => {
+                        a.free(mine.swap_remove(victim)).expect("free");
+                    }
+                    _ => {
+                        a.compact().expect("compact");
                     }
                 }
-            }
-            3 | 4 if !mine.is_empty() => {
-                let h = mine.swap_remove(rng.below(mine.len() as u64) as usize);
-                a.free(h).expect("free");
-            }
-            _ => {
-                a.compact().expect("compact");
-            }
-        }
-        if mine.len() > 6 {
-            let h = mine.swap_remove(0);
-            a.free(h).expect("free");
-        }
-        drop(a);
+                if mine.len() > 6 {
+                    a.free(mine.swap_remove(0)).expect("free");
+                }
+            })
+            .expect("lock");
         std::thread::yield_now();
     }
-    let mut a = arena.write().expect("lock");
-    for h in mine {
-        a.free(h).expect("free");
-    }
+    arena
+        .with_mut(|a| {
+            for h in mine {
+                a.free(h).expect("free");
+            }
+        })
+        .expect("lock");
     rounds
 }
 
@@ -390,12 +392,12 @@ fn run(round: u64) -> cuarena::Stats {
         check(&arena, h, &h.storage.whole(), "survivor");
         live += usize::from(h.storage.handle().is_some());
     }
-    let stats = arena.read().expect("lock").stats();
+    let stats = arena.stats();
     drop(survivors);
     arena.reclaim().expect("reclaim");
-    let st = arena.read().expect("lock").stats();
+    let st = arena.stats();
     assert_eq!(st.live_blocks, 0, "{live} survivors: blocks leaked");
     assert_eq!(st.requested_bytes, 0);
-    assert_eq!(arena.read().expect("lock").pending_reclaim(), 0);
+    assert_eq!(arena.with(|a| a.pending_reclaim()).expect("lock"), 0);
     stats
 }

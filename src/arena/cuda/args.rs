@@ -5,13 +5,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytemuck::Pod;
 use cudarc::driver::CudaStream;
 
 use super::super::ops::{check_block_range, Checked};
 use super::super::Block;
 use crate::arena::Arena;
 use crate::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend, ViewSet};
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::handle::BlockKey;
 use crate::slots::Slots;
@@ -24,7 +24,8 @@ use crate::stream::StreamId;
 /// in bounds, element type, alignment), refuses outputs that alias
 /// ([`Error::AliasedViews`]), records the block as used on the stream and
 /// returns a view that borrows the arena: no compaction, allocation, free
-/// or spill can happen until every view is dropped.
+/// or spill can happen until every view is dropped. Taken from `&Arena`,
+/// so threads sharing an arena take theirs at once under its shared lock.
 ///
 /// ```no_run
 /// # use cuarena::{Arena, ArenaConfig};
@@ -53,8 +54,8 @@ use crate::stream::StreamId;
 #[derive(Debug)]
 pub struct KernelArgs<'a> {
     set: ViewSet<'a>,
-    blocks: &'a mut Slots<Block>,
-    arena_id: u32,
+    blocks: &'a Slots<Block>,
+    arena_id: u64,
     clock: &'a AtomicU64,
     stream: StreamId,
     /// Streams this stream was made to wait for already, by these arguments.
@@ -74,15 +75,16 @@ impl<'a> KernelArgs<'a> {
 
     /// Checks `r` as `T`s; returns its block, region offset and element
     /// count (`None` block for an empty storage). Changes nothing.
-    fn resolve<T: Pod>(&self, r: &impl AsRange) -> Result<(Option<BlockKey>, u64, usize)> {
-        let Some(c) = check_block_range::<T>(self.blocks, self.arena_id, &r.block_range(), true)?
-        else {
+    fn resolve<T: Element>(&self, r: &impl AsRange) -> Result<(Option<BlockKey>, u64, usize)> {
+        let range = r.block_range();
+        let Some(c) = check_block_range(self.blocks, self.arena_id, &range, Some(T::DTYPE))? else {
             return Ok((None, 0, 0)); // an empty storage: a view of nothing
         };
         let Checked {
             handle,
             offset,
             len,
+            ..
         } = c;
         let b = self.blocks.get(handle.key).ok_or(Error::StaleHandle)?;
         // Where the bytes are (a deferred move leaves them above the
@@ -90,10 +92,11 @@ impl<'a> KernelArgs<'a> {
         let Some(at) = b.real_offset() else {
             return Err(Error::NotResident);
         };
-        let elem = (std::mem::size_of::<T>() as u64).max(1);
-        let n = usize::try_from(len / elem).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: len,
-            max_bytes: usize::MAX as u64,
+        let n = usize::try_from(len / T::DTYPE.size_bytes()).map_err(|_| {
+            Error::ExceedsAddressSpace {
+                requested_bytes: len,
+                max_bytes: usize::MAX as u64,
+            }
         })?;
         Ok((Some(handle.key), at + offset, n))
     }
@@ -102,48 +105,56 @@ impl<'a> KernelArgs<'a> {
     /// after other streams' kernel arguments on it: a read waits for the
     /// last writer, a write for the last writer and the readers since (a
     /// collective on the communication stream, an upload on a copy stream).
+    /// The block's records are locked for the call: arguments taken on
+    /// other threads at the same time see each other's uses.
     fn record(&mut self, key: Option<BlockKey>, write: bool) -> Result<()> {
         let Some(key) = key else { return Ok(()) };
         let s = self.stream;
-        // The waits first: if one fails, the block's records are unchanged.
         let b = self.blocks.get(key).ok_or(Error::StaleHandle)?;
-        let mut after: smallvec::SmallVec<[StreamId; 4]> = smallvec::SmallVec::new();
-        if let Some(u) = &b.streams {
-            after.extend(u.writer.filter(|&w| w != s));
+        let (set, waited) = (&self.set, &mut self.waited);
+        b.with_streams(|records| {
+            // The waits first: if one fails, the block's records are unchanged.
+            let mut after: smallvec::SmallVec<[StreamId; 4]> = smallvec::SmallVec::new();
+            if let Some(u) = records.as_deref() {
+                after.extend(u.writer.filter(|&w| w != s));
+                if write {
+                    after.extend(u.readers.iter().copied().filter(|&r| r != s));
+                }
+            }
+            for w in after {
+                if !waited.contains(&w) {
+                    set.wait_for(w)?;
+                    waited.push(w);
+                }
+            }
+            let u = records.get_or_insert_with(Default::default);
+            if s != StreamId::ARENA && !u.uses.contains(&s) {
+                u.uses.push(s);
+            }
             if write {
-                after.extend(u.readers.iter().copied().filter(|&r| r != s));
+                u.writer = Some(s);
+                u.readers.clear();
+            } else if !u.readers.contains(&s) {
+                u.readers.push(s);
             }
-        }
-        for w in after {
-            if !self.waited.contains(&w) {
-                self.set.wait_for(w)?;
-                self.waited.push(w);
-            }
-        }
-        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        let b = self.blocks.get_mut(key).ok_or(Error::StaleHandle)?;
-        b.last_use.store(tick, Ordering::Relaxed);
-        let u = b.streams_mut();
-        if s != StreamId::ARENA && !u.uses.contains(&s) {
-            u.uses.push(s);
-        }
-        if write {
-            u.writer = Some(s);
-            u.readers.clear();
-        } else if !u.readers.contains(&s) {
-            u.readers.push(s);
-        }
+            Ok::<(), Error>(())
+        })?;
+        b.last_use.store(
+            self.clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
     /// A read-only view of the bytes `r` names (a block, a storage, a slice
-    /// of one) as `T`s. [`Error::TypeMismatch`] for a block typed
-    /// otherwise, [`Error::NotWholeElements`], [`Error::MisalignedView`],
+    /// of one) as `T`s. [`Error::TypeMismatch`] unless `T` is the range's
+    /// dtype (or it is untyped; reinterpret a range with `as_dtype`),
+    /// [`Error::NotWholeElements`], [`Error::MisalignedView`],
     /// [`Error::AliasedViews`] over an earlier output,
     /// [`Error::NotResident`] for a spilled block (call
     /// [`Arena::make_resident`] before taking the arguments). An empty
     /// storage gives a view of no elements.
-    pub fn input<T: Pod>(&mut self, r: &impl AsRange) -> Result<ArenaView<'a, T>> {
+    pub fn input<T: Element>(&mut self, r: &impl AsRange) -> Result<ArenaView<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;
         let view = self.set.input::<T>(at, n)?;
         self.record(key, false)?;
@@ -153,7 +164,7 @@ impl<'a> KernelArgs<'a> {
     /// A mutable view of the bytes `r` names as `T`s (the checks of
     /// [`input`](KernelArgs::input)); [`Error::AliasedViews`] when it
     /// overlaps any view taken before from these arguments.
-    pub fn output<T: Pod>(&mut self, r: &impl AsRange) -> Result<ArenaViewMut<'a, T>> {
+    pub fn output<T: Element>(&mut self, r: &impl AsRange) -> Result<ArenaViewMut<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;
         let view = self.set.output::<T>(at, n)?;
         self.record(key, true)?;
@@ -169,27 +180,25 @@ impl Arena<CudaBackend> {
     /// then records its block as used on `stream`, so the arena stream
     /// waits for that work before it moves, spills, writes or frees the
     /// block. A fault the device reported poisons the arena here too.
-    pub fn kernel_args(&mut self, stream: StreamId) -> Result<KernelArgs<'_>> {
+    ///
+    /// Takes `&self`: the arguments borrow the arena, so nothing moves
+    /// while they live, and the use records have locks of their own, so
+    /// several threads sharing the arena take arguments and launch at once
+    /// ([`SharedArena::with_kernel_args`](crate::SharedArena::with_kernel_args)).
+    /// The aliasing check covers the views of one `KernelArgs`; two sets
+    /// that write one block at once are ordered only as far as the work
+    /// already enqueued when each was taken, as two kernels on unordered
+    /// streams would be.
+    pub fn kernel_args(&self, stream: StreamId) -> Result<KernelArgs<'_>> {
         self.check_usable()?;
         let r = self.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
-        if stream != StreamId::ARENA {
-            // Blocks may get stream uses (see `Arena::other_streams`).
-            self.other_streams = true;
-        }
-        let Arena {
-            backend,
-            blocks,
-            id,
-            clock,
-            ..
-        } = self;
         Ok(KernelArgs {
-            set: backend.view_set(stream)?,
-            blocks,
-            arena_id: *id,
-            clock,
+            set: self.backend.view_set(stream)?,
+            blocks: &self.blocks,
+            arena_id: self.id,
+            clock: &self.clock,
             stream,
             waited: smallvec::SmallVec::new(),
         })

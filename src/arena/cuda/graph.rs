@@ -266,7 +266,7 @@ impl Drop for CaptureGuard<'_> {
 /// pointing where the blocks were). See the [module documentation](self).
 pub struct ArenaGraph {
     graph: CudaGraph,
-    arena_id: u32,
+    arena_id: u64,
     region_ptr: u64,
     table: HandleArgs,
     reserved_slots: usize,

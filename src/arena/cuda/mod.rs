@@ -10,7 +10,6 @@ pub use args::KernelArgs;
 
 use std::sync::Arc;
 
-use bytemuck::Pod;
 use cudarc::driver::CudaStream;
 
 use crate::arena::Arena;
@@ -18,6 +17,7 @@ use crate::backend::cuda::{
     ArenaView, ArenaViewMut, CudaBackend, CudaCapacity, CudaOptions, IoViews,
 };
 use crate::config::ArenaConfig;
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::stream::StreamId;
@@ -45,7 +45,10 @@ use crate::stream::StreamId;
 ///   with every move ([`view`](Arena::view), [`view_mut`](Arena::view_mut),
 ///   [`views_io`](Arena::views_io) are for it).
 /// - Views borrow the arena, so nothing can move while they live; a pinned
-///   block's pointer is valid until its last `unpin`.
+///   block's pointer is valid until its last `unpin`. Kernel arguments take
+///   `&self`: threads sharing a [`SharedArena`](crate::SharedArena) take
+///   theirs and launch under its shared lock at once, while compaction and
+///   spilling wait for the exclusive one.
 impl Arena<CudaBackend> {
     /// An arena of `config.capacity_bytes` on CUDA device `ordinal`, with
     /// the default kernel options.
@@ -81,8 +84,9 @@ impl Arena<CudaBackend> {
     /// device): another context's stream is [`Error::ForeignStream`].
     pub fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
         self.check_usable()?;
-        let id = self.id();
-        Ok(self.backend_mut().register_stream(stream)?.of_arena(id))
+        let id = self.backend_mut().register_stream(stream)?;
+        self.note_stream(id);
+        Ok(id.of_arena(self.id()))
     }
 
     /// The stream registered as `id` ([`StreamId::ARENA`]: the arena
@@ -95,27 +99,28 @@ impl Arena<CudaBackend> {
     /// A read-only view of block `h` as `T`s, for work on the arena stream:
     /// the arena stream first waits for the block's last writer on another
     /// stream, and the read is recorded (a later write on another stream
-    /// waits for it). Takes `&mut self` for that bookkeeping.
+    /// waits for it).
     ///
     /// Fails with [`Error::TypeMismatch`] for a block allocated for another
-    /// element type, [`Error::MisalignedView`] for one placed below `T`'s
+    /// dtype, [`Error::MisalignedView`] for one placed below `T`'s
     /// alignment, [`Error::NotWholeElements`], or [`Error::NotResident`]
     /// for a spilled block (call [`make_resident`](Arena::make_resident)
     /// first). For other streams, take [`kernel_args`](Arena::kernel_args).
-    pub fn view<T: Pod>(&mut self, h: Handle) -> Result<ArenaView<'_, T>> {
+    pub fn view<T: Element>(&self, h: Handle) -> Result<ArenaView<'_, T>> {
         self.kernel_args(StreamId::ARENA)?.input::<T>(&h)
     }
 
     /// A mutable view of block `h` as `T`s, for work on the arena stream
-    /// (same checks as [`view`](Arena::view)).
-    pub fn view_mut<T: Pod>(&mut self, h: Handle) -> Result<ArenaViewMut<'_, T>> {
+    /// (same checks as [`view`](Arena::view)). Takes `&mut self`, so the
+    /// view is the only one of the arena while it lives.
+    pub fn view_mut<T: Element>(&mut self, h: Handle) -> Result<ArenaViewMut<'_, T>> {
         self.kernel_args(StreamId::ARENA)?.output::<T>(&h)
     }
 
     /// Mutable views of `N` distinct blocks at once, for the arena stream
     /// (a kernel with several outputs). A handle given twice is rejected
     /// with [`Error::AliasedViews`].
-    pub fn views_mut<T: Pod, const N: usize>(
+    pub fn views_mut<T: Element, const N: usize>(
         &mut self,
         handles: [Handle; N],
     ) -> Result<[ArenaViewMut<'_, T>; N]> {
@@ -128,7 +133,7 @@ impl Arena<CudaBackend> {
     /// each other and from the inputs ([`Error::AliasedViews`] otherwise);
     /// inputs may repeat. For other streams, or element types that differ
     /// between arguments, take [`kernel_args`](Arena::kernel_args).
-    pub fn views_io<I: Pod, O: Pod, const M: usize, const N: usize>(
+    pub fn views_io<I: Element, O: Element, const M: usize, const N: usize>(
         &mut self,
         inputs: [Handle; M],
         outputs: [Handle; N],
@@ -167,13 +172,13 @@ impl Arena<CudaBackend> {
 
     /// Copies `data` into block `h`; `data` must be exactly the block's size
     /// and of its element type (see [`Arena::write`]).
-    pub fn upload<T: Pod>(&mut self, h: Handle, data: &[T]) -> Result<()> {
+    pub fn upload<T: Element>(&mut self, h: Handle, data: &[T]) -> Result<()> {
         self.write(h, data)
     }
 
     /// Copies block `h` to the host as `T`s (see [`Arena::read`]); waits
     /// for the arena stream.
-    pub fn download<T: Pod>(&mut self, h: Handle) -> Result<Vec<T>> {
+    pub fn download<T: Element>(&mut self, h: Handle) -> Result<Vec<T>> {
         self.read(h)
     }
 

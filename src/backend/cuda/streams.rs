@@ -11,7 +11,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use super::{driver_err, CudaBackend};
 use crate::backend::check_stream;
 use crate::error::{Error, Result};
-use crate::stream::StreamId;
+use crate::stream::{StreamId, MAX_STREAMS};
 
 /// One registered stream and the two events that order it with the arena
 /// stream. An event is re-recorded at every wait: `cuStreamWaitEvent`
@@ -76,10 +76,13 @@ impl CudaBackend {
         {
             return Ok(StreamId(i as u32, 0));
         }
-        let id = u32::try_from(self.streams.len()).map_err(|_| Error::UnknownStream {
-            stream: u32::MAX,
-            registered: u32::MAX,
-        })?;
+        let id = u32::try_from(self.streams.len())
+            .ok()
+            .filter(|&n| n < MAX_STREAMS)
+            .ok_or(Error::LimitReached {
+                what: "streams registered with one arena (its own included)",
+                limit: u64::from(MAX_STREAMS),
+            })?;
         let r = Registered::new(stream, &self.stream)?;
         self.streams.push(r);
         Ok(StreamId(id, 0))

@@ -218,11 +218,12 @@ pub type IoViews<'a, I, O, const M: usize, const N: usize> =
 /// another output or an input, or an input that overlaps an earlier output,
 /// is [`Error::AliasedViews`]; inputs may overlap each other.
 ///
-/// A view set borrows the backend mutably (through
-/// [`CudaBackend::view_set`]) and its views keep that borrow, so while any
-/// of them lives there is no other view set and nothing can write, move or
-/// free the region: the aliasing rule holds whatever the caller does. The
-/// arena's `kernel_args` wraps one and adds the ordering.
+/// A view set borrows the backend (through [`CudaBackend::view_set`]) and
+/// its views keep that borrow, so while any of them lives nothing can
+/// write, move or free the region. The aliasing rule holds within one set;
+/// several sets may live at once (threads launching together), and work
+/// they give one block is ordered by the arena's use records, not checked
+/// here. The arena's `kernel_args` wraps one and adds the ordering.
 #[derive(Debug)]
 pub struct ViewSet<'a> {
     backend: &'a CudaBackend,
@@ -331,11 +332,10 @@ impl CudaBackend {
     /// A set of views for work on registered stream `stream` (see
     /// [`ViewSet`]). Orders nothing by itself: make `stream` wait for the
     /// arena stream first (the arena's `kernel_args` does).
-    pub fn view_set(&mut self, stream_id: StreamId) -> Result<ViewSet<'_>> {
-        let this: &Self = self;
+    pub fn view_set(&self, stream_id: StreamId) -> Result<ViewSet<'_>> {
         Ok(ViewSet {
-            backend: this,
-            stream: &this.registered(stream_id)?.stream,
+            backend: self,
+            stream: &self.registered(stream_id)?.stream,
             stream_id,
             inputs: Vec::new(),
             outputs: Vec::new(),

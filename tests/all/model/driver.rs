@@ -122,7 +122,7 @@ impl<'a, B: Backend> Model<'a, B> {
         what: &str,
         before: &[(u64, u64, u32)],
         st: &cuarena::Stats,
-        pending: usize,
+        pending: u64,
     ) {
         assert_eq!(
             self.snapshot(),
@@ -451,7 +451,7 @@ impl<'a, B: Backend> Model<'a, B> {
         assert_eq!(infos.len(), live, "step {step}: live count");
         assert_eq!(
             self.arena.pending_reclaim(),
-            self.pending.len(),
+            self.pending.len() as u64,
             "step {step}"
         );
         let mut end = 0;
@@ -485,10 +485,10 @@ impl<'a, B: Backend> Model<'a, B> {
                 .try_fold(0u64, |s, b| s.checked_add(b))
                 .expect("requested bytes exceed u64")
         );
-        assert_eq!(st.live_blocks, live);
+        assert_eq!(st.live_blocks, live as u64);
         assert_eq!(
             st.pinned_blocks,
-            self.blocks.iter().filter(|b| b.pins > 0).count()
+            self.blocks.iter().filter(|b| b.pins > 0).count() as u64
         );
         let free: u64 = self.arena.free_regions().iter().map(|r| r.1).sum();
         assert_eq!(free, st.free_bytes);
@@ -552,9 +552,12 @@ impl<'a, B: Backend> Model<'a, B> {
                 self.pending.push((h, s.size, s.reserved));
             }
         }
-        assert_eq!(self.arena.reclaim().expect("reclaim"), self.pending.len());
+        assert_eq!(
+            self.arena.reclaim().expect("reclaim"),
+            self.pending.len() as u64
+        );
         self.drained();
         self.check(step);
-        assert_eq!(self.arena.stats().live_blocks, self.blocks.len());
+        assert_eq!(self.arena.stats().live_blocks, self.blocks.len() as u64);
     }
 }

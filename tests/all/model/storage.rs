@@ -59,7 +59,7 @@ impl ModelStorage {
 
     /// Elements `a..b` of the storage, reduced modulo its length + 1.
     fn range(&self, a: u64, b: u64) -> StorageSlice {
-        let n = self.storage().len() + 1;
+        let n = self.storage().numel() + 1;
         let (a, b) = (a % n, b % n);
         self.storage()
             .slice(a.min(b)..a.max(b))
@@ -73,7 +73,7 @@ pub(super) fn read_bytes<B: Backend>(
     kind: Kind,
 ) -> cuarena::Result<Vec<u8>> {
     Ok(match kind {
-        Kind::Bytes => a.read_range::<u8>(r)?,
+        Kind::Bytes => a.read_bytes(r)?,
         Kind::U32 => bytemuck::cast_slice(&a.read_range::<u32>(r)?).to_vec(),
         Kind::F32 => bytemuck::cast_slice(&a.read_range::<f32>(r)?).to_vec(),
     })
@@ -93,7 +93,7 @@ fn write_bytes<B: Backend>(
     data: &[u8],
 ) -> cuarena::Result<()> {
     match kind {
-        Kind::Bytes => a.write_range(r, data),
+        Kind::Bytes => a.write_bytes(r, data),
         Kind::U32 => a.write_range(r, &collect::<u32>(data)),
         Kind::F32 => a.write_range(r, &collect::<f32>(data)),
     }
@@ -140,7 +140,7 @@ impl<B: Backend> Model<'_, B> {
                     }
                 };
                 assert_eq!(
-                    (storage.len(), storage.len_bytes(), storage.is_empty()),
+                    (storage.numel(), storage.len_bytes(), storage.is_empty()),
                     (len, size, size == 0),
                     "step {step}"
                 );
@@ -168,11 +168,11 @@ impl<B: Backend> Model<'_, B> {
                 let c = s.storage().clone();
                 assert!(c.same_storage(s.storage()));
                 s.owners.push(Owner::Whole(c));
-                assert_eq!(s.storage().owners(), s.owners.len(), "step {step}");
+                assert_eq!(s.storage().owners(), s.owners.len() as u64, "step {step}");
             }
             Op::SliceStorage { idx, a, b } if n > 0 => {
                 let s = &mut self.storages[idx % n];
-                let len = s.storage().len();
+                let len = s.storage().numel();
                 let (a, b) = (a % (len + 2), b % (len + 2));
                 let (a, b) = (a.min(b), a.max(b));
                 match s.storage().slice(a..b) {
@@ -180,7 +180,7 @@ impl<B: Backend> Model<'_, B> {
                         assert!(b <= len, "step {step}: slice {a}..{b} of {len}");
                         let e = s.kind.elem();
                         assert_eq!(
-                            (sl.offset_bytes(), sl.len_bytes(), sl.len()),
+                            (sl.offset_bytes(), sl.len_bytes(), sl.numel()),
                             (a * e, (b - a) * e, b - a)
                         );
                         s.owners.push(Owner::Slice(sl));
@@ -199,17 +199,17 @@ impl<B: Backend> Model<'_, B> {
                         self.pending.push((h, s.size, s.reserved));
                     }
                 } else {
-                    assert_eq!(s.storage().owners(), s.owners.len(), "step {step}");
+                    assert_eq!(s.storage().owners(), s.owners.len() as u64, "step {step}");
                 }
                 assert_eq!(
                     self.arena.pending_reclaim(),
-                    self.pending.len(),
+                    self.pending.len() as u64,
                     "step {step}"
                 );
             }
             Op::Reclaim => {
                 let freed = self.arena.reclaim().expect("reclaim");
-                assert_eq!(freed, self.pending.len(), "step {step}");
+                assert_eq!(freed, self.pending.len() as u64, "step {step}");
                 self.drained();
                 assert_eq!(self.arena.pending_reclaim(), 0);
             }
@@ -335,22 +335,20 @@ impl<B: Backend> Model<'_, B> {
                     }
                     2 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u32>(&p)),
                     3 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u64>(&p)),
-                    4 => self
-                        .arena
-                        .fill(&r, bytemuck::pod_read_unaligned::<u128>(&p)),
-                    5 => self.arena.fill(&r, [p[0], p[1], p[2]]),
-                    _ => self.arena.fill_bytes(&r, p[0]),
+                    // Patterns of any dtype: 16 bytes, 3 (refused), 1.
+                    _ => self.arena.fill_bytes(&r, &p),
                 };
-                let bytes_fill = width % 7 == 6;
+                let bytes_fill = width % 7 >= 4;
                 let type_ok = bytes_fill || kind == Kind::Bytes || w == 4;
-                let want = if s.handle.is_none() {
-                    "ok"
-                } else if !type_ok {
+                // Checked against the dtype even when empty.
+                let want = if !type_ok {
                     "type"
+                } else if s.handle.is_none() {
+                    "ok"
+                } else if bytes_fill && (w == 3 || len % w != 0) {
+                    "pattern"
                 } else if !bytes_fill && w > 1 && len % w != 0 {
                     "whole"
-                } else if w == 3 {
-                    "pattern"
                 } else {
                     "ok"
                 };
@@ -400,7 +398,7 @@ impl<B: Backend> Model<'_, B> {
         step: usize,
         before: &[(u64, u64, u32)],
         st: &cuarena::Stats,
-        pending: usize,
+        pending: u64,
     ) {
         if k < self.streams.len() {
             r.expect("a registered stream");
