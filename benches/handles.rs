@@ -35,68 +35,23 @@ use std::sync::Arc;
 use cuarena::backend::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
-use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
 use cuarena::graph::{self, DeviceHandle, HandleArgs};
 use cuarena::{Arena, ArenaConfig, Error, Handle, Result};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::{driver_err as drv, gpu_bench_reps, load_kernels, median, Rng, GRAPH_TEST_CU};
+
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn drv(call: &'static str) -> impl Fn(result::DriverError) -> Error {
-    move |e| Error::Driver {
-        call,
-        source: cuarena::error::DriverError::from(e),
-    }
-}
-
-/// splitmix64: a small deterministic generator (no dependency).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn timing_event(stream: &CudaStream) -> Result<CudaEvent> {
     stream
         .context()
         .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(drv("cuEventCreate"))
-}
-
-fn load_module(backend: &CudaBackend) -> Result<Arc<CudaModule>> {
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={}", backend.arch())],
-        ..Default::default()
-    };
-    let src = include_str!("../kernels/graph_test.cu").replacen(
-        "#include \"cuarena.cuh\"",
-        include_str!("../kernels/cuarena.cuh"),
-        1,
-    );
-    let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::Nvrtc {
-        source_name: "kernels/graph_test.cu",
-        log: format!("{e:?}"),
-    })?;
-    backend
-        .context()
-        .load_module(ptx)
-        .map_err(drv("cuModuleLoadData"))
 }
 
 fn function(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
@@ -143,7 +98,7 @@ impl Variant {
                 b.arg(table).arg(c).arg(a).arg(bb).arg(&n4);
             }
         }
-        // SAFETY: the bench_add* kernels of kernels/graph_test.cu take
+        // SAFETY: the bench_add* kernels of tests/kernels/graph_test.cu take
         // (float4*, const float4*, const float4*, u64) or (CuarenaTable,
         // u64, u64, u64, u64), matching the arguments pushed; they read n4
         // float4s of a and b and write n4 of c: three blocks of 2^28 f32,
@@ -189,7 +144,7 @@ fn resolve_bench(reps: usize) -> Result<()> {
         backend.arch(),
         backend.sm_count()
     );
-    let module = load_module(backend)?;
+    let module = load_kernels(backend, "tests/kernels/graph_test.cu", GRAPH_TEST_CU)?;
     let sms = backend.sm_count();
     let table = graph::handle_args(&mut arena)?;
     let handles = Args::Handles {
@@ -351,7 +306,7 @@ fn compaction_case(
     capacity: u64,
 ) -> Result<(cuarena::plan::Plan, Vec<cuarena::TableEntry>)> {
     let mut meta = Arena::metadata(ArenaConfig::new(capacity))?;
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut holes: Vec<Handle> = Vec::new();
     for _ in 0..count {
         let hole = rng.range(0, 256) * 256;
@@ -521,18 +476,9 @@ fn table_bench(reps: usize) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    if std::env::args().any(|a| a == "--list") {
+    let Some(reps) = gpu_bench_reps("handles", 100) else {
         return Ok(());
-    }
-    if let Err(reason) = CudaBackend::available() {
-        println!("handles bench skipped: {reason}");
-        return Ok(());
-    }
-    let reps = std::env::var("CUARENA_BENCH_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100usize)
-        .max(1);
+    };
     resolve_bench(reps)?;
     table_bench(reps.min(30))?;
     Ok(())

@@ -39,42 +39,19 @@ use std::sync::Arc;
 use cuarena::backend::cuda::cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
-use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::plan::{Move, Plan};
 use cuarena::Result;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::{driver_err, gpu_bench_reps, median, mv, plan_of, Rng};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// splitmix64: a small deterministic generator (no dependency).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
 fn one_wave(moves: Vec<Move>) -> Plan {
-    let mut p = Plan::empty(PlanKind::Full);
-    p.waves.push(Wave { moves });
-    p
-}
-
-fn mv(src: u64, dst: u64, len: u64) -> Move {
-    Move {
-        key: src,
-        src,
-        dst,
-        len,
-    }
+    plan_of(vec![moves])
 }
 
 struct Timer {
@@ -88,36 +65,29 @@ impl Timer {
     fn new(backend: &CudaBackend, reps: usize) -> Result<Self> {
         let ctx = backend.context();
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let err = |e| cuarena::Error::Driver {
-            call: "cuEventCreate",
-            source: cuarena::error::DriverError::from(e),
-        };
+        let err = driver_err("cuEventCreate");
         Ok(Self {
             stream: backend.stream().clone(),
-            start: ctx.new_event(flags).map_err(err)?,
-            end: ctx.new_event(flags).map_err(err)?,
+            start: ctx.new_event(flags).map_err(&err)?,
+            end: ctx.new_event(flags).map_err(&err)?,
             reps,
         })
     }
 
     /// Median milliseconds of `f` (after one warm-up call).
     fn median_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-        let drv = |e| cuarena::Error::Driver {
-            call: "event",
-            source: cuarena::error::DriverError::from(e),
-        };
+        let drv = driver_err("event");
         f()?;
-        self.stream.synchronize().map_err(drv)?;
+        self.stream.synchronize().map_err(&drv)?;
         let mut times = Vec::with_capacity(self.reps);
         for _ in 0..self.reps {
-            self.start.record(&self.stream).map_err(drv)?;
+            self.start.record(&self.stream).map_err(&drv)?;
             f()?;
-            self.end.record(&self.stream).map_err(drv)?;
-            self.end.synchronize().map_err(drv)?;
-            times.push(f64::from(self.start.elapsed_ms(&self.end).map_err(drv)?));
+            self.end.record(&self.stream).map_err(&drv)?;
+            self.end.synchronize().map_err(&drv)?;
+            times.push(f64::from(self.start.elapsed_ms(&self.end).map_err(&drv)?));
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(median(&mut times))
     }
 
     /// Median (device ms, host ms) of `f` when the stream is kept busy by
@@ -128,26 +98,21 @@ impl Timer {
         mut block: impl FnMut() -> Result<()>,
         mut f: impl FnMut() -> Result<()>,
     ) -> Result<(f64, f64)> {
-        let drv = |e| cuarena::Error::Driver {
-            call: "event",
-            source: cuarena::error::DriverError::from(e),
-        };
+        let drv = driver_err("event");
         f()?;
-        self.stream.synchronize().map_err(drv)?;
+        self.stream.synchronize().map_err(&drv)?;
         let (mut dev, mut host) = (Vec::new(), Vec::new());
         for _ in 0..self.reps {
             block()?;
-            self.start.record(&self.stream).map_err(drv)?;
+            self.start.record(&self.stream).map_err(&drv)?;
             let t = std::time::Instant::now();
             f()?;
             host.push(t.elapsed().as_secs_f64() * 1e3);
-            self.end.record(&self.stream).map_err(drv)?;
-            self.end.synchronize().map_err(drv)?;
-            dev.push(f64::from(self.start.elapsed_ms(&self.end).map_err(drv)?));
+            self.end.record(&self.stream).map_err(&drv)?;
+            self.end.synchronize().map_err(&drv)?;
+            dev.push(f64::from(self.start.elapsed_ms(&self.end).map_err(&drv)?));
         }
-        dev.sort_by(f64::total_cmp);
-        host.sort_by(f64::total_cmp);
-        Ok((dev[dev.len() / 2], host[host.len() / 2]))
+        Ok((median(&mut dev), median(&mut host)))
     }
 }
 
@@ -164,10 +129,7 @@ fn blocker(region_ptr: u64, stream: &CudaStream) -> Result<()> {
         )
     }
     .result()
-    .map_err(|e| cuarena::Error::Driver {
-        call: "cuMemsetD32Async",
-        source: cuarena::error::DriverError::from(e),
-    })
+    .map_err(driver_err("cuMemsetD32Async"))
 }
 
 /// `cuMemcpyDtoDAsync` of each (src, dst, len) on the arena stream.
@@ -177,12 +139,8 @@ fn memcpy_each(backend: &CudaBackend, copies: &[(u64, u64, u64)]) -> Result<()> 
     for &(s, d, n) in copies {
         // SAFETY: every range lies in the region (built that way below), the
         // ranges of one copy do not overlap, and the stream keeps order.
-        unsafe { result::memcpy_dtod_async(base + d, base + s, n as usize, stream) }.map_err(
-            |e| cuarena::Error::Driver {
-                call: "cuMemcpyDtoDAsync",
-                source: cuarena::error::DriverError::from(e),
-            },
-        )?;
+        unsafe { result::memcpy_dtod_async(base + d, base + s, n as usize, stream) }
+            .map_err(driver_err("cuMemcpyDtoDAsync"))?;
     }
     Ok(())
 }
@@ -222,7 +180,7 @@ fn large_moves() -> (Vec<Move>, u64) {
 /// default arena alignment; 1: an arena of 1-byte alignment, where source
 /// and destination of most moves differ modulo 16).
 fn compaction_moves(count: usize, seed: u64, unit: u64) -> (Vec<Move>, u64, u64) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut moves = Vec::with_capacity(count);
     let (mut src, mut dst) = (0u64, 0u64);
     for _ in 0..count {
@@ -443,18 +401,9 @@ fn parse_shape(spec: &str) -> Option<CudaOptions> {
 }
 
 fn main() -> Result<()> {
-    if std::env::args().any(|a| a == "--list") {
+    let Some(reps) = gpu_bench_reps("moves", 10) else {
         return Ok(());
-    }
-    if let Err(reason) = CudaBackend::available() {
-        println!("moves bench skipped: {reason}");
-        return Ok(());
-    }
-    let reps = std::env::var("CUARENA_BENCH_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10usize)
-        .max(1);
+    };
     let sweep = std::env::var("CUARENA_BENCH_SWEEP").is_ok_and(|s| s == "1");
 
     let mut shapes = vec![CudaOptions::default()];
@@ -539,10 +488,7 @@ fn main() -> Result<()> {
             )
         }
         .result()
-        .map_err(|e| cuarena::Error::Driver {
-            call: "cuMemsetD32Async",
-            source: cuarena::error::DriverError::from(e),
-        })?;
+        .map_err(driver_err("cuMemsetD32Async"))?;
         let timer = Timer::new(&backend, reps)?;
         all.extend(run_cases(&mut backend, &timer, &label)?);
     }

@@ -41,38 +41,21 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use cuarena::placement::FreeIndex;
 use offset_allocator::{Allocation, Allocator};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::Rng;
+
 /// Smallest and largest sampled size, log2 (64 B and 256 MiB).
 const MIN_LOG2: f64 = 6.0;
 const MAX_LOG2: f64 = 28.0;
 /// The arena's default alignment, to which it rounds sizes.
 const GRAIN: u64 = 256;
 
-/// splitmix64: deterministic, used only outside the timed loop.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A block size: log-uniform in [64 B, 256 MiB], rounded up to `GRAIN`.
-    fn size(&mut self) -> u64 {
-        let bytes = (MIN_LOG2 + (MAX_LOG2 - MIN_LOG2) * self.unit()).exp2() as u64;
-        bytes.div_ceil(GRAIN) * GRAIN
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+/// A block size: log-uniform in [64 B, 256 MiB], rounded up to `GRAIN`.
+/// (The generator runs only outside the timed loop.)
+fn size(rng: &mut Rng) -> u64 {
+    let bytes = (MIN_LOG2 + (MAX_LOG2 - MIN_LOG2) * rng.unit()).exp2() as u64;
+    bytes.div_ceil(GRAIN) * GRAIN
 }
 
 /// The pre-generated sequence both allocators replay, and their sizing.
@@ -92,14 +75,14 @@ struct Workload {
 
 impl Workload {
     fn new(live: usize) -> Self {
-        let mut rng = Rng(0x5eed ^ live as u64);
-        let fill = (0..live).map(|_| rng.size()).collect();
+        let mut rng = Rng::new(0x5eed ^ live as u64);
+        let fill = (0..live).map(|_| size(&mut rng)).collect();
         let churn = (0..(2 * live).max(200_000))
-            .map(|_| (rng.below(live) as u32, rng.size()))
+            .map(|_| (rng.below(live as u64) as u32, size(&mut rng)))
             .collect();
         let len = (2 * live).max(1 << 16).next_power_of_two();
-        let slots = (0..len).map(|_| rng.below(live) as u32).collect();
-        let sizes = (0..len).map(|_| rng.size()).collect();
+        let slots = (0..len).map(|_| rng.below(live as u64) as u32).collect();
+        let sizes = (0..len).map(|_| size(&mut rng)).collect();
         // Mean of a log-uniform variable on [a, b] is (b - a) / ln(b / a).
         let (a, b) = (MIN_LOG2.exp2(), MAX_LOG2.exp2());
         let mean = (b - a) / (b / a).ln() + GRAIN as f64 / 2.0;

@@ -6,16 +6,14 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use cuarena::plan::planner::{plan_full, plan_targeted, LiveBlock, Request};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 /// `n` live blocks of 256 B to 1 MiB (log-uniform), each followed by a hole
 /// of 0 to 2 blocks' size: a heavily fragmented arena.
 fn layout(n: usize, pins_every: usize) -> (Vec<LiveBlock>, u64) {
-    let mut x = 0x1234_5678_9abc_def1u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = support::Rng::new(0x1234_5678_9abc_def1);
+    let mut next = move || rng.next();
     let mut blocks = Vec::with_capacity(n);
     let mut offset = 0u64;
     for i in 0..n {

@@ -231,12 +231,11 @@ mod gpu {
         base.every = steps;
         base.data_pool = true;
         let p = problem(&base);
-        let mut ptx = None;
 
         // Warm-up: NVRTC, module loading, the driver's first copies.
         let mut warm = base.clone();
         (warm.steps, warm.every, warm.oversubscribe) = (50, 50, Some(1.5));
-        gpu_train(&warm, &p, &mut ptx, false)?;
+        gpu_train(&warm, &p, false)?;
 
         let configs: [(&str, Option<f64>); 5] = [
             ("fits (1.05x peak, no tier)", None),
@@ -254,7 +253,7 @@ mod gpu {
             let mut rates = Vec::new();
             let mut losses = Vec::new();
             for _ in 0..reps {
-                let r = gpu_train(&s, &p, &mut ptx, false)?;
+                let r = gpu_train(&s, &p, false)?;
                 let last = r.out.curve.last().ok_or("no evaluation")?;
                 rates.push(steps as f64 / r.out.seconds);
                 losses.push((last.train.map_or(f32::NAN, |t| t.0), last.eval_loss));
@@ -262,7 +261,7 @@ mod gpu {
             rates.sort_by(f64::total_cmp);
             // ...then one run with every spill and restore copy timed.
             s.time_copies = true;
-            let mut r = gpu_train(&s, &p, &mut ptx, false)?;
+            let mut r = gpu_train(&s, &p, false)?;
             let st = r.gpu.arena.stats();
             let timing = r.gpu.timing()?;
             let last = r.out.curve.last().ok_or("no evaluation")?;

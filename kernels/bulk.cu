@@ -4,7 +4,7 @@
 // asynchronous copies, "TMA"), several tiles per CTA in flight.
 //
 // Warp-specialised, per CTA, with a ring of `stages` slots (a kernel
-// argument, carried in WaveArgs.pad), each with a "full" mbarrier (one
+// argument, WaveArgs.bulk_stages), each with a "full" mbarrier (one
 // arrival, the producer's, plus the load's bytes) and an "empty" one (one
 // arrival per consumer thread):
 //
@@ -241,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(
     __shared__ TileDesc s_desc[CUARENA_MAX_STAGES];
     __shared__ u32 s_ticket[CUARENA_MAX_STAGES];
     const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-    const u32 stages = a.pad;
+    const u32 stages = a.bulk_stages;
     if (tid == 0) {
         for (u32 s = 0; s < stages; ++s) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s_full[s]))

@@ -12,8 +12,12 @@
 // compactions (the table's address is fixed while the graph lives; see
 // `graph::reserve_handle_table`).
 //
+// Sources compiled with `cuarena::backend::cuda::compile` include this
+// header by name (`#include "cuarena.cuh"`); its text is
+// `cuarena::backend::cuda::CUARENA_CUH`, for other compilers.
+//
 // # The handle ABI (defined by the crate: src/slots.rs, pinned by the
-// # host test `backend::cuda::launch::tests::the_header_decodes_the_abi`)
+// # host test `the_header_decodes_the_abi` in tests/all/abi.rs)
 //
 // - A handle's bits (`Handle::to_bits()`, a `u64` kernel argument) are
 //   `version << 32 | slot`: CUARENA_HANDLE_SLOT and CUARENA_HANDLE_VERSION

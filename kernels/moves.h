@@ -90,8 +90,8 @@ struct WaveArgs {
     u32 n_moves;
     u32 n_tiles;
     u32 epoch;            // distinct for every launch of cuarena_move on these flags
-    u32 pad;              // cuarena_move_bulk: tiles in flight per CTA (else 0)
+    u32 bulk_stages;      // cuarena_move_bulk: tiles in flight per CTA (else 0)
     u64 side;             // device address of the side buffer (256-byte aligned)
     u32 side_cap;         // its bytes; 0: no tile defers (and cuarena_settle does not run)
-    u32 pad2;
+    u32 pad;
 };

@@ -43,9 +43,6 @@ fn run_threads(d: &Ddp) -> Res<()> {
         return Err(format!("--world {world}: only {visible} GPUs visible").into());
     }
     let p = problem(&d.s);
-    // Compiled by the first arena for its device (every rank's GPU is
-    // of the same kind on one host).
-    let mut ptx = None;
     println!(
         "train_ddp: world {world} (one thread per GPU), {} steps, global batches {}..{} split unevenly per rank",
         d.s.steps,
@@ -55,7 +52,7 @@ fn run_threads(d: &Ddp) -> Res<()> {
 
     // 1. The single-GPU reference on the same global batches.
     let (peak, config, predicted) = rank_arena(&p, &d.s, world, 0, 1)?;
-    let mut g = Gpu::on_device(0, config, &mut ptx, false)?;
+    let mut g = Gpu::on_device(0, config, false)?;
     let reference = train_rank(&mut g, &mut Alone, &p, &d.s, world, 0, 1, false)?;
     println!(
         "single-GPU reference: {} steps in {:.2} s",
@@ -74,11 +71,8 @@ fn run_threads(d: &Ddp) -> Res<()> {
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let (p, ptx) = (&p, ptx.clone());
-                sc.spawn(move || {
-                    let mut ptx = ptx;
-                    rank_run(d, p, world, rank, rank, comm, &mut ptx).map_err(|e| e.to_string())
-                })
+                let p = &p;
+                sc.spawn(move || rank_run(d, p, world, rank, rank, comm).map_err(|e| e.to_string()))
             })
             .collect();
         handles
@@ -130,8 +124,7 @@ fn run_process(d: &Ddp, rank: usize, id_file: &std::path::Path, device: Option<u
         Duration::from_secs(60),
     )?;
     let p = problem(&d.s);
-    let mut ptx = None;
-    let (run, st, predicted, peak) = rank_run(d, &p, world, rank, device, comm, &mut ptx)?;
+    let (run, st, predicted, peak) = rank_run(d, &p, world, rank, device, comm)?;
     report_arena(&format!("rank {rank}"), &st, &predicted, peak)?;
     let last = run.curve.last().ok_or("no evaluation")?;
     println!(

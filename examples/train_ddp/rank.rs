@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cuarena::backend::cuda::cudarc::driver::CudaStream;
-use cuarena::backend::cuda::cudarc::nvrtc::Ptx;
 use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
 use cuarena::backend::Backend;
 use cuarena::{fmt_bytes, ArenaConfig, Stats, Storage, StreamId};
@@ -186,10 +185,9 @@ pub(crate) fn rank_run(
     rank: usize,
     device: usize,
     comm: Communicator,
-    ptx: &mut Option<Ptx>,
 ) -> Res<(RankRun, Stats, Stats, u64)> {
     let (peak, config, predicted) = rank_arena(p, &d.s, world, rank, world)?;
-    let mut g = Gpu::on_device(device, config, ptx, false)?;
+    let mut g = Gpu::on_device(device, config, false)?;
     let stream = comm.stream().clone();
     let id = g.arena.register_stream(stream.clone())?;
     let mut red = Nccl { comm, id, stream };

@@ -1,4 +1,4 @@
-//! The CUDA executor: `kernels/mlp.cu` compiled with NVRTC, launched on
+//! The CUDA executor: `mlp.cu` compiled with NVRTC, launched on
 //! the arena stream with views from `kernel_args`, batches uploaded on a
 //! second stream registered with the arena (the data loader), and spills
 //! and restores timed by CUDA events.
@@ -9,10 +9,7 @@ use cuarena::backend::cuda::cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig,
     PinnedHostSlice, PushKernelArg,
 };
-use cuarena::backend::cuda::cudarc::nvrtc::{
-    compile_ptx_with_opts, CompileError, CompileOptions, Ptx,
-};
-use cuarena::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend};
+use cuarena::backend::cuda::{compile, ArenaView, ArenaViewMut, CudaBackend};
 use cuarena::{Arena, ArenaConfig, Handle, Storage, StreamId};
 
 use super::{h, Exec, Op, Res};
@@ -98,27 +95,7 @@ impl Events {
     }
 }
 
-const SOURCE: &str = include_str!("../../kernels/mlp.cu");
-
-/// Compiles `kernels/mlp.cu` for `arch` (`sm_90` on a Hopper GPU).
-pub fn compile(arch: &str) -> Res<Ptx> {
-    let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".to_string(),
-        ],
-        name: Some("mlp.cu".to_string()),
-        ..Default::default()
-    };
-    compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
-        CompileError::CompileError { log, .. } => format!(
-            "NVRTC could not compile kernels/mlp.cu:\n{}",
-            log.to_string_lossy()
-        )
-        .into(),
-        other => format!("NVRTC: {other:?}").into(),
-    })
-}
+const SOURCE: &str = include_str!("mlp.cu");
 
 struct Kernels {
     _module: Arc<CudaModule>,
@@ -208,30 +185,18 @@ fn cfg_1d(n: usize) -> LaunchConfig {
 }
 
 impl Gpu {
-    /// An arena of `config` on device 0; compiles the kernels into
-    /// `ptx` the first time (the device's architecture is known once a
-    /// backend exists).
-    pub fn new(config: ArenaConfig, ptx: &mut Option<Ptx>, time_copies: bool) -> Res<Self> {
-        Self::on_device(0, config, ptx, time_copies)
+    /// An arena of `config` on device 0, with the kernels compiled for
+    /// its device (once per process: later executors take the image from
+    /// the crate's cache).
+    pub fn new(config: ArenaConfig, time_copies: bool) -> Res<Self> {
+        Self::on_device(0, config, time_copies)
     }
 
     /// [`new`](Gpu::new) on CUDA device `ordinal`.
-    pub fn on_device(
-        ordinal: usize,
-        config: ArenaConfig,
-        ptx: &mut Option<Ptx>,
-        time_copies: bool,
-    ) -> Res<Self> {
+    pub fn on_device(ordinal: usize, config: ArenaConfig, time_copies: bool) -> Res<Self> {
         let backend = CudaBackend::new(ordinal, config.capacity_bytes)?;
-        let code = match ptx {
-            Some(p) => p.clone(),
-            None => {
-                let p = compile(backend.arch())?;
-                *ptx = Some(p.clone());
-                p
-            }
-        };
-        let module = backend.context().load_module(code)?;
+        let image = compile("mlp.cu", SOURCE, backend.arch(), &["--std=c++17"])?;
+        let module = backend.context().load_module(image)?;
         let f = |name: &str| module.load_function(name);
         let k = Kernels {
             mm_nn: f("mlp_matmul_nn")?,

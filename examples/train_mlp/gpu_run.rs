@@ -16,17 +16,12 @@ pub(crate) struct GpuRun {
 
 /// One training run on the GPU, the arena sized from the dry run's peak
 /// by `s.oversubscribe` (see [`arena_config`]).
-pub(crate) fn gpu_train(
-    s: &Settings,
-    p: &Problem,
-    ptx: &mut Option<cuarena::backend::cuda::cudarc::nvrtc::Ptx>,
-    log: bool,
-) -> Res<GpuRun> {
+pub(crate) fn gpu_train(s: &Settings, p: &Problem, log: bool) -> Res<GpuRun> {
     let (peak, config) = capacity_for(p, s)?;
     if log {
         println!("dry run (metadata arena): {}\n", arena_line(peak, &config));
     }
-    let mut gpu = gpu::Gpu::new(config.clone(), ptx, s.time_copies)?;
+    let mut gpu = gpu::Gpu::new(config.clone(), s.time_copies)?;
     let out = train(&mut gpu, &p.teacher, &p.student, &p.eval_x, s, log)?;
     let predicted = predict(p, s, &config)?;
     Ok(GpuRun {
@@ -56,7 +51,6 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
 
     let p = problem(&s);
     describe(&s, &p.teacher, &p.eval_x);
-    let mut ptx = None;
 
     // 1. The GPU against the host reference: a short run with the same
     //    seeds and the same tight capacity (and host tier) on both;
@@ -69,7 +63,7 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
     let (check_peak, config) = capacity_for(&p, &c)?;
     let check_capacity = config.capacity_bytes as f64 / check_peak as f64;
     let t0 = Instant::now();
-    let mut g = Gpu::new(config.clone(), &mut ptx, true)?;
+    let mut g = Gpu::new(config.clone(), true)?;
     println!(
         "device: {} ({}), NVRTC + context {:.2} s",
         g.arena.backend().device_name(),
@@ -118,7 +112,7 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
                 oversubscribe: None,
                 ..s.clone()
             };
-            let r = gpu_train(&fit, &p, &mut ptx, false)?;
+            let r = gpu_train(&fit, &p, false)?;
             println!(
                 "the run that fits ({}): {} steps in {:.2} s",
                 arena_line(r.peak, r.gpu.arena.config()),
@@ -131,7 +125,7 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
     };
 
     // 3. The real run.
-    let mut r = gpu_train(&s, &p, &mut ptx, true)?;
+    let mut r = gpu_train(&s, &p, true)?;
     summary_of_run(&r.gpu.arena, r.peak, &r.predicted, &r.out, &s)?;
     if s.oversubscribe.is_some() {
         let t = r.gpu.timing()?;

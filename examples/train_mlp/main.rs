@@ -34,7 +34,7 @@
 //! allocations regularly fit in the free bytes but in no hole: the arena
 //! compacts (moving live tensors with its own kernels) and training goes on.
 //!
-//! The kernels (`kernels/mlp.cu`) are compiled at run time with NVRTC for
+//! The kernels (`mlp.cu`) are compiled at run time with NVRTC for
 //! the device's architecture and launched on the arena stream through
 //! `kernel_args(StreamId::ARENA)`: the operands are made resident first,
 //! then their views are taken, and the views borrow the arena until the

@@ -96,7 +96,7 @@ while training goes on
 usage: cargo run --release --example train_mlp -- [--cpu | --dry] [options]
 
 modes:
-  (default)          on a CUDA GPU: NVRTC kernels from kernels/mlp.cu, 3000 steps,
+  (default)          on a CUDA GPU: NVRTC kernels from mlp.cu, 3000 steps,
                      batches 16..4096, lr 0.05; first checked against the host
                      reference on a short run. Target: final eval loss < 0.5.
                      Without a GPU it says so and exits 0.

@@ -259,10 +259,11 @@ fn validate_wave(w: usize, wave: &Wave, capacity_bytes: u64) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn mv(src: u64, dst: u64, len: u64) -> Move {
+    /// A move of `len` bytes from `src` to `dst`, keyed by its source.
+    pub(crate) fn mv(src: u64, dst: u64, len: u64) -> Move {
         Move {
             key: src,
             src,

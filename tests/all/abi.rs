@@ -1,10 +1,12 @@
 //! The device handle ABI: what `Handle::to_bits` hands kernels and what
-//! `kernels/cuarena.cuh` decodes, pinned together (host only; no GPU).
+//! the public header `cuarena.cuh` decodes, and the table argument on both
+//! sides, pinned together (host only; no GPU).
 
-use cuarena::graph::DeviceHandle;
+use std::mem::{align_of, offset_of, size_of};
+
+use cuarena::backend::cuda::CUARENA_CUH as HEADER;
+use cuarena::graph::{DeviceHandle, HandleArgs};
 use cuarena::{Arena, ArenaConfig};
-
-const HEADER: &str = include_str!("../../kernels/cuarena.cuh");
 
 /// The definition of `name` in the header, whitespace squeezed.
 fn define(name: &str) -> String {
@@ -58,4 +60,38 @@ fn the_header_decodes_the_abi() {
     for e in a.handle_table() {
         assert_eq!(e.version % 2, 1);
     }
+}
+
+/// `CuarenaTable`, the table argument, is `HandleArgs` field for field:
+/// two 8-byte words (base, table) then two 4-byte ones (slots, pad).
+#[test]
+fn the_table_argument_matches_handle_args() {
+    let body = HEADER
+        .split("struct CuarenaTable {")
+        .nth(1)
+        .and_then(|rest| rest.split("};").next())
+        .expect("cuarena.cuh defines struct CuarenaTable");
+    let decls: Vec<String> = body
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(
+        decls,
+        [
+            "unsigned long long base;",
+            "const CuarenaEntry* table;",
+            "unsigned int slots;",
+            "unsigned int pad;",
+        ]
+    );
+    let offsets = [
+        offset_of!(HandleArgs, base),
+        offset_of!(HandleArgs, table),
+        offset_of!(HandleArgs, slots),
+        offset_of!(HandleArgs, pad),
+    ];
+    assert_eq!(offsets, [0, 8, 16, 20]);
+    assert_eq!((size_of::<HandleArgs>(), align_of::<HandleArgs>()), (24, 8));
 }

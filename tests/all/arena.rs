@@ -455,6 +455,19 @@ fn targeted(cap: u64) -> Arena {
     Arena::host(ArenaConfig::new(cap).with_compaction(CompactionPolicy::Targeted)).expect("arena")
 }
 
+/// Configurations that place every block from the bottom: the targeted
+/// policy with large-block placement off, and the manual and automatic
+/// policies (which place as naive does).
+fn bottom_placing(cap: u64) -> [ArenaConfig; 3] {
+    [
+        ArenaConfig::new(cap)
+            .with_compaction(CompactionPolicy::Targeted)
+            .with_large_block_divisor(0),
+        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
+        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Auto),
+    ]
+}
+
 /// Under the targeted policy, large blocks (at least capacity /
 /// `large_block_divisor`) are carved from the top of their free region, in
 /// an empty arena from its end down, and smaller ones from the bottom; with
@@ -483,13 +496,7 @@ fn large_blocks_stack_from_the_top() {
     }
     let big = b.alloc(cap / 16).expect("large");
     assert_eq!(b.info(big).unwrap().offset, 72 * KIB - cap / 16);
-    for config in [
-        ArenaConfig::new(cap)
-            .with_compaction(CompactionPolicy::Targeted)
-            .with_large_block_divisor(0),
-        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
-        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Auto),
-    ] {
+    for config in bottom_placing(cap) {
         let mut a = Arena::host(config).expect("arena");
         let big = a.alloc(cap / 32).expect("large");
         assert_eq!(a.info(big).unwrap().offset, 0);
@@ -531,13 +538,7 @@ fn long_lived_sizes_join_the_large_blocks_at_the_top() {
     a.forget_lifetimes();
     let long = a.alloc(12 * KIB).expect("long");
     assert_eq!(a.info(long).unwrap().offset, 13 * KIB);
-    for config in [
-        ArenaConfig::new(cap)
-            .with_compaction(CompactionPolicy::Targeted)
-            .with_large_block_divisor(0),
-        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual),
-        ArenaConfig::new(cap).with_compaction(CompactionPolicy::Auto),
-    ] {
+    for config in bottom_placing(cap) {
         let mut a = Arena::host(config).expect("arena");
         let _keep = teach(&mut a);
         let long = a.alloc(12 * KIB).expect("long");

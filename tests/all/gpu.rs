@@ -23,9 +23,9 @@ mod moves;
 use std::sync::Arc;
 
 use crate::gpu_skip::gpu_available;
+use crate::support::{env_u64, load_kernels, TESTING_CU};
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::cuda::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
-use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::{Arena, ArenaConfig, Error, Handle};
 
@@ -33,26 +33,10 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(default)
-}
-
-/// `kernels/testing.cu` (with `cuarena.cuh` pasted in) loaded for `backend`.
+/// The kernels of `tests/kernels/testing.cu`, loaded for `backend`.
 fn test_module(backend: &CudaBackend) -> Arc<CudaModule> {
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={}", backend.arch())],
-        ..Default::default()
-    };
-    let src = include_str!("../../kernels/testing.cu").replacen(
-        "#include \"cuarena.cuh\"",
-        include_str!("../../kernels/cuarena.cuh"),
-        1,
-    );
-    let ptx = compile_ptx_with_opts(src, opts).expect("kernels/testing.cu compiles");
-    backend.context().load_module(ptx).expect("module loads")
+    load_kernels(backend, "tests/kernels/testing.cu", TESTING_CU)
+        .unwrap_or_else(|e| panic!("tests/kernels/testing.cu: {e}"))
 }
 
 // ---- the arena on CUDA ------------------------------------------------------
@@ -427,8 +411,8 @@ fn random_arena_programs_keep_every_byte_on_cuda() {
     if !gpu_available() {
         return;
     }
-    let programs = env_u64("CUARENA_GPU_PROGRAMS", 4000);
-    let threads = env_u64("CUARENA_GPU_THREADS", 4).max(1);
+    let programs = env_u64("CUARENA_GPU_PROGRAMS").unwrap_or(4000);
+    let threads = env_u64("CUARENA_GPU_THREADS").unwrap_or(4).max(1);
     // Keep the primary context alive between programs.
     let _context = CudaContext::new(0).expect("context");
     let t0 = std::time::Instant::now();

@@ -14,10 +14,10 @@
 use std::sync::Arc;
 
 use crate::gpu_skip::gpu_available;
+use crate::support::{load_kernels, GRAPH_TEST_CU};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, LaunchConfig, PushKernelArg,
 };
-use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::graph::{self, ArenaGraph};
 use cuarena::{Arena, ArenaConfig, Error, Handle};
@@ -27,7 +27,7 @@ const MIB: u64 = 1 << 20;
 /// Elements of each tensor of the graph (256 KiB of f32).
 const N: usize = 1 << 16;
 
-/// The kernels of `kernels/graph_test.cu`.
+/// The kernels of `tests/kernels/graph_test.cu`.
 struct Kernels {
     _module: Arc<CudaModule>,
     raw_add: CudaFunction,
@@ -40,21 +40,12 @@ struct Kernels {
 
 impl Kernels {
     fn load(arena: &Arena<CudaBackend>) -> Kernels {
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture={}", arena.backend().arch())],
-            ..Default::default()
-        };
-        let src = include_str!("../../kernels/graph_test.cu").replacen(
-            "#include \"cuarena.cuh\"",
-            include_str!("../../kernels/cuarena.cuh"),
-            1,
-        );
-        let ptx = compile_ptx_with_opts(src, opts).expect("kernels/graph_test.cu compiles");
-        let module = arena
-            .backend()
-            .context()
-            .load_module(ptx)
-            .expect("module loads");
+        let module = load_kernels(
+            arena.backend(),
+            "tests/kernels/graph_test.cu",
+            GRAPH_TEST_CU,
+        )
+        .unwrap_or_else(|e| panic!("tests/kernels/graph_test.cu: {e}"));
         let f = |name: &str| module.load_function(name).expect(name);
         Kernels {
             raw_add: f("raw_add"),

@@ -16,16 +16,13 @@
 //! generating and comparing bytes and replaying on the host model).
 
 use crate::gpu_skip::gpu_available;
+use crate::support::env_u64;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::{Arena, ArenaConfig, Error, Handle, Stats};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
-}
 
 /// The configuration of program `seed`: region sizes from 64 KiB to 2 MiB,
 /// mostly 256 B alignment (some at 1, 4 and 16 B, for unaligned copies),

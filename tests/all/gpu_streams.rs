@@ -11,13 +11,13 @@
 use std::sync::Arc;
 
 use crate::gpu_skip::gpu_available;
+use crate::support::{load_kernels, mv, plan_of, Rng};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
-use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
-use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::plan::Plan;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Storage, StreamId};
 
 const KIB: u64 = 1 << 10;
@@ -58,16 +58,8 @@ struct Kernels {
 }
 
 fn kernels(arena: &Arena<CudaBackend>) -> Kernels {
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={}", arena.backend().arch())],
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(KERNELS, opts).expect("test kernels compile");
-    let module = arena
-        .backend()
-        .context()
-        .load_module(ptx)
-        .expect("module loads");
+    let module = load_kernels(arena.backend(), "gpu_streams.rs", KERNELS)
+        .unwrap_or_else(|e| panic!("the kernels of gpu_streams.rs: {e}"));
     let f = |name: &str| module.load_function(name).expect(name);
     Kernels {
         gen: f("gen"),
@@ -98,17 +90,6 @@ fn model(n: usize, seed: u32, s: f32) -> Vec<f32> {
         .collect()
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 fn new_stream(arena: &Arena<CudaBackend>) -> Arc<CudaStream> {
     arena.stream().context().new_stream().expect("stream")
 }
@@ -127,7 +108,7 @@ fn three_streams_with_compactions_between_launches_match_a_host_model() {
     assert_eq!((a.index(), b.index(), c.index()), (1, 2, 3));
     assert_eq!(arena.backend().stream_count(), 4);
     let spin = 2_000_000i64; // ~1 ms per launch: the arena stream runs ahead
-    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    let mut rng = Rng::new(0x5EED_1234_ABCD_0001);
     let mut kept: Vec<(Storage, Vec<f32>)> = Vec::new();
     let mut moved = 0u64;
     for iter in 0..40u32 {
@@ -300,15 +281,11 @@ fn kernel_args_order_a_second_stream_and_views_for_the_wrong_stream_go_wrong() {
 }
 
 /// One wave breaking rule 3: move 0 writes over the source of move 1.
-fn bad_plan(m: &dyn Fn(u64, u64, u64) -> Move) -> Plan {
-    let mut p = Plan::empty(PlanKind::Full);
-    p.waves.push(Wave {
-        moves: vec![
-            m(0, 150 * KIB, 100 * KIB),
-            m(200 * KIB, 400 * KIB, 100 * KIB),
-        ],
-    });
-    p
+fn bad_plan() -> Plan {
+    plan_of(vec![vec![
+        mv(0, 150 * KIB, 100 * KIB),
+        mv(200 * KIB, 400 * KIB, 100 * KIB),
+    ]])
 }
 
 #[test]
@@ -318,13 +295,7 @@ fn a_device_fault_poisons_the_arena() {
     }
     let mut b = CudaBackend::new(0, 4 * MIB).expect("backend");
     // Rule 3 broken: move 0 writes over the source of move 1.
-    let m = |src: u64, dst: u64, len: u64| Move {
-        key: 0,
-        src,
-        dst,
-        len,
-    };
-    let bad = bad_plan(&m);
+    let bad = bad_plan();
     b.execute(&bad).expect("host checks pass");
     assert!(matches!(b.synchronize(), Err(Error::DeviceFault { .. })));
     let mut arena = Arena::with_backend(ArenaConfig::new(4 * MIB), b).expect("arena");
@@ -356,12 +327,7 @@ fn a_fault_found_by_synchronize_poisons_the_arena() {
         return;
     }
     let mut b = CudaBackend::new(0, 4 * MIB).expect("backend");
-    let bad = bad_plan(&|src, dst, len| Move {
-        key: 0,
-        src,
-        dst,
-        len,
-    });
+    let bad = bad_plan();
     b.execute(&bad).expect("host checks pass");
     let mut arena = Arena::with_backend(ArenaConfig::new(4 * MIB), b).expect("arena");
     assert!(matches!(

@@ -2,7 +2,8 @@
 //! Modules that need the CUDA backend are compiled only with it, so
 //! `cargo test -p cuarena --no-default-features` runs the host-only core's.
 //! The trace readers', replays' and the command's tests live with their
-//! crates (`crates/cuarena-trace`, `crates/cuarena-cli`).
+//! crates (`crates/cuarena-trace`, `crates/cuarena-cli`). What the modules
+//! share with each other and with the benches is in `tests/support`.
 #[cfg(feature = "cuda")]
 mod abi;
 mod arena;
@@ -24,4 +25,6 @@ mod nccl;
 mod pins;
 mod shared;
 mod spill;
+#[path = "../support/mod.rs"]
+mod support;
 mod threads;

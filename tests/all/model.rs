@@ -21,6 +21,7 @@ mod storage;
 pub(crate) use driver::Model;
 pub(crate) use ops::Op;
 
+use crate::support::Rng;
 use cuarena::backend::Backend;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error};
 use ops::{gen_huge_op, gen_op};
@@ -36,9 +37,9 @@ pub(crate) fn run_random_program<B: Backend>(arena: &mut Arena<B>, seed: u64, st
 }
 
 fn run_random_program_on<B: Backend>(mut model: Model<'_, B>, seed: u64, steps: usize, cap: u64) {
-    let mut r = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut rng = Rng::new(seed);
     for step in 0..steps {
-        let op = gen_op(&mut r, cap);
+        let op = gen_op(&mut rng, cap);
         model.step(&op, step);
     }
     model.finish(steps);
@@ -68,9 +69,9 @@ fn metadata_arenas_near_two_to_the_64() {
             let failed_before = arena.stats().failed_allocs;
             {
                 let mut model = Model::new(&mut arena, false);
-                let mut r = (seed * 31 + i as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+                let mut rng = Rng::new(seed * 31 + i as u64);
                 for step in 0..300 {
-                    let op = gen_huge_op(&mut r, cap);
+                    let op = gen_huge_op(&mut rng, cap);
                     model.step(&op, step);
                 }
             }
@@ -276,13 +277,8 @@ fn seeded_policy_programs_on_the_metadata_backend() {
             .with_alignment_bytes(256)
             .with_compaction(CompactionPolicy::Targeted);
         let mut arena = Arena::metadata(config).expect("arena");
-        let mut r = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-        let mut next = || {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
-            r
-        };
+        let mut rng = Rng::new(seed);
+        let mut next = || rng.next();
         let ops: Vec<Op> = (0..4000)
             .map(|_| match next() % 100 {
                 0..=39 => Op::Alloc {

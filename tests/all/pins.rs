@@ -6,6 +6,7 @@
 //! claims, and the misses of its approximation (first fit decreasing into
 //! the other gaps) are counted.
 
+use crate::support::Rng;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
 
 const SLOT: u64 = 256;
@@ -95,13 +96,8 @@ fn optimum(a: &Arena, slots: u64) -> u64 {
 
 #[test]
 fn requests_between_pins_against_the_best_layout() {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut rnd = move || rng.next();
     let slots = 24;
     let (mut cases, mut misses, mut claimed) = (0, 0, 0);
     for _ in 0..300 {

@@ -2,20 +2,9 @@
 //! three times the region, every tensor's bytes verified; and the errors
 //! when even spilling cannot help.
 
+use crate::support::{bytes, Rng};
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::{Arena, ArenaConfig, Error, Handle};
-
-fn bytes(seed: u64, len: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A random program over an arena of `cap` with a host tier of `3 * cap`;
 /// returns the stats at the end. Panics on any lost byte.
@@ -26,13 +15,8 @@ pub(crate) fn run_spill_program<B: Backend>(
 ) -> cuarena::Stats {
     let cap = arena.config().capacity_bytes;
     let mut live: Vec<(Handle, Vec<u8>, u32)> = Vec::new();
-    let mut x = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = Rng::new(seed);
+    let mut next = move || rng.next();
     for step in 0..steps {
         let live_bytes: u64 = live.iter().map(|l| l.1.len() as u64).sum();
         match next() % 10 {
@@ -342,13 +326,8 @@ fn failed_spilling_allocs_change_nothing_in_random_programs() {
         let mut a =
             Arena::host(ArenaConfig::new(cap).with_spill_host_bytes(cap / 2)).expect("arena");
         let mut live: Vec<(Handle, Vec<u8>)> = Vec::new();
-        let mut x = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = Rng::new(seed);
+        let mut next = move || rng.next();
         for step in 0..300 {
             if next() % 3 == 0 && !live.is_empty() {
                 let i = (next() % live.len() as u64) as usize;

@@ -10,31 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use crate::support::Rng;
 use cuarena::{ArenaConfig, Error, Handle, SharedArena, Storage, StorageSlice};
 
 const WORKERS: usize = 8;
 const STEPS: usize = 3000;
 const CAPACITY: u64 = 192 << 10;
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 /// A storage a worker holds, with its extra owners and the bytes it must
 /// have. Typed storages hold `u32`s; untyped ones bytes.

@@ -5,13 +5,17 @@
 //! only until the next compaction moves its blocks, and a CUDA graph bakes
 //! its kernels' arguments in at capture. A kernel that takes **handles**
 //! instead, and resolves them on the device through the arena's handle
-//! table (`kernels/cuarena.cuh`), finds every block wherever it is at that
+//! table (the header `cuarena.cuh`), finds every block wherever it is at that
 //! point of the arena stream: every compaction enqueues the table's new
 //! offsets on the arena stream right after its moves, so a graph captured
 //! once can be replayed before and after any number of compactions.
 //!
 //! # The pieces
 //!
+//! - [`compile`](crate::backend::cuda::compile): NVRTC for your kernels,
+//!   which `#include "cuarena.cuh"` by name
+//!   ([`CUARENA_CUH`](crate::backend::cuda::CUARENA_CUH) is its text) for
+//!   `CuarenaTable` and the resolves `cuarena_at` / `cuarena_at_checked`.
 //! - [`HandleArgs`] ([`handle_args`]): the region's base, the table's address and its slot
 //!   count, passed by value as one `CuarenaTable` kernel argument.
 //! - [`DeviceHandle`]: a handle as the `u64` a kernel takes

@@ -1,35 +1,37 @@
-//! The CUDA C sources of `kernels/`, compiled at run time with NVRTC.
-//!
-//! The sources are embedded in the crate with `include_str!`; they are
-//! compiled for the device's own architecture (`sm_XY` from its compute
-//! capability) straight to machine code (CUBIN, so the driver has no PTX to
-//! JIT when a module loads), once per process and set of options: every
-//! later backend (tests and benches make many) only loads the cached image.
+//! The move kernels of `kernels/`, compiled at run time with NVRTC
+//! ([`nvrtc::build`]) for the device's own architecture (`sm_XY` from its
+//! compute capability) and the tile shape of the options, loaded into a
+//! backend's context, and how they launch there.
 
-use std::ffi::{c_char, CStr, CString};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
+use cudarc::nvrtc::Ptx;
 
+use super::nvrtc::{self, Header};
 use super::{driver_err, CudaOptions, MoveKernelInfo};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-/// Name used in [`Error::Nvrtc`] for the move kernels.
-pub(crate) const MOVES_SOURCE_NAME: &str = "kernels/moves.cu";
-const MOVES_HEADER: &str = include_str!("../../../kernels/moves.h");
-const MOVES_SOURCE: &str = include_str!("../../../kernels/moves.cu");
-const BULK_SOURCE: &str = include_str!("../../../kernels/bulk.cu");
+/// Name of the move kernels' program, in NVRTC's log and in
+/// [`Error::Nvrtc`](crate::Error::Nvrtc) (no directory: NVRTC finds the
+/// files it includes among the headers it is given).
+const MOVES_NAME: &str = "cuarena_moves.cu";
 
-/// The move kernels' source with `moves.h` pasted in (NVRTC sees no
-/// files), followed by the bulk kernel (which uses moves.cu's helpers).
-pub(crate) fn moves_source() -> String {
-    let mut s = MOVES_SOURCE.replacen("#include \"moves.h\"", MOVES_HEADER, 1);
-    s.push('\n');
-    s.push_str(BULK_SOURCE);
-    s
-}
+/// The move kernels' translation unit: the register kernel, then the bulk
+/// kernel, which uses its helpers.
+const MOVES_UNIT: &str = "#include \"moves.cu\"\n#include \"bulk.cu\"\n";
+
+/// The kernels' shared definitions (the records and arguments the host
+/// mirrors).
+pub(super) const MOVES_H: &str = include_str!("../../../kernels/moves.h");
+
+/// What [`MOVES_UNIT`] includes, by name.
+const MOVES_HEADERS: &[Header] = &[
+    ("moves.h", MOVES_H),
+    ("moves.cu", include_str!("../../../kernels/moves.cu")),
+    ("bulk.cu", include_str!("../../../kernels/bulk.cu")),
+];
 
 /// Loaded move kernels of one backend.
 #[derive(Debug)]
@@ -48,62 +50,6 @@ pub(crate) struct MoveKernels {
     pub(crate) settle: CudaFunction,
 }
 
-type ImageCache = Mutex<Vec<(String, Vec<u8>)>>;
-
-fn image_cache() -> &'static ImageCache {
-    static CACHE: OnceLock<ImageCache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-fn nvrtc_error(log: String) -> Error {
-    Error::Nvrtc {
-        source_name: MOVES_SOURCE_NAME,
-        log,
-    }
-}
-
-/// Compiles `source` with `options` to a CUBIN image.
-fn compile_cubin(source: &str, options: &[String]) -> Result<Vec<u8>> {
-    let src =
-        CString::new(source).map_err(|_| nvrtc_error("source holds a NUL byte".to_string()))?;
-    let prog = nvrtc::create_program(&src, Some(c"moves.cu"))
-        .map_err(|e| nvrtc_error(format!("nvrtcCreateProgram: {e:?}")))?;
-    // SAFETY: `prog` is a live program (created above, destroyed below,
-    // once); `src` outlives it. The size and buffer calls follow NVRTC's
-    // protocol: ask the size, then fill a buffer of exactly that size.
-    let out = unsafe {
-        let compiled = nvrtc::compile_program(prog, options);
-        let result = match compiled {
-            Err(e) => {
-                let log = nvrtc::get_program_log(prog)
-                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                Err(nvrtc_error(format!(
-                    "{e:?} with options {options:?}:\n{log}"
-                )))
-            }
-            Ok(()) => {
-                let mut size = 0usize;
-                let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
-                if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                    Err(nvrtc_error(format!("nvrtcGetCUBINSize: {r:?}")))
-                } else {
-                    let mut image = vec![0u8; size];
-                    let r = nvrtc_sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast::<c_char>());
-                    if r == nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                        Ok(image)
-                    } else {
-                        Err(nvrtc_error(format!("nvrtcGetCUBIN: {r:?}")))
-                    }
-                }
-            }
-        };
-        let _ = nvrtc::destroy_program(prog);
-        result
-    };
-    out
-}
-
 /// Compiles (or takes from the cache) the move kernels for `arch` (`sm_90`)
 /// with `options`, and loads them into `ctx`.
 pub(crate) fn load_move_kernels(
@@ -111,33 +57,14 @@ pub(crate) fn load_move_kernels(
     arch: &str,
     options: &CudaOptions,
 ) -> Result<MoveKernels> {
-    let flags = vec![
+    let flags = [
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "-lineinfo".to_string(),
         format!("-DCUARENA_THREADS={}", options.threads_per_cta),
         format!("-DCUARENA_VPT={}", options.vectors_per_thread),
     ];
-    let key = flags.join(" ");
-    let cached = {
-        let cache = image_cache().lock().map_err(|_| {
-            nvrtc_error("kernel cache lock poisoned by a panic elsewhere".to_string())
-        })?;
-        cache
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, p)| p.clone())
-    };
-    let image = match cached {
-        Some(image) => image,
-        None => {
-            let image = compile_cubin(&moves_source(), &flags)?;
-            if let Ok(mut cache) = image_cache().lock() {
-                cache.push((key, image.clone()));
-            }
-            image
-        }
-    };
+    let image = nvrtc::build(MOVES_NAME, MOVES_UNIT, MOVES_HEADERS, &flags)?;
     let module = ctx
         .load_module(Ptx::from_binary(image))
         .map_err(driver_err("cuModuleLoadData"))?;

@@ -1,7 +1,8 @@
-//! Launching kernels that take handles (`kernels/cuarena.cuh`): the table
-//! argument, handles as kernel arguments, and the launch itself. The arena
-//! side (`cuarena::graph`) decides which handles and table to pass; the
-//! `unsafe` launch lives here, with the driver.
+//! Launching kernels that take handles (`cuarena.cuh`,
+//! [`CUARENA_CUH`](super::CUARENA_CUH)): the table argument, handles as
+//! kernel arguments, and the launch itself. The arena side
+//! (`cuarena::graph`) decides which handles and table to pass; the `unsafe`
+//! launch lives here, with the driver.
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -10,7 +11,8 @@ use crate::error::Result;
 use crate::handle::Handle;
 
 /// The handle table as one kernel argument: mirrors `struct CuarenaTable`
-/// of `kernels/cuarena.cuh` field for field (24 bytes, 8-aligned).
+/// of `cuarena.cuh` ([`CUARENA_CUH`](super::CUARENA_CUH)) field for field
+/// (24 bytes, 8-aligned).
 ///
 /// Resolve on the device with `cuarena_at(t, handle)` (unchecked) or
 /// `cuarena_at_checked(t, handle, bytes)` (stale, freed, spilled or too
@@ -48,7 +50,7 @@ impl From<Handle> for DeviceHandle {
 }
 
 /// Launches `func` on `stream` as `func(table, handles[0], ..,
-/// handles[N-1], *params)`: the kernel form of `kernels/cuarena.cuh`
+/// handles[N-1], *params)`: the kernel form of `cuarena.cuh`
 /// (`CuarenaTable`, one `u64` per handle, one by-value parameter; pack
 /// several scalars in a `#[repr(C)]` struct that implements
 /// [`DeviceRepr`]). Nothing is tracked: no cudarc events are waited for or

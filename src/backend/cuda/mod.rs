@@ -99,11 +99,13 @@ mod launch;
 mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod nvrtc;
 mod options;
 mod pool;
 mod scratch;
 mod stage;
 mod streams;
+mod transfers;
 mod view;
 mod wave;
 
@@ -111,6 +113,7 @@ mod wave;
 /// types match).
 pub use cudarc;
 pub use launch::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
+pub use nvrtc::{compile, CUARENA_CUH};
 pub use options::{CudaOptions, LargeMoves, MoveKernelInfo};
 pub use view::{ArenaView, ArenaViewMut, IoViews, ViewSet};
 

@@ -1,22 +1,20 @@
-//! Plan execution: the `Backend` implementation (transfers, spills, table
-//! uploads, waves of moves) and the launches of the move kernels.
+//! Plan execution: scratch sizing, staging the waves of a plan chunk by
+//! chunk, the launches of the move kernels, and the error word they
+//! report. The rest of the `Backend` implementation is in `transfers`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{result, sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 
 use super::buffers::Blocked;
 use super::pool::Pool;
 use super::scratch::Staging;
 use super::wave::WaveArgs;
 use super::{driver_err, stage, CudaBackend, CTL_WORDS};
-use crate::backend::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
-use crate::handle::TableEntry;
 use crate::plan::Plan;
-use crate::stream::StreamId;
 
 /// Bit of the kernels' error word (`kernels/moves.h`) for a wait that timed
 /// out; the other bit (1) is a plan breaking rule 3.
@@ -139,7 +137,7 @@ impl CudaBackend {
 /// so far (the copies that read it): its event is recorded there. If that
 /// fails, waits for the stream (an error path, counted in `blocked`) and
 /// hands it back idle.
-fn hand_back(
+pub(super) fn hand_back(
     pool: &mut Pool<Staging>,
     staging: Staging,
     stream: &cudarc::driver::CudaStream,
@@ -158,272 +156,13 @@ fn hand_back(
     }
 }
 
-impl Backend for CudaBackend {
-    fn capacity_bytes(&self) -> u64 {
-        self.capacity_bytes
-    }
-
-    fn stream_count(&self) -> u32 {
-        self.registered_count()
-    }
-
-    /// An event recorded on `stream`, waited for by the arena stream.
-    fn wait_stream(&self, stream: StreamId) -> Result<()> {
-        self.arena_waits_for(stream)
-    }
-
-    /// An event recorded on the arena stream, waited for by `stream`.
-    fn join_arena(&self, stream: StreamId) -> Result<()> {
-        self.waits_for_arena(stream)
-    }
-
-    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        check_range(offset, bytes.len() as u64, self.capacity_bytes)?;
-        self.check_status(false)?;
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let (base, _record) = self.region.device_ptr_mut(&self.stream);
-        // SAFETY: the range lies in the region (checked above). From pageable
-        // memory the driver copies `bytes` into its staging area before it
-        // returns, so the slice may be dropped afterwards; the copy into the
-        // region is ordered on the arena stream.
-        unsafe { result::memcpy_htod_async(base + offset, bytes, self.stream.cu_stream()) }
-            .map_err(driver_err("cuMemcpyHtoDAsync"))
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        check_range(offset, out.len() as u64, self.capacity_bytes)?;
-        if !out.is_empty() {
-            self.ctx
-                .bind_to_thread()
-                .map_err(driver_err("cuCtxSetCurrent"))?;
-            let (base, record) = self.region.device_ptr(&self.stream);
-            // SAFETY: the range lies in the region (checked above); the
-            // stream is synchronised below before `out` is used again.
-            unsafe { result::memcpy_dtoh_async(out, base + offset, self.stream.cu_stream()) }
-                .map_err(driver_err("cuMemcpyDtoHAsync"))?;
-            drop(record);
-            self.stream
-                .synchronize()
-                .map_err(driver_err("cuStreamSynchronize"))?;
-        }
-        self.check_status(true)
-    }
-
-    fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
-        check_range(src, len, self.capacity_bytes)?;
-        check_range(dst, len, self.capacity_bytes)?;
-        check_disjoint(src, dst, len)?;
-        self.check_status(false)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let n = usize::try_from(len).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: len,
-            max_bytes: usize::MAX as u64,
-        })?;
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let (base, _record) = self.region.device_ptr_mut(&self.stream);
-        // SAFETY: both ranges lie in the region and do not overlap (checked
-        // above); the copy is ordered on the arena stream.
-        unsafe { result::memcpy_dtod_async(base + dst, base + src, n, self.stream.cu_stream()) }
-            .map_err(driver_err("cuMemcpyDtoDAsync"))
-    }
-
-    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes)?;
-        check_pattern(len, pattern)?;
-        self.check_status(false)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let too_big = |_| Error::ExceedsAddressSpace {
-            requested_bytes: len,
-            max_bytes: usize::MAX as u64,
-        };
-        // The widest memset whose unit the pattern repeats in, at an
-        // address aligned for it; a pattern that repeats in no unit of 4
-        // bytes or less goes through `fill_staged`.
-        let address = self.region_ptr + offset;
-        let unit = [4usize, 2, 1].into_iter().find(|&u| {
-            pattern.len() % u == 0
-                && address % u as u64 == 0
-                && len % u as u64 == 0
-                && pattern.chunks_exact(u).all(|c| c == &pattern[..u])
-        });
-        let Some(unit) = unit else {
-            return self.fill_staged(offset, len, pattern);
-        };
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let (base, _record) = self.region.device_ptr_mut(&self.stream);
-        let dst = base + offset;
-        let stream = self.stream.cu_stream();
-        // For all three: `len` bytes at `dst` lie in the region (checked
-        // above), `dst` is aligned for the unit, and the memset is ordered on
-        // the arena stream.
-        let r = match unit {
-            4 => {
-                let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
-                let n = usize::try_from(len / 4).map_err(too_big)?;
-                // SAFETY: as above, 4-byte units.
-                unsafe { sys::cuMemsetD32Async(dst, v, n, stream) }.result()
-            }
-            2 => {
-                let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
-                let n = usize::try_from(len / 2).map_err(too_big)?;
-                // SAFETY: as above, 2-byte units.
-                unsafe { sys::cuMemsetD16Async(dst, v, n, stream) }.result()
-            }
-            _ => {
-                let n = usize::try_from(len).map_err(too_big)?;
-                // SAFETY: as above, bytes.
-                unsafe { result::memset_d8_async(dst, pattern[0], n, stream) }
-            }
-        };
-        r.map_err(driver_err("cuMemsetAsync"))
-    }
-
-    fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
-        let words = usize::try_from(bytes.div_ceil(8)).map_err(|_| Error::TooLarge {
-            requested_bytes: bytes,
-            capacity_bytes: usize::MAX as u64,
-        })?;
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        // Copies from an older tier may still be in flight.
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
-        self.scratch.host_tier.release();
-        self.scratch.host_tier.reserve(words)?;
-        self.scratch.host_tier_bytes = bytes;
-        Ok(())
-    }
-
-    fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes)?;
-        check_range(host_offset, len, self.scratch.host_tier_bytes)?;
-        if len == 0 {
-            return Ok(());
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let (base, _record) = self.region.device_ptr(&self.stream);
-        let tier: &mut [u8] = bytemuck::cast_slice_mut(self.scratch.host_tier.as_mut_slice());
-        let (h, l) = (host_offset as usize, len as usize);
-        // SAFETY: both ranges were checked above; the tier is page-locked
-        // memory owned by the backend that the host never reads or writes
-        // (only stream-ordered copies touch it, and Drop waits for them),
-        // so the asynchronous copy cannot race with the host.
-        unsafe {
-            result::memcpy_dtoh_async(&mut tier[h..h + l], base + offset, self.stream.cu_stream())
-        }
-        .map_err(driver_err("cuMemcpyDtoHAsync"))
-    }
-
-    fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes)?;
-        check_range(host_offset, len, self.scratch.host_tier_bytes)?;
-        if len == 0 {
-            return Ok(());
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let (base, _record) = self.region.device_ptr_mut(&self.stream);
-        let tier: &[u8] = bytemuck::cast_slice(self.scratch.host_tier.as_mut_slice());
-        let (h, l) = (host_offset as usize, len as usize);
-        // SAFETY: as in `spill`; the copy reads the tier in stream order
-        // after the spill that filled it.
-        unsafe {
-            result::memcpy_htod_async(base + offset, &tier[h..h + l], self.stream.cu_stream())
-        }
-        .map_err(driver_err("cuMemcpyHtoDAsync"))
-    }
-
-    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
-        let t = Instant::now();
-        let r = self.sync_table_now(entries, first);
-        self.scratch.counters.staging += t.elapsed();
-        r
-    }
-
-    fn execute(&mut self, plan: &Plan) -> Result<()> {
-        let t = Instant::now();
-        let r = self.execute_now(plan);
-        self.scratch.counters.staging += t.elapsed();
-        r
-    }
-}
-
 impl CudaBackend {
-    /// [`Backend::sync_table`]: the entries go through a page-locked
-    /// buffer that no queued upload reads (from a pool, never waited for)
-    /// and up in the order of the arena stream, after the moves that
-    /// produced their offsets.
-    fn sync_table_now(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let slots = first
-            .checked_add(entries.len())
-            .ok_or_else(|| Error::TableOverflow {
-                requested_slots: (first as u64).saturating_add(entries.len() as u64),
-                max_slots: usize::MAX as u64,
-            })?;
-        self.reserve_table(slots)?;
-        let bytes: &[u8] = bytemuck::cast_slice(entries);
-        let words = bytes.len().div_ceil(8);
-        let ctx = Arc::clone(&self.ctx);
-        let mut staging = self
-            .scratch
-            .table_staging
-            .take(words, |w| Staging::new(&ctx, w))?;
-        let staged =
-            &mut bytemuck::cast_slice_mut::<u64, u8>(staging.buf.as_mut_slice())[..bytes.len()];
-        staged.copy_from_slice(bytes);
-        let entry = std::mem::size_of::<TableEntry>();
-        // SAFETY: the table holds `slots` entries (reserved above); the
-        // source is page-locked staging that no queued copy reads (the
-        // pool hands out only buffers whose event completed) and that the
-        // host does not touch again before `staging.done`, recorded right
-        // after on the same stream, completes. The copy is ordered on the
-        // arena stream after the moves that produced these offsets.
-        let copied = unsafe {
-            result::memcpy_htod_async(
-                self.scratch.table.ptr + (first * entry) as u64,
-                &*staged,
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(driver_err("cuMemcpyHtoDAsync"));
-        let stream = Arc::clone(&self.stream);
-        let back = hand_back(
-            &mut self.scratch.table_staging,
-            staging,
-            &stream,
-            &mut self.scratch.counters.blocked,
-        );
-        copied?;
-        back
-    }
-
     /// [`Backend::execute`]: never waits for the device. The plan's
     /// records are staged in a page-locked buffer that no queued upload
     /// reads (from a pool: buffers still read by the uploads of earlier
     /// plans, queued behind whatever the streams hold, are replaced, not
     /// waited for), and device scratch that must grow grows in stream order.
-    fn execute_now(&mut self, plan: &Plan) -> Result<()> {
+    pub(super) fn execute_now(&mut self, plan: &Plan) -> Result<()> {
         self.check_status(false)?;
         if plan.is_empty() {
             return Ok(());
@@ -643,10 +382,10 @@ impl CudaBackend {
                     n_moves: len as u32,
                     n_tiles: tiles,
                     epoch,
-                    pad: 0,
+                    bulk_stages: 0,
                     side: self.scratch.side.ptr,
                     side_cap,
-                    pad2: 0,
+                    pad: 0,
                 };
                 self.launch_chunk(&args, large, prep_cap, q)?;
                 let host_ns = host_start.elapsed().saturating_sub(grow_time).as_nanos();
@@ -671,10 +410,10 @@ impl CudaBackend {
                     n_moves: n as u32,
                     n_tiles: 0,
                     epoch: self.scratch.epoch,
-                    pad: 0,
+                    bulk_stages: 0,
                     side: 0,
                     side_cap: 0,
-                    pad2: 0,
+                    pad: 0,
                 };
                 let cfg = LaunchConfig {
                     grid_dim: ((n as u32).div_ceil(256).clamp(1, prep_cap), 1, 1),
@@ -689,28 +428,6 @@ impl CudaBackend {
                 unsafe { check.launch(cfg) }
                     .map_err(driver_err("cuLaunchKernel(cuarena_check)"))?;
             }
-        }
-        Ok(())
-    }
-
-    /// Fills `len` bytes at `offset` with a pattern of 8 or 16 bytes that no
-    /// memset unit repeats, by uploading it from the host in chunks of at
-    /// most 4 MiB (pageable uploads are staged by the driver before the call
-    /// returns). Correct for every pattern, at upload bandwidth.
-    fn fill_staged(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
-        const CHUNK: u64 = 4 << 20;
-        let chunk = CHUNK.min(len) as usize / pattern.len() * pattern.len();
-        let buf: Vec<u8> = pattern
-            .iter()
-            .copied()
-            .cycle()
-            .take(chunk.max(pattern.len()))
-            .collect();
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(buf.len() as u64) as usize;
-            self.write(offset + done, &buf[..n])?;
-            done += n as u64;
         }
         Ok(())
     }

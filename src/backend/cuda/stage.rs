@@ -325,23 +325,17 @@ fn first_error(
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernels::MOVES_H;
+    use super::super::wave::tests::{c_fields, rust_fields};
     use super::*;
-    use crate::plan::{Move, PlanKind, Wave};
-
-    fn mv(src: u64, dst: u64, len: u64) -> Move {
-        Move {
-            key: src,
-            src,
-            dst,
-            len,
-        }
-    }
+    use crate::plan::tests::mv;
+    use crate::plan::{PlanKind, Wave};
 
     /// The bounds mirror the kernels' header, and only small slides down
     /// count.
     #[test]
     fn side_bytes_bound_small_slides_only() {
-        let header = include_str!("../../../kernels/moves.h");
+        let header = MOVES_H;
         for (name, value) in [
             ("CUARENA_DEFER_MAX", DEFER_MAX),
             ("CUARENA_DEFER_RATIO", DEFER_RATIO),
@@ -469,8 +463,10 @@ mod tests {
         assert_eq!(tiles, vec![4]);
         // The kernels' record is 32 bytes: src, dst, len, tile_base, pad.
         assert_eq!(std::mem::size_of::<MoveRec>(), 32);
-        let header = include_str!("../../../kernels/moves.h");
-        assert!(header.contains("struct MoveRec {\n    u64 src;"));
+        assert_eq!(
+            c_fields(MOVES_H, "MoveRec"),
+            rust_fields!(MoveRec: src, dst, len, tile_base, pad)
+        );
     }
 
     #[test]

@@ -20,10 +20,11 @@ pub(super) struct WaveArgs {
     pub(super) n_moves: u32,
     pub(super) n_tiles: u32,
     pub(super) epoch: u32,
-    pub(super) pad: u32,
+    /// Tiles in flight per CTA of `cuarena_move_bulk` (0 for the others).
+    pub(super) bulk_stages: u32,
     pub(super) side: u64,
     pub(super) side_cap: u32,
-    pub(super) pad2: u32,
+    pub(super) pad: u32,
 }
 
 // SAFETY: `WaveArgs` is `#[repr(C)]`, made of u64/u32 only, with the same
@@ -78,9 +79,8 @@ impl CudaBackend {
             block_dim: (set.threads_per_cta, 1, 1),
             shared_mem_bytes: info.shared_bytes,
         };
-        // The bulk kernel takes its stage count in the spare word.
         let args = &WaveArgs {
-            pad: info.bulk_stages,
+            bulk_stages: info.bulk_stages,
             ..*args
         };
         let kernels = &set.kernels;
@@ -117,7 +117,7 @@ impl CudaBackend {
         // most 15 bytes past a source, inside the allocation's slack), and
         // the prep kernel disabled waiting for any tile that breaks rule 3
         // (no hang). The bulk kernel's dynamic shared memory is what
-        // `move_launch` allowed it (`shared_bytes`), `pad` its stages.
+        // `move_launch` allowed it (`shared_bytes`), `bulk_stages` its stages.
         unsafe { mv.launch(move_cfg) }.map_err(driver_err("cuLaunchKernel(cuarena_move)"))?;
         if args.side_cap > 0 {
             // 16 threads per tile (`CUARENA_SETTLE_LANES`), 256 per CTA,
@@ -150,11 +150,54 @@ impl CudaBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// The fields of C struct `name` in `header` as `(field, offset)`,
+    /// laid out as the CUDA compiler does for the types the kernels' structs
+    /// use: `u32` of 4 bytes, `u64` and pointers of 8, each aligned to its
+    /// size.
+    pub(in crate::backend::cuda) fn c_fields(header: &str, name: &str) -> Vec<(String, usize)> {
+        let body = header
+            .split(&format!("struct {name} {{"))
+            .nth(1)
+            .and_then(|rest| rest.split("};").next())
+            .unwrap_or_else(|| panic!("the header defines struct {name}"));
+        let mut end = 0usize;
+        body.lines()
+            .map(|l| l.split("//").next().unwrap_or_default().trim())
+            .filter(|decl| !decl.is_empty())
+            .map(|decl| {
+                let (ty, field) = decl
+                    .trim_end_matches(';')
+                    .rsplit_once(' ')
+                    .unwrap_or_else(|| panic!("{name}: '{decl}' is not `type field;`"));
+                let size = match ty.trim() {
+                    "u32" => 4,
+                    "u64" => 8,
+                    t if t.ends_with('*') => 8,
+                    t => panic!("{name}: no size for type {t}"),
+                };
+                let offset = end.next_multiple_of(size);
+                end = offset + size;
+                (field.to_string(), offset)
+            })
+            .collect()
+    }
+
+    /// `(field, offset)` of each named field of a Rust struct.
+    macro_rules! rust_fields {
+        ($ty:ty: $($field:ident),*) => {
+            vec![$((stringify!($field).to_string(), std::mem::offset_of!($ty, $field))),*]
+        };
+    }
+    pub(in crate::backend::cuda) use rust_fields;
 
     #[test]
     fn wave_args_match_the_c_layout() {
+        let rust = rust_fields!(WaveArgs: base, moves, tiles, flags, ctl, n_moves, n_tiles,
+            epoch, bulk_stages, side, side_cap, pad);
+        assert_eq!(c_fields(super::super::kernels::MOVES_H, "WaveArgs"), rust);
         assert_eq!(std::mem::size_of::<WaveArgs>(), 72);
         assert_eq!(std::mem::align_of::<WaveArgs>(), 8);
     }

@@ -8,55 +8,21 @@ mod bad_plans;
 
 use std::sync::Arc;
 
-use super::{env_u64, test_module, GIB, KIB, MIB};
+use super::{test_module, GIB, KIB, MIB};
 use crate::gpu_skip::gpu_available;
+use crate::support::{bytes, env_u64, mv, plan_of, Rng};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
-use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::plan::Plan;
 
 fn max_block() -> u64 {
-    env_u64("CUARENA_GPU_MAX_BLOCK", 4 * GIB)
+    env_u64("CUARENA_GPU_MAX_BLOCK").unwrap_or(4 * GIB)
 }
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
-fn mv(src: u64, dst: u64, len: u64) -> Move {
-    Move {
-        key: src,
-        src,
-        dst,
-        len,
-    }
-}
-
-fn plan_of(waves: Vec<Vec<Move>>) -> Plan {
-    let mut p = Plan::empty(PlanKind::Full);
-    for moves in waves {
-        if !moves.is_empty() {
-            p.waves.push(Wave { moves });
-        }
-    }
-    p
-}
-
-/// The device pattern helpers of `kernels/testing.cu`.
+/// The device pattern helpers of `tests/kernels/testing.cu`.
 struct Checker {
     _module: Arc<CudaModule>,
     fill: CudaFunction,
@@ -229,8 +195,7 @@ fn check_against_host(backend: &mut CudaBackend, plan: &Plan, seed: u64, what: &
     plan.validate(backend.capacity_bytes())
         .unwrap_or_else(|e| panic!("{what}: test built an invalid plan: {e}"));
     let n = backend.capacity_bytes() as usize;
-    let mut rng = Rng(seed);
-    let mut host: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+    let mut host = bytes(seed, n as u64);
     backend.write(0, &host).expect("upload");
     backend.execute(plan).expect("execute");
     host_execute(&mut host, plan);
@@ -318,7 +283,7 @@ fn chains_of_adjacent_blocks_slide_down() {
     each_kernel(|options| {
         let cap_block = max_block().min(64 * MIB);
         let (mut b, c) = backend(4 * cap_block + 4 * MIB, options);
-        let mut rng = Rng(11);
+        let mut rng = Rng::new(11);
         for &(count, max_len, slide) in &[
             (2u64, 100 * KIB, 16u64),
             (50, 64 * KIB, 256),
@@ -437,7 +402,7 @@ fn random_waves_match_a_host_copy_at_every_alignment() {
     each_kernel(|options| {
         let capacity = 32 * MIB;
         let (mut b, _c) = backend(capacity, options);
-        let mut rng = Rng(2024);
+        let mut rng = Rng::new(2024);
         for round in 0..24u64 {
             let align = [1u64, 2, 4, 8, 16, 256][(round % 6) as usize];
             let max_len = [3 * KIB, 40 * KIB, 100 * KIB][(round / 6 % 3) as usize];
@@ -463,7 +428,7 @@ fn unaligned_offsets_and_lengths_match_a_host_copy() {
     each_kernel(|options| {
         let capacity = 8 * MIB;
         let (mut b, _c) = backend(capacity, options);
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         for round in 0..40u64 {
             // One move, arbitrary offsets and length, either sliding down over
             // itself or into disjoint space above.
@@ -499,7 +464,7 @@ fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
             100_000
         };
         for unit in [256u64, 1] {
-            let mut rng = Rng(5 + unit);
+            let mut rng = Rng::new(5 + unit);
             let mut moves = Vec::with_capacity(count);
             let (mut src, mut dst) = (0u64, 0u64);
             for _ in 0..count {
@@ -529,7 +494,7 @@ fn unaligned_moves_ending_at_the_region_end_match_a_host_copy() {
         return;
     }
     each_kernel(|options| {
-        let mut rng = Rng(31);
+        let mut rng = Rng::new(31);
         for round in 0..16u64 {
             let capacity = MIB + rng.range(0, 4095);
             let (mut b, _c) = backend(capacity, options);

@@ -45,15 +45,7 @@ pub(super) fn pattern(seed: u64, len: u64) -> Vec<u8> {
     if len > DATA_LIMIT {
         return Vec::new();
     }
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    crate::support::bytes(seed, len)
 }
 
 impl<'a, B: Backend> Model<'a, B> {

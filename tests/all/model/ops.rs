@@ -2,6 +2,8 @@
 //! random programs (the proptest strategies are beside their tests in
 //! `model.rs`).
 
+use crate::support::Rng;
+
 /// One step of a program. Indices pick a live block modulo the live count.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -104,13 +106,8 @@ pub(crate) enum Op {
 }
 
 /// A weighted random op over a small arena.
-pub(super) fn gen_op(r: &mut u64, cap: u64) -> Op {
-    let mut next = || {
-        *r ^= *r << 13;
-        *r ^= *r >> 7;
-        *r ^= *r << 17;
-        *r
-    };
+pub(super) fn gen_op(rng: &mut Rng, cap: u64) -> Op {
+    let mut next = || rng.next();
     let k = next() % 140;
     let idx = next() as usize;
     match k {
@@ -210,13 +207,8 @@ fn gen_storage_op(k: u64, idx: usize, next: &mut impl FnMut() -> u64) -> Op {
 
 /// A weighted random op over an arena near 2^64 B: sizes from bytes to
 /// 2^63, alignments up to the maximum, and the same bad input.
-pub(super) fn gen_huge_op(r: &mut u64, cap: u64) -> Op {
-    let mut next = || {
-        *r ^= *r << 13;
-        *r ^= *r >> 7;
-        *r ^= *r << 17;
-        *r
-    };
+pub(super) fn gen_huge_op(rng: &mut Rng, cap: u64) -> Op {
+    let mut next = || rng.next();
     let k = next() % 100;
     let idx = next() as usize;
     match k {

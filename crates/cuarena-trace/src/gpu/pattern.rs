@@ -9,25 +9,24 @@
 //! [`Arena<CudaBackend>`](cuarena::Arena#impl-Arena<CudaBackend>)), and are
 //! launched through addresses the arena itself resolved for a live block.
 //!
-//! The module is compiled once per process and architecture with NVRTC
-//! (to PTX, as `tests/all/gpu.rs` does) and loaded into the backend's
-//! context.
+//! The module is compiled with the core's NVRTC path
+//! ([`cuarena::backend::cuda::compile`], once per process and
+//! architecture) and loaded into the backend's context.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
-use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cuarena::backend::cuda::cudarc::nvrtc::Ptx;
 
 use super::driver_err;
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::Arena;
-use cuarena::Error;
 use cuarena::Handle;
 
-/// Name used in [`Error::Nvrtc`] for these kernels.
+/// Name used in [`cuarena::Error::Nvrtc`] for these kernels.
 pub const PATTERN_SOURCE_NAME: &str = "kernels/pattern.cu";
 const PATTERN_SOURCE: &str = include_str!("../../kernels/pattern.cu");
 
@@ -64,45 +63,16 @@ impl CheckRange {
     }
 }
 
-type PtxCache = Mutex<Vec<(String, Ptx)>>;
-
-fn ptx_cache() -> &'static PtxCache {
-    static CACHE: OnceLock<PtxCache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-fn nvrtc_error(log: String) -> Error {
-    Error::Nvrtc {
-        source_name: PATTERN_SOURCE_NAME,
-        log,
-    }
-}
-
-/// Compiles `kernels/pattern.cu` for `arch` (`sm_90`) to PTX, or takes it
-/// from the process-wide cache. Needs NVRTC but no device.
+/// Compiles `kernels/pattern.cu` for `arch` (`sm_90`) to machine code, or
+/// takes it from the core's cache. Needs NVRTC but no device.
 pub fn compile(arch: &str) -> Result<Ptx> {
-    let key = arch.to_owned();
-    {
-        let cache = ptx_cache()
-            .lock()
-            .map_err(|_| nvrtc_error("pattern kernel cache lock poisoned".to_owned()))?;
-        if let Some((_, ptx)) = cache.iter().find(|(k, _)| *k == key) {
-            return Ok(ptx.clone());
-        }
-    }
-    let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".to_owned(),
-        ],
-        ..Default::default()
-    };
-    let ptx =
-        compile_ptx_with_opts(PATTERN_SOURCE, opts).map_err(|e| nvrtc_error(format!("{e:?}")))?;
-    if let Ok(mut cache) = ptx_cache().lock() {
-        cache.push((key, ptx.clone()));
-    }
-    Ok(ptx)
+    let image = cuarena::backend::cuda::compile(
+        PATTERN_SOURCE_NAME,
+        PATTERN_SOURCE,
+        arch,
+        &["--std=c++17"],
+    )?;
+    Ok(image)
 }
 
 /// The pattern kernels loaded for one arena, with their device counters.
@@ -286,9 +256,8 @@ mod tests {
             println!("skipped: no NVRTC library");
             return;
         }
-        match compile("sm_90") {
-            Ok(ptx) => assert!(ptx.to_src().contains("pattern_check")),
-            Err(e) => panic!("{e}"),
+        if let Err(e) = compile("sm_90") {
+            panic!("{e}");
         }
     }
 }

@@ -3,11 +3,33 @@
 //! cudarc's `DevicePtr` / `DevicePtrMut` (arena views from kernel
 //! arguments taken for the communicator's stream, or cudarc buffers).
 
+use std::ffi::c_void;
+
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudarc::nccl::sys;
 
 use super::{Communicator, NcclType, ReduceOp};
 use crate::error::{Error, Result};
+
+/// Which NCCL call a collective makes, with what it takes besides its
+/// buffers (ranks as the caller gave them, checked on the way).
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    AllReduce(ReduceOp),
+    ReduceScatter(ReduceOp),
+    AllGather,
+    Broadcast { root: usize },
+    Send { peer: usize },
+    Recv { peer: usize },
+}
+
+/// The buffers of a collective: one read and one written, or a single one
+/// (read, written, or both in place).
+enum Buffers<'b, T> {
+    Two(&'b dyn DevicePtr<T>, &'b mut dyn DevicePtrMut<T>),
+    Read(&'b dyn DevicePtr<T>),
+    Write(&'b mut dyn DevicePtrMut<T>),
+}
 
 impl Communicator {
     /// Sum (or another reduction) of every rank's `send` into every rank's
@@ -19,25 +41,9 @@ impl Communicator {
         recv: &mut R,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_live()?;
-        expect_len("all_reduce", recv.len(), send.len())?;
-        let (src, _rs) = send.device_ptr(&self.stream);
-        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
-        // SAFETY: both buffers hold `len` elements of `T` on this
-        // communicator's device (the DevicePtr contract), ordered on its
-        // stream by their SyncOnDrop guards.
-        let r = unsafe {
-            sys::ncclAllReduce(
-                src as _,
-                dst as _,
-                send.len(),
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclAllReduce", r)
+        let n = send.len();
+        let lens = (recv.len(), n);
+        self.enqueue(Call::AllReduce(op), n, lens, Buffers::Two(send, recv))
     }
 
     /// All-reduce of `buf` in place.
@@ -46,23 +52,8 @@ impl Communicator {
         buf: &mut R,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_live()?;
         let n = buf.len();
-        let (p, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: `buf` holds `n` elements of `T` on this device; NCCL
-        // allows the same buffer as source and destination.
-        let r = unsafe {
-            sys::ncclAllReduce(
-                p as _,
-                p as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclAllReduce", r)
+        self.enqueue(Call::AllReduce(op), n, (n, n), Buffers::Write(buf))
     }
 
     /// Each rank gets the reduction of its `recv.len()`-element share:
@@ -73,28 +64,9 @@ impl Communicator {
         recv: &mut R,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_live()?;
-        expect_len(
-            "reduce_scatter",
-            send.len(),
-            recv.len().saturating_mul(self.world_size),
-        )?;
         let n = recv.len();
-        let (src, _rs) = send.device_ptr(&self.stream);
-        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
-        // SAFETY: sizes checked above; buffers valid per DevicePtr.
-        let r = unsafe {
-            sys::ncclReduceScatter(
-                src as _,
-                dst as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclReduceScatter", r)
+        let lens = (send.len(), n.saturating_mul(self.world_size));
+        self.enqueue(Call::ReduceScatter(op), n, lens, Buffers::Two(send, recv))
     }
 
     /// Every rank's `send` concatenated, in rank order, into every rank's
@@ -104,26 +76,9 @@ impl Communicator {
         send: &S,
         recv: &mut R,
     ) -> Result<()> {
-        self.check_live()?;
-        expect_len(
-            "all_gather",
-            recv.len(),
-            send.len().saturating_mul(self.world_size),
-        )?;
-        let (src, _rs) = send.device_ptr(&self.stream);
-        let (dst, _rd) = recv.device_ptr_mut(&self.stream);
-        // SAFETY: sizes checked above; buffers valid per DevicePtr.
-        let r = unsafe {
-            sys::ncclAllGather(
-                src as _,
-                dst as _,
-                send.len(),
-                T::as_nccl_type(),
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclAllGather", r)
+        let n = send.len();
+        let lens = (recv.len(), n.saturating_mul(self.world_size));
+        self.enqueue(Call::AllGather, n, lens, Buffers::Two(send, recv))
     }
 
     /// `root`'s `buf` into every rank's `buf`, in place.
@@ -132,64 +87,100 @@ impl Communicator {
         buf: &mut R,
         root: usize,
     ) -> Result<()> {
-        self.check_live()?;
-        let root = self.peer(root)?;
         let n = buf.len();
-        let (p, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: `buf` holds `n` elements of `T` on this device.
-        let r = unsafe {
-            sys::ncclBroadcast(
-                p as _,
-                p as _,
-                n,
-                T::as_nccl_type(),
-                root,
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclBroadcast", r)
+        self.enqueue(Call::Broadcast { root }, n, (n, n), Buffers::Write(buf))
     }
 
     /// Sends `buf` to rank `peer` (which must post a matching
     /// [`recv`](Communicator::recv)); pair them inside
     /// [`group`](Communicator::group) when both directions are in flight.
     pub fn send<T: NcclType, S: DevicePtr<T>>(&self, buf: &S, peer: usize) -> Result<()> {
-        self.check_live()?;
-        let peer = self.peer(peer)?;
-        let (p, _r) = buf.device_ptr(&self.stream);
-        // SAFETY: `buf` holds `len` elements of `T` on this device.
-        let r = unsafe {
-            sys::ncclSend(
-                p as _,
-                buf.len(),
-                T::as_nccl_type(),
-                peer,
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
-        };
-        self.done("ncclSend", r)
+        let n = buf.len();
+        self.enqueue(Call::Send { peer }, n, (n, n), Buffers::Read(buf))
     }
 
     /// Receives `buf.len()` elements from rank `peer`.
     pub fn recv<T: NcclType, R: DevicePtrMut<T>>(&self, buf: &mut R, peer: usize) -> Result<()> {
-        self.check_live()?;
-        let peer = self.peer(peer)?;
         let n = buf.len();
-        let (p, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: `buf` holds `n` elements of `T` on this device.
-        let r = unsafe {
-            sys::ncclRecv(
-                p as _,
-                n,
-                T::as_nccl_type(),
-                peer,
-                self.comm,
-                self.stream.cu_stream() as _,
-            )
+        self.enqueue(Call::Recv { peer }, n, (n, n), Buffers::Write(buf))
+    }
+
+    /// The one path of every collective: fails on an aborted communicator,
+    /// on a buffer of `got` elements where the call needs `want`
+    /// ([`Error::LengthMismatch`]) and on a rank outside the world; then
+    /// orders the buffers on the communicator's stream (cudarc's events:
+    /// a buffer read after its last writer, one written after its last
+    /// reader and writer), makes the NCCL call on `count` elements, settles
+    /// the communicator ([`done`](Communicator::done)), and only then
+    /// records the buffers' use on the stream: a non-blocking communicator
+    /// may enqueue its work as late as the settling.
+    fn enqueue<T: NcclType>(
+        &self,
+        call: Call,
+        count: usize,
+        (got, want): (usize, usize),
+        buffers: Buffers<'_, T>,
+    ) -> Result<()> {
+        self.check_live()?;
+        expect_len(got, want)?;
+        let peer = match call {
+            Call::Broadcast { root: rank }
+            | Call::Send { peer: rank }
+            | Call::Recv { peer: rank } => self.peer(rank)?,
+            Call::AllReduce(_) | Call::ReduceScatter(_) | Call::AllGather => 0,
         };
-        self.done("ncclRecv", r)
+        let stream = &self.stream;
+        // The guards record each buffer's use on the stream when dropped.
+        let (src, dst, guards) = match buffers {
+            Buffers::Two(send, recv) => {
+                let (src, read) = send.device_ptr(stream);
+                let (dst, write) = recv.device_ptr_mut(stream);
+                (src, dst, [Some(read), Some(write)])
+            }
+            Buffers::Read(buf) => {
+                let (p, read) = buf.device_ptr(stream);
+                (p, p, [Some(read), None])
+            }
+            Buffers::Write(buf) => {
+                let (p, write) = buf.device_ptr_mut(stream);
+                (p, p, [Some(write), None])
+            }
+        };
+        let (src, dst) = (src as *const c_void, dst as *mut c_void);
+        let (ty, comm, cu) = (T::as_nccl_type(), self.comm, stream.cu_stream() as _);
+        // SAFETY: `src` and `dst` address buffers of at least `count`
+        // elements of `T` on this communicator's device (the
+        // DevicePtr/DevicePtrMut contract; the calls that read or write
+        // `world_size * count` elements had those lengths checked above);
+        // NCCL allows the same buffer as source and destination. The
+        // communicator is live and `peer` one of its ranks; the guards keep
+        // the buffers ordered on `stream` until the call has enqueued its
+        // work there.
+        let (name, r) = unsafe {
+            match call {
+                Call::AllReduce(op) => (
+                    "ncclAllReduce",
+                    sys::ncclAllReduce(src, dst, count, ty, op.raw(), comm, cu),
+                ),
+                Call::ReduceScatter(op) => (
+                    "ncclReduceScatter",
+                    sys::ncclReduceScatter(src, dst, count, ty, op.raw(), comm, cu),
+                ),
+                Call::AllGather => (
+                    "ncclAllGather",
+                    sys::ncclAllGather(src, dst, count, ty, comm, cu),
+                ),
+                Call::Broadcast { .. } => (
+                    "ncclBroadcast",
+                    sys::ncclBroadcast(src, dst, count, ty, peer, comm, cu),
+                ),
+                Call::Send { .. } => ("ncclSend", sys::ncclSend(src, count, ty, peer, comm, cu)),
+                Call::Recv { .. } => ("ncclRecv", sys::ncclRecv(dst, count, ty, peer, comm, cu)),
+            }
+        };
+        let settled = self.done(name, r);
+        drop(guards);
+        settled
     }
 
     fn peer(&self, rank: usize) -> Result<i32> {
@@ -205,7 +196,7 @@ impl Communicator {
 }
 
 /// [`Error::LengthMismatch`] unless `got == want` (elements).
-fn expect_len(_call: &'static str, got: usize, want: usize) -> Result<()> {
+fn expect_len(got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {

@@ -190,14 +190,7 @@ impl Communicator {
         timeout: Duration,
     ) -> Result<Self> {
         let comm = Self::start(&stream, id, rank, world_size)?;
-        let c = Self {
-            comm,
-            stream,
-            rank,
-            world_size,
-            timeout,
-            aborted: AtomicBool::new(false),
-        };
+        let c = Self::started(comm, stream, rank, world_size, timeout);
         c.settle("ncclCommInitRankConfig")?;
         Ok(c)
     }
@@ -212,14 +205,7 @@ impl Communicator {
         let mut started = Ok(());
         for (rank, stream) in streams.into_iter().enumerate() {
             match Self::start(&stream, id, rank, world_size) {
-                Ok(comm) => comms.push(Self {
-                    comm,
-                    stream,
-                    rank,
-                    world_size,
-                    timeout,
-                    aborted: AtomicBool::new(false),
-                }),
+                Ok(comm) => comms.push(Self::started(comm, stream, rank, world_size, timeout)),
                 Err(e) => {
                     started = Err(e);
                     break;
@@ -233,6 +219,25 @@ impl Communicator {
             c.settle("ncclCommInitRankConfig")?;
         }
         Ok(comms)
+    }
+
+    /// The communicator of a started init (owning `comm` from here on, so
+    /// that a failure to settle aborts it).
+    fn started(
+        comm: sys::ncclComm_t,
+        stream: Arc<CudaStream>,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            comm,
+            stream,
+            rank,
+            world_size,
+            timeout,
+            aborted: AtomicBool::new(false),
+        }
     }
 
     /// Starts a non-blocking init; the caller settles it.

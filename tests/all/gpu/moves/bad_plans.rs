@@ -2,8 +2,9 @@
 //! launch and across chunks; the fault is sticky) and ranges outside the
 //! region (rejected on the host before any launch).
 
-use super::{backend, each_kernel, mv, plan_of, KIB, MIB};
+use super::{backend, each_kernel, KIB, MIB};
 use crate::gpu_skip::gpu_available;
+use crate::support::{mv, plan_of};
 use cuarena::backend::cuda::CudaOptions;
 use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan, PlanKind};

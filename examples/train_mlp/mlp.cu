@@ -1,4 +1,4 @@
-// Kernels of examples/train_mlp.rs: forward and backward of a small MLP
+// Kernels of the train_mlp example (gpu.rs): forward and backward of a small MLP
 // (row-major f32 matrices), compiled at run time with NVRTC.
 //
 // Every pointer argument is an address inside the arena's region, resolved
