@@ -132,11 +132,12 @@ run() {
     # NVLink multicast stays off on these machines (shared/GPU.md).
     export NCCL_NVLS_ENABLE=0
     if [[ $skip != *" tests "* ]]; then
-        step "gpu tests" tests.log "$bin/test-all" gpu --test-threads=1 --nocapture
-        step "gpu replay test" tests-replay.log "$bin/test-trace-all" gpu_replay --test-threads=1 --nocapture
+        step "gpu tests" tests.log "$bin/test-all" gpu --include-ignored --test-threads=1 --nocapture
+        step "gpu replay test" tests-replay.log "$bin/test-trace-all" gpu_replay --include-ignored --test-threads=1 --nocapture
+        step "tensor crate on cuda" tests-tensor.log "$bin/test-tensor-all" cuda --include-ignored --test-threads=1 --nocapture
     fi
     if [[ $skip != *" nccl "* ]]; then
-        step "nccl tests" nccl.log "$bin/test-all" nccl --test-threads=1 --nocapture
+        step "nccl tests" nccl.log "$bin/test-all" nccl --include-ignored --test-threads=1 --nocapture
     fi
     if [[ $skip != *" bench "* ]]; then
         for b in ${SUITE_BENCHES:-moves handles spill}; do
@@ -162,30 +163,30 @@ run() {
     local san_env=(env CUARENA_GPU_MAX_BLOCK="${SAN_MAX_BLOCK:-4194304}" CUARENA_GPU_PROGRAMS="${SAN_PROGRAMS:-20}" CUARENA_GPU_THREADS=1)
     if [[ $skip != *" memcheck "* ]]; then
         step "memcheck (reduced)" memcheck.log "${san_env[@]}" compute-sanitizer --tool memcheck \
-            --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
+            --error-exitcode 99 "$bin/test-all" gpu --include-ignored --test-threads=1
         step "memcheck replay (reduced)" memcheck-replay.log "${san_env[@]}" compute-sanitizer --tool memcheck \
-            --error-exitcode 99 "$bin/test-trace-all" gpu_replay --test-threads=1
+            --error-exitcode 99 "$bin/test-trace-all" gpu_replay --include-ignored --test-threads=1
     fi
     if [[ $skip != *" racecheck "* ]]; then
         step "racecheck (reduced)" racecheck.log "${san_env[@]}" compute-sanitizer --tool racecheck \
-            --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
+            --racecheck-report hazard --error-exitcode 99 "$bin/test-all" gpu --include-ignored --test-threads=1
     fi
     if [[ $skip != *" synccheck "* ]]; then
         step "synccheck (reduced)" synccheck.log "${san_env[@]}" compute-sanitizer --tool synccheck \
-            --error-exitcode 99 "$bin/test-all" gpu --test-threads=1
+            --error-exitcode 99 "$bin/test-all" gpu --include-ignored --test-threads=1
     fi
     if [[ $skip != *" nccl-memcheck "* ]]; then
         # NCCL probes the driver with calls it expects to fail (peer access
         # already enabled, no kernel image for another architecture): those
         # API-error reports are left out; memory errors are all reported.
         step "nccl memcheck" nccl-memcheck.log compute-sanitizer --tool memcheck \
-            --report-api-errors no --error-exitcode 99 "$bin/test-all" nccl --test-threads=1 \
+            --report-api-errors no --error-exitcode 99 "$bin/test-all" nccl --include-ignored --test-threads=1 \
             --skip peer_never_joins --skip dies_mid # timing bounds; the sanitizer slows the abort
     fi
 
     echo
     echo "== results"
-    for log in tests tests-replay nccl memcheck memcheck-replay racecheck synccheck nccl-memcheck; do
+    for log in tests tests-replay tests-tensor nccl memcheck memcheck-replay racecheck synccheck nccl-memcheck; do
         [ -e "$out/$log.log" ] || continue
         printf '%-10s %s\n' "$log" "$(grep -hE '^test result' "$out/$log.log" | tail -n 1)"
         grep -hE '^test .*(FAILED|panicked)|random programs' "$out/$log.log" | sed "s/^/           /"

@@ -69,6 +69,7 @@ fn arena_with_a_movable_tensor() -> (Arena<CudaBackend>, Handle, Handle) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
     if !gpu_available() {
         return;
@@ -104,6 +105,7 @@ fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn work_on_a_second_stream_is_joined_before_the_compaction() {
     if !gpu_available() {
         return;
@@ -205,6 +207,7 @@ impl Drop for Gate {
 /// the scratch sized at creation, so it grows) return while the gate is
 /// still closed; then every byte is where the table says.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn compactions_behind_queued_work_return_without_waiting() {
     if !gpu_available() {
         return;
@@ -293,6 +296,7 @@ fn compactions_behind_queued_work_return_without_waiting() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn kernels_resolve_handles_through_the_device_table() {
     if !gpu_available() {
         return;
@@ -340,6 +344,7 @@ fn kernels_resolve_handles_through_the_device_table() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn views_check_types_lengths_and_aliasing() {
     if !gpu_available() {
         return;
@@ -387,6 +392,7 @@ fn views_check_types_lengths_and_aliasing() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn spilling_to_page_locked_memory_keeps_every_byte() {
     if !gpu_available() {
         return;
@@ -407,6 +413,7 @@ fn spilling_to_page_locked_memory_keeps_every_byte() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn random_arena_programs_keep_every_byte_on_cuda() {
     if !gpu_available() {
         return;

@@ -240,6 +240,7 @@ fn capture_raw(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> Aren
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn graph_through_handles_survives_compactions() {
     if !gpu_available() {
         return;
@@ -379,6 +380,7 @@ fn graph_through_handles_survives_compactions() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn graph_with_raw_addresses_is_wrong_after_a_compaction() {
     if !gpu_available() {
         return;
@@ -426,6 +428,7 @@ fn graph_with_raw_addresses_is_wrong_after_a_compaction() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
     if !gpu_available() {
         return;
@@ -481,6 +484,7 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn replay_brings_spilled_handles_back() {
     if !gpu_available() {
         return;

@@ -6,12 +6,12 @@ use std::sync::Once;
 
 use cuarena::backend::cuda::CudaBackend;
 
-/// True when a CUDA driver, NVRTC and a device are present. Otherwise the
-/// calling test prints `skipped: <reason>` (shown with `--nocapture`) and
-/// should return, passing; the first skip also writes one line straight to
-/// the process's stderr, which libtest does not capture (it captures only
-/// `print!`/`eprint!`), so a plain `cargo test` shows why GPU tests pass
-/// without running.
+/// True when a CUDA driver, NVRTC and a device are present. The GPU tests
+/// are `#[ignore]`d (a plain `cargo test` lists them as ignored); run with
+/// `--include-ignored` where there is no device, each prints `skipped:
+/// <reason>` (shown with `--nocapture`) and returns; the first skip also
+/// writes one line straight to the process's stderr, which libtest does not
+/// capture (it captures only `print!`/`eprint!`).
 pub fn gpu_available() -> bool {
     match CudaBackend::available() {
         Ok(()) => true,
@@ -21,7 +21,7 @@ pub fn gpu_available() -> bool {
             ONCE.call_once(|| {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "cuarena: GPU tests skipped (they pass without running): {reason}"
+                    "cuarena: GPU tests skipped (no device): {reason}"
                 );
             });
             false

@@ -56,6 +56,7 @@ fn decisions(s: &Stats) -> [u64; 10] {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn gpu_spill_programs_keep_every_byte_and_match_the_host_model() {
     if !gpu_available() {
         return;
@@ -206,6 +207,7 @@ fn evict_overwrite_restore<B: Backend>(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn gpu_spill_evicted_bytes_leave_the_device_and_come_back_through_the_host_tier() {
     if !gpu_available() {
         return;

@@ -95,6 +95,7 @@ fn new_stream(arena: &Arena<CudaBackend>) -> Arc<CudaStream> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn three_streams_with_compactions_between_launches_match_a_host_model() {
     if !gpu_available() {
         return;
@@ -267,6 +268,7 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn kernel_args_order_a_second_stream_and_views_for_the_wrong_stream_go_wrong() {
     if !gpu_available() {
         return;
@@ -289,6 +291,7 @@ fn bad_plan() -> Plan {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_device_fault_poisons_the_arena() {
     if !gpu_available() {
         return;
@@ -322,6 +325,7 @@ fn a_device_fault_poisons_the_arena() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_fault_found_by_synchronize_poisons_the_arena() {
     if !gpu_available() {
         return;
@@ -438,6 +442,7 @@ fn range_program<B: Backend>(arena: &mut Arena<B>) -> Vec<Vec<u8>> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn device_range_operations_match_the_host_backend() {
     if !gpu_available() {
         return;
@@ -457,6 +462,7 @@ fn device_range_operations_match_the_host_backend() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn kernel_args_check_types_ranges_and_residency() {
     if !gpu_available() {
         return;

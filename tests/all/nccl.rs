@@ -43,6 +43,7 @@ fn streams(n: usize) -> Vec<Arc<CudaStream>> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn collectives_on_plain_buffers_are_exact_on_every_visible_device() {
     let Some(n) = gpus() else { return };
     let comms = Communicator::init_all(streams(n), Duration::from_secs(60)).expect("init_all");
@@ -173,6 +174,7 @@ fn collectives_on_plain_buffers_are_exact_on_every_visible_device() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_rank_whose_peer_never_joins_fails_within_its_timeout() {
     if gpus().is_none() {
         return;
@@ -250,6 +252,7 @@ fn two_rank_processes(mode: &str) -> Option<()> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn one_process_per_device_bootstraps_through_an_id_file() {
     if std::env::var(CHILD_RANK).is_ok() {
         return; // a child runs `nccl_rank_process` only
@@ -263,6 +266,7 @@ fn one_process_per_device_bootstraps_through_an_id_file() {
 /// the failed collective can be read and freed, allocation and compaction
 /// work.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_rank_that_dies_mid_collective_fails_the_other_within_its_timeout() {
     if std::env::var(CHILD_RANK).is_ok() {
         return;
@@ -363,6 +367,7 @@ fn churn(r: &mut ArenaRank, round: usize) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
     use cuarena::{Arena, ArenaConfig};
     let Some(n) = gpus() else { return };

@@ -142,6 +142,7 @@ fn each_kernel(mut test: impl FnMut(CudaOptions)) {
 /// The bulk kernel runs with the stages asked for where they fit in shared
 /// memory (2 and 16 here), fewer where they do not, and on Hopper only.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn bulk_kernel_takes_the_stages_that_fit() {
     if !gpu_available() {
         return;
@@ -212,6 +213,7 @@ fn check_against_host(backend: &mut CudaBackend, plan: &Plan, seed: u64, what: &
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn single_blocks_slide_down_by_every_step() {
     if !gpu_available() {
         return;
@@ -254,6 +256,7 @@ fn single_blocks_slide_down_by_every_step() {
 /// most), a larger one or a disabled buffer none; the bytes are checked by
 /// the slide tests above and below.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn small_slides_take_the_side_buffer() {
     if !gpu_available() {
         return;
@@ -276,6 +279,7 @@ fn small_slides_take_the_side_buffer() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn chains_of_adjacent_blocks_slide_down() {
     if !gpu_available() {
         return;
@@ -395,6 +399,7 @@ fn random_plan(rng: &mut Rng, capacity: u64, align: u64, max_len: u64) -> Plan {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn random_waves_match_a_host_copy_at_every_alignment() {
     if !gpu_available() {
         return;
@@ -421,6 +426,7 @@ fn random_waves_match_a_host_copy_at_every_alignment() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn unaligned_offsets_and_lengths_match_a_host_copy() {
     if !gpu_available() {
         return;
@@ -453,6 +459,7 @@ fn unaligned_offsets_and_lengths_match_a_host_copy() {
 /// sizes and holes multiples of 256 B, then of 1 B (the shifting path:
 /// most moves' source and destination differ modulo 16).
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
     if !gpu_available() {
         return;
@@ -489,6 +496,7 @@ fn a_hundred_thousand_small_blocks_compact_in_one_wave() {
 /// modulo 16: the shifting path reads whole aligned vectors and must stay
 /// inside the allocation (run under memcheck by the GPU suite).
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn unaligned_moves_ending_at_the_region_end_match_a_host_copy() {
     if !gpu_available() {
         return;

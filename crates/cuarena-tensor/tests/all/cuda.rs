@@ -28,7 +28,7 @@ fn cuda_arena(capacity: u64) -> Option<SharedArena<CudaBackend>> {
             ONCE.call_once(|| {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "cuarena-tensor: CUDA tests skipped (they pass without running): {reason}"
+                    "cuarena-tensor: CUDA tests skipped (no device): {reason}"
                 );
             });
             None
@@ -37,6 +37,7 @@ fn cuda_arena(capacity: u64) -> Option<SharedArena<CudaBackend>> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn random_views_on_cuda() {
     let Some(arena) = cuda_arena(64 << 20) else {
         return;
@@ -47,6 +48,7 @@ fn random_views_on_cuda() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn strides_offsets_and_both_copy_paths_on_cuda() {
     let Some(arena) = cuda_arena(64 << 20) else {
         return;
@@ -56,6 +58,7 @@ fn strides_offsets_and_both_copy_paths_on_cuda() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn dtypes_reinterpret_and_check_on_cuda() {
     let Some(arena) = cuda_arena(16 << 20) else {
         return;
@@ -64,6 +67,7 @@ fn dtypes_reinterpret_and_check_on_cuda() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn drops_on_other_threads_free_the_blocks_on_cuda() {
     let Some(arena) = cuda_arena(16 << 20) else {
         return;
@@ -72,6 +76,7 @@ fn drops_on_other_threads_free_the_blocks_on_cuda() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn four_threads_at_full_fill_on_cuda() {
     let Some(arena) = cuda_arena(16 << 20) else {
         return;
@@ -110,6 +115,7 @@ fn kernel_args_launch(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn eight_threads_take_kernel_arguments_while_another_compacts_on_cuda() {
     let Some(arena) = cuda_arena(512 << 10) else {
         return;

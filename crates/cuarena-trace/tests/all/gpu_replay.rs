@@ -9,6 +9,7 @@ use cuarena::ArenaConfig;
 /// its peak live bytes: completes with every pattern intact; a deliberately
 /// corrupted block is caught; the capped pool baseline runs on the same ops.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
     use cuarena_trace::gpu::replay::{replay_gpu, GpuReplayOptions};
     use cuarena_trace::trace::replay::Outcome;

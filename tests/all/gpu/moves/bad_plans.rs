@@ -11,6 +11,7 @@ use cuarena::plan::{Move, Plan, PlanKind};
 use cuarena::Error;
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
     if !gpu_available() {
         return;
@@ -44,6 +45,7 @@ fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_plan_breaking_rule_3_across_chunks_is_reported() {
     if !gpu_available() {
         return;
@@ -72,6 +74,7 @@ fn a_plan_breaking_rule_3_across_chunks_is_reported() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn bad_ranges_are_rejected_before_any_launch() {
     if !gpu_available() {
         return;
