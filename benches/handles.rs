@@ -47,7 +47,7 @@ const GIB: u64 = 1 << 30;
 fn drv(call: &'static str) -> impl Fn(result::DriverError) -> Error {
     move |e| Error::Driver {
         call,
-        source: cuarena::error::DriverError::from(e),
+        source: cuarena::DriverError::from(e),
     }
 }
 
@@ -349,7 +349,7 @@ fn resolve_bench(reps: usize) -> Result<()> {
 fn compaction_case(
     count: usize,
     capacity: u64,
-) -> Result<(cuarena::plan::Plan, Vec<cuarena::TableEntry>)> {
+) -> Result<(cuarena::plan::Plan, Vec<cuarena::backend::TableEntry>)> {
     let mut meta = Arena::metadata(ArenaConfig::new(capacity))?;
     let mut rng = Rng(7);
     let mut holes: Vec<Handle> = Vec::new();
@@ -489,7 +489,7 @@ fn table_bench(reps: usize) -> Result<()> {
          {:.0} MiB moved in {} wave(s); table of {} slots = {:.2} MiB sent; median of {reps}",
         100_000,
         moved as f64 / MIB as f64,
-        plan.waves.len(),
+        plan.waves().len(),
         table.len(),
         table_bytes as f64 / MIB as f64
     );

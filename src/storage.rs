@@ -1,25 +1,4 @@
-//! Storage a framework's tensor can own.
-//!
-//! A [`Storage`] is one block of an arena held by shared ownership: `Send +
-//! Sync`, cheap to clone (an `Arc`), with its length and [`DType`] (or none:
-//! untyped bytes) readable without touching the arena. When the last clone (and the last
-//! [`StorageSlice`] of it) is dropped, on whatever thread, its handle goes
-//! to the arena's reclaim queue; the arena frees it at its next allocation
-//! or compaction, or when asked ([`crate::Arena::reclaim`]), waiting then for
-//! the streams that used it (see [`crate::stream`]). Dropping never touches
-//! the arena, never blocks on it, and never panics.
-//!
-//! A storage of zero bytes is valid and holds no block: a framework creates
-//! empty tensors all the time.
-//!
-//! A [`StorageSlice`] is a byte range of a storage (a tensor's `narrow` or
-//! `slice`), read as its storage's dtype or, reinterpreted without a copy,
-//! as another ([`StorageSlice::as_dtype`]); it keeps the storage alive.
-//! Lengths are unambiguous: `len_bytes` counts bytes, `numel` elements of
-//! the dtype (bytes, for untyped storage). Slices, storages and plain handles
-//! all name bytes through [`AsRange`], which every device-side operation
-//! and kernel-argument call takes; they are resolved to addresses when
-//! used, so compaction may move the block in between.
+//! Storage a framework's tensor can own (see [`Storage`]).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,7 +71,28 @@ impl Drop for Inner {
 
 /// One block of an arena, owned by every clone of this value; freed (at
 /// the arena's next allocation, compaction or `reclaim`) when the last one
-/// drops. See the [module documentation](self).
+/// drops.
+///
+/// A [`Storage`] is one block of an arena held by shared ownership: `Send +
+/// Sync`, cheap to clone (an `Arc`), with its length and [`DType`] (or none:
+/// untyped bytes) readable without touching the arena. When the last clone (and the last
+/// [`StorageSlice`] of it) is dropped, on whatever thread, its handle goes
+/// to the arena's reclaim queue; the arena frees it at its next allocation
+/// or compaction, or when asked ([`crate::Arena::reclaim`]), waiting then for
+/// the streams that used it (see [`StreamId`](crate::StreamId)). Dropping never touches
+/// the arena, never blocks on it, and never panics.
+///
+/// A storage of zero bytes is valid and holds no block: a framework creates
+/// empty tensors all the time.
+///
+/// A [`StorageSlice`] is a byte range of a storage (a tensor's `narrow` or
+/// `slice`), read as its storage's dtype or, reinterpreted without a copy,
+/// as another ([`StorageSlice::as_dtype`]); it keeps the storage alive.
+/// Lengths are unambiguous: `len_bytes` counts bytes, `numel` elements of
+/// the dtype (bytes, for untyped storage). Slices, storages and plain handles
+/// all name bytes through [`AsRange`], which every device-side operation
+/// and kernel-argument call takes; they are resolved to addresses when
+/// used, so compaction may move the block in between.
 #[derive(Debug, Clone)]
 pub struct Storage {
     inner: Arc<Inner>,

@@ -65,7 +65,7 @@ const MAX_PENDING: usize = 4096;
 fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
     move |e| cuarena::Error::Driver {
         call,
-        source: cuarena::error::DriverError::from(e),
+        source: cuarena::DriverError::from(e),
     }
 }
 

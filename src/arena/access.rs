@@ -52,7 +52,7 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Live blocks in address order (of their bytes: a block whose move is
-    /// deferred, [`crate::plan::lag`], is listed where its bytes are).
+    /// deferred, `src/plan/lag.rs`, is listed where its bytes are).
     pub fn blocks(&self) -> Vec<BlockInfo> {
         let mut infos: Vec<BlockInfo> = self
             .index
@@ -77,7 +77,7 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Free regions `(offset, len)` of the region's bytes, in address order.
-    /// With deferred moves ([`crate::plan::lag`]) these differ from the
+    /// With deferred moves (`src/plan/lag.rs`) these differ from the
     /// placement index's, which [`Stats`] describes (where the next block
     /// goes): the same free bytes, laid out where the bytes really are.
     pub fn free_regions(&self) -> Vec<(u64, u64)> {

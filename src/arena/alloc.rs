@@ -237,7 +237,7 @@ impl<B: Backend> Arena<B> {
 
     /// Naive's compaction for a request it makes room for (`self.live`
     /// collected): applied to the index with the moves deferred when the
-    /// plan allows it, run at once otherwise (see [`crate::plan::lag`]).
+    /// plan allows it, run at once otherwise (see `src/plan/lag.rs`).
     fn alloc_after_naive(&mut self, reserved: u64, align: u64, t0: Instant) -> Result<Allocation> {
         let capacity = self.config.capacity_bytes;
         let plan = planner::plan_full(&self.live, capacity);

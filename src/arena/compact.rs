@@ -43,7 +43,7 @@ impl<B: Backend> Arena<B> {
     }
 
     /// The plan a full compaction would run now (for inspection). With
-    /// deferred moves ([`crate::plan::lag`]) it is planned over the
+    /// deferred moves (`src/plan/lag.rs`) it is planned over the
     /// placement index, as [`compact`](Arena::compact) plans it once it has
     /// sent every lagging block home.
     pub fn plan_full(&mut self) -> Plan {

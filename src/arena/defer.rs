@@ -1,6 +1,6 @@
 //! Deferred moves: naive's compaction applied to the index, and blocks sent
 //! home when something needs their bytes out of the way. The argument that
-//! this never moves more bytes than naive is in [`crate::plan::lag`].
+//! this never moves more bytes than naive is in `src/plan/lag.rs`.
 
 use std::num::NonZeroU64;
 use std::time::Instant;

@@ -5,10 +5,10 @@
 //! allocation that fits in no hole but in the free bytes triggers a
 //! compaction. Under [`CompactionPolicy::Auto`] it is naive's full
 //! compaction applied to the index, with only the moves the request needs
-//! executed and the rest deferred ([`crate::plan::lag`]): a block whose
+//! executed and the rest deferred (`src/plan/lag.rs`): a block whose
 //! bytes have not followed its index entry yet records where they are
 //! (`Block::lag`). Under [`CompactionPolicy::Targeted`] it is targeted, or
-//! full when the pacer of [`crate::plan::policy`] says so. A plan is
+//! full when the pacer of `src/plan/policy.rs` says so. A plan is
 //! executed by the backend, then the index is rebuilt from the new offsets.
 //!
 //! Every method that returns an error leaves the arena as it was, with one
@@ -139,7 +139,7 @@ struct Block {
     align: u32,
     pins: u32,
     /// Where the bytes of a resident block are when they have not followed
-    /// its placement yet (a deferred move, [`crate::plan::lag`]): always
+    /// its placement yet (a deferred move, `src/plan/lag.rs`): always
     /// above the placement's offset, so never 0. `None`: at the placement.
     lag: Option<std::num::NonZeroU64>,
 }
@@ -184,7 +184,7 @@ impl Block {
     }
 }
 
-/// Which streams used a block (see [`crate::stream`]).
+/// Which streams used a block (see [`StreamId`](crate::StreamId)).
 #[derive(Debug, Default)]
 struct StreamUses {
     /// Registered streams other than the arena's that used the block since
@@ -285,16 +285,16 @@ pub struct Arena<B: Backend = HostBackend> {
     /// so that uses recorded under a shared lock need not set it.
     other_streams: bool,
     spans: Vec<(u64, u64)>,
-    /// The compaction policy's state (see [`crate::plan::policy`]).
+    /// The compaction policy's state (see `src/plan/policy.rs`).
     pacer: Pacer,
     /// Blocks whose bytes lie above their placement (deferred moves of
     /// `Auto`; empty under the other policies once settled).
     lag: Lag,
     /// Naive's layout while `Budgeted` keeps to a budget (its first phase,
-    /// [`crate::plan::lag`]); `None` afterwards and under other policies.
+    /// `src/plan/lag.rs`); `None` afterwards and under other policies.
     shadow: Option<Box<shadow::Shadow>>,
     /// Lifetimes by size: where a new block is carved (see
-    /// [`crate::placement::lifetime`]); `None` when neither large blocks
+    /// `src/placement/lifetime.rs`); `None` when neither large blocks
     /// are kept apart nor lifetime placement is on, so that placement pays
     /// nothing for it.
     lifetimes: Option<Lifetimes>,
@@ -410,7 +410,7 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Forgets the lifetimes learned so far (see
-    /// [`crate::placement::lifetime`]): placement then decides as in a new
+    /// `src/placement/lifetime.rs`): placement then decides as in a new
     /// arena. For a program replayed several times on one arena, whose
     /// passes must each make the decisions of the first; a training loop
     /// wants the history kept.

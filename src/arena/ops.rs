@@ -1,7 +1,7 @@
 //! Device-side operations on byte ranges of blocks (a [`Handle`], a
 //! [`crate::Storage`] or a [`crate::StorageSlice`]): sub-range reads and
 //! writes, copies, fills. They run in arena-stream order after the streams
-//! that used the blocks (see [`crate::stream`]), with the same semantics on
+//! that used the blocks (see [`StreamId`](crate::StreamId)), with the same semantics on
 //! every backend. Every argument is checked before anything changes: a
 //! call that returns an error has moved, spilled and written nothing.
 

@@ -1,6 +1,6 @@
 //! The budget of [`CompactionPolicy::Budgeted`]: a metadata shadow of naive
 //! compact-on-failure, and the one relayout that hands the arena over to
-//! it. The argument is in [`crate::plan::lag`] ("Two phases").
+//! it. The argument is in `src/plan/lag.rs` ("Two phases").
 //!
 //! While the shadow runs, the arena places blocks with naive's own calls
 //! (best fit, from the bottom), so the two layouts are equal until the
@@ -11,7 +11,7 @@
 //! request naive serves), the arena moves every block to where the
 //! shadow has it, in one plan, and from then on its own index *is*
 //! naive's: the shadow's index takes its place and deferred moves
-//! ([`crate::plan::lag`]) carry on from there.
+//! (`src/plan/lag.rs`) carry on from there.
 
 use std::time::{Duration, Instant};
 

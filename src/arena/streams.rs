@@ -1,7 +1,7 @@
 //! Streams and storage lifetimes: which streams used a block, the waits
 //! that keep the arena from moving or reusing bytes under them, and the
 //! reclaim queue that dropped [`Storage`]s leave their blocks in. The
-//! contract is in [`crate::stream`].
+//! contract is in [`StreamId`](crate::StreamId).
 
 use super::Arena;
 use crate::backend::{check_stream, Backend};

@@ -18,11 +18,11 @@ mod meta;
 #[allow(unsafe_code)]
 pub mod cuda;
 
+pub use crate::handle::TableEntry;
 pub use host::HostBackend;
 pub use meta::MetaBackend;
 
 use crate::error::{Error, Result};
-use crate::handle::TableEntry;
 use crate::plan::Plan;
 use crate::stream::StreamId;
 

@@ -2,7 +2,7 @@
 //! pinning, a wrong plan caught by the strict host backend, poisoning.
 
 use cuarena::backend::{Backend, HostBackend};
-use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::plan::{Move, Plan, PlanKind};
 use cuarena::{Arena, ArenaConfig, BlockInfo, CompactionPolicy, Error, Result};
 
 const KIB: u64 = 1024;
@@ -253,9 +253,9 @@ fn pattern_backend(cap: u64, seed: u64) -> HostBackend {
 fn a_wrong_plan_is_caught_by_the_host_backend() {
     // Move 0 writes over the source of move 1 in the same wave, before
     // move 1 is guaranteed to have read it.
-    let mut plan = Plan::empty(PlanKind::Full);
-    plan.waves.push(Wave {
-        moves: vec![
+    let plan = Plan::new(
+        PlanKind::Full,
+        [vec![
             Move {
                 key: 1,
                 src: 0,
@@ -268,8 +268,8 @@ fn a_wrong_plan_is_caught_by_the_host_backend() {
                 dst: 16 * KIB,
                 len: 4 * KIB,
             },
-        ],
-    });
+        ]],
+    );
     let cap = 32 * KIB;
     // Validation names the broken rule.
     let mut strict = HostBackend::new(cap).expect("backend");
@@ -295,7 +295,6 @@ fn a_wrong_plan_is_caught_by_the_host_backend() {
 fn a_valid_chain_survives_every_schedule() {
     // Adjacent blocks sliding down by 16 B, each destination covering the
     // previous source: valid, so every interleaving must keep the bytes.
-    let mut plan = Plan::empty(PlanKind::Full);
     let moves = (0..20)
         .map(|i| Move {
             key: i,
@@ -304,7 +303,7 @@ fn a_valid_chain_survives_every_schedule() {
             len: 1000,
         })
         .collect();
-    plan.waves.push(Wave { moves });
+    let plan = Plan::new(PlanKind::Full, [moves]);
     for seed in 0..20 {
         let mut b = pattern_backend(32 * KIB, seed);
         let want = b.bytes()[16..20_016].to_vec();
@@ -334,7 +333,7 @@ impl Backend for Failing {
     fn execute(&mut self, _: &Plan) -> Result<()> {
         Err(Error::Driver {
             call: "test",
-            source: cuarena::error::DriverError::new(999, "injected"),
+            source: cuarena::DriverError::new(999, "injected"),
         })
     }
 }

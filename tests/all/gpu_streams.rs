@@ -17,7 +17,7 @@ use cuarena::backend::cuda::cudarc::driver::{
 use cuarena::backend::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
-use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::plan::{Move, Plan, PlanKind};
 use cuarena::{Arena, ArenaConfig, Error, Handle, Storage, StreamId};
 
 const KIB: u64 = 1 << 10;
@@ -301,14 +301,13 @@ fn kernel_args_order_a_second_stream_and_views_for_the_wrong_stream_go_wrong() {
 
 /// One wave breaking rule 3: move 0 writes over the source of move 1.
 fn bad_plan(m: &dyn Fn(u64, u64, u64) -> Move) -> Plan {
-    let mut p = Plan::empty(PlanKind::Full);
-    p.waves.push(Wave {
-        moves: vec![
+    Plan::new(
+        PlanKind::Full,
+        [vec![
             m(0, 150 * KIB, 100 * KIB),
             m(200 * KIB, 400 * KIB, 100 * KIB),
-        ],
-    });
-    p
+        ]],
+    )
 }
 
 #[test]

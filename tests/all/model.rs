@@ -51,7 +51,7 @@ fn run_random_program_on<B: Backend>(mut model: Model<'_, B>, seed: u64, steps: 
 /// exceeds the free bytes.
 #[test]
 fn metadata_arenas_near_two_to_the_64() {
-    let max_align = cuarena::config::MAX_ALIGN;
+    let max_align = cuarena::ArenaConfig::MAX_ALIGN;
     let configs = [
         (u64::MAX, 1),
         (u64::MAX - 255, 256),

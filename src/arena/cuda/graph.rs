@@ -74,8 +74,10 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::arena::Arena;
+pub use crate::backend::cuda::launch::{
+    launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch,
+};
 use crate::backend::cuda::{driver_err, CudaBackend};
-pub use crate::backend::cuda::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
 use crate::backend::Backend as _;
 use crate::error::{Error, Result};
 use crate::handle::Handle;

@@ -3,10 +3,8 @@
 //! They live on the arena side: the backend knows byte ranges of its
 //! region, never handles or blocks.
 
-mod args;
+pub(crate) mod args;
 pub mod graph;
-
-pub use args::KernelArgs;
 
 use std::sync::Arc;
 
@@ -28,7 +26,7 @@ use crate::stream::StreamId;
 /// the *arena stream* ([`Arena::stream`]) in order, without blocking the
 /// host (reads excepted). Other streams are registered
 /// ([`register_stream`](Arena::register_stream)) and named by a
-/// [`StreamId`]; the contract of [`crate::stream`] holds with events and
+/// [`StreamId`]; the contract of [`StreamId`](crate::StreamId) holds with events and
 /// stream waits only:
 ///
 /// - **Kernel arguments order themselves.** [`kernel_args`](Arena::kernel_args)

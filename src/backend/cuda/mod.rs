@@ -10,7 +10,7 @@
 //! ordered with the arena stream by events and stream waits only
 //! ([`Backend::wait_stream`](crate::backend::Backend::wait_stream),
 //! [`Backend::join_arena`](crate::backend::Backend::join_arena)); the
-//! arena decides when (see [`crate::stream`]). `CudaBackend::read` waits
+//! arena decides when (see [`StreamId`](crate::StreamId)). `CudaBackend::read` waits
 //! for the arena stream; writes and plans do not block the host.
 //!
 //! Views ([`ArenaView`], [`ArenaViewMut`]) are plain device pointers for one
@@ -61,7 +61,7 @@
 //! `cuarena_move_bulk` (`kernels/bulk.cu`): the same tiles and waits,
 //! carried through shared memory by bulk asynchronous copies, several per
 //! CTA in flight; a chunk whose moves average 256 KiB or more takes a
-//! second compiled shape with 64 KiB tiles ([`CudaOptions::large_moves`]).
+//! second compiled shape with 64 KiB tiles ([`CudaOptions::with_large_moves`]).
 //! A tile whose waiting part is small (a block sliding down by a small
 //! shift) stores it into a side buffer instead of waiting, and a third
 //! launch, `cuarena_settle`, puts it in place
@@ -95,7 +95,7 @@
 mod buffers;
 mod chunks;
 mod kernels;
-mod launch;
+pub(crate) mod launch;
 mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
@@ -107,12 +107,16 @@ mod streams;
 mod view;
 mod wave;
 
+pub use crate::arena::cuda::args::KernelArgs;
 /// The cudarc this crate is built with (use it for your own kernels so the
 /// types match).
 pub use cudarc;
-pub use launch::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
-pub use options::{CudaOptions, LargeMoves, MoveKernelInfo};
-pub use view::{ArenaView, ArenaViewMut, IoViews, ViewSet};
+pub use options::CudaOptions;
+#[cfg(test)]
+use options::LargeMoves;
+use options::MoveKernelInfo;
+pub use view::{ArenaView, ArenaViewMut};
+pub(crate) use view::{IoViews, ViewSet};
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -423,14 +427,44 @@ impl CudaBackend {
 
     /// Registers, spills and grid of the move kernel (of chunks of small
     /// moves, when the options name a kernel for large ones).
-    pub fn move_kernel_info(&self) -> &MoveKernelInfo {
+    pub(crate) fn move_kernel_info(&self) -> &MoveKernelInfo {
         &self.primary.info
     }
 
     /// The same for the kernel of chunks of large moves, if the options
-    /// name one ([`CudaOptions::large_moves`]).
-    pub fn large_move_kernel_info(&self) -> Option<&MoveKernelInfo> {
+    /// name one.
+    pub(crate) fn large_move_kernel_info(&self) -> Option<&MoveKernelInfo> {
         self.large.as_ref().map(|k| &k.info)
+    }
+
+    /// The move kernels as loaded, one line each (for logs and benches):
+    /// the shape as it runs (`r`: the register kernel, `bN`: the bulk
+    /// kernel with N tiles in flight), tile bytes, registers and local
+    /// bytes per thread, shared memory per CTA, CTAs per multiprocessor
+    /// and the grid. A second line describes the kernel of chunks of large
+    /// moves, when there is one.
+    pub fn describe_kernels(&self) -> String {
+        let line = |what: &str, i: &MoveKernelInfo| {
+            let kind = match i.bulk_stages {
+                0 => "r".to_string(),
+                s => format!("b{s}"),
+            };
+            format!(
+                "{what} {kind}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
+                i.tile_bytes >> 10,
+                i.registers,
+                i.local_bytes,
+                i.shared_bytes,
+                i.ctas_per_sm,
+                i.grid
+            )
+        };
+        let mut out = line("move kernel", self.move_kernel_info());
+        if let Some(large) = self.large_move_kernel_info() {
+            out.push('\n');
+            out.push_str(&line("large moves", large));
+        }
+        out
     }
 
     /// Device bytes of the side buffer that small waiting parts of tiles
@@ -560,13 +594,53 @@ mod tests {
         assert!(CudaOptions::default().validate().is_ok());
         assert_eq!(CudaOptions::default().tile_bytes(), 32 * 1024);
         // A bad shape for large moves is caught too.
-        let bad_large =
-            CudaOptions::default().with_large_moves(Some(LargeMoves::new(512, 3, 2, 1)));
+        let bad_large = CudaOptions {
+            large_moves: Some(LargeMoves::new(512, 3, 2, 1)),
+            ..CudaOptions::default()
+        };
         assert!(bad_large.validate().is_err());
         let bad = CudaOptions {
             threads_per_cta: 100,
             ..CudaOptions::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    /// The bulk kernel runs with the stages asked for where they fit in shared
+    /// memory (2 and 16 here), fewer where they do not, and on Hopper only.
+    #[test]
+    fn bulk_kernel_takes_the_stages_that_fit() {
+        if let Err(reason) = CudaBackend::available() {
+            println!("skipped: {reason}");
+            return;
+        }
+        let default = CudaOptions::default();
+        let small = default.with_threads_per_cta(128).with_vectors_per_thread(4);
+        for (options, want) in [
+            (default.with_bulk_stages(2), 2),
+            (small.with_bulk_stages(16), 16),
+            // 64 KiB tiles: three fit in 227 KiB.
+            (default.with_vectors_per_thread(16).with_bulk_stages(16), 3),
+            // One warp: no room for a producer warp.
+            (small.with_threads_per_cta(32).with_bulk_stages(4), 0),
+        ] {
+            let b = CudaBackend::with_options(0, CudaCapacity::Bytes(64 << 20), options)
+                .expect("CUDA backend");
+            let hopper = b
+                .arch()
+                .trim_start_matches("sm_")
+                .trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse::<u32>()
+                .is_ok_and(|cc| cc >= 90);
+            let got = b.move_kernel_info().bulk_stages;
+            println!("{options:?}: {} stages on {}", got, b.arch());
+            assert_eq!(got, if hopper { want } else { 0 }, "{options:?}");
+            // The default's kernel for large moves: 2 stages of 64 KiB.
+            let large = b
+                .large_move_kernel_info()
+                .expect("a second shape by default");
+            assert_eq!(large.tile_bytes, 64 << 10);
+            assert_eq!(large.bulk_stages, if hopper { 2 } else { 0 });
+        }
     }
 }

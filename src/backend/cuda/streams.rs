@@ -1,7 +1,7 @@
 //! The streams registered with the backend: id 0 is the arena stream,
 //! others are the caller's (a copy stream, a compute stream, NCCL's). They
 //! are ordered with events and stream waits only, never on the host (see
-//! [`crate::stream`]).
+//! [`StreamId`](crate::StreamId)).
 
 use std::sync::Arc;
 

@@ -70,8 +70,8 @@ use crate::trace::{round_up, Allocator, Op, Ops, Outcome};
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::cudarc::driver::{sys, CudaEvent};
 use cuarena::backend::cuda::CudaBackend;
-use cuarena::config::ArenaConfig;
 use cuarena::Arena;
+use cuarena::ArenaConfig;
 use cuarena::Error;
 use cuarena::Handle;
 use cuarena::Stats;
@@ -339,7 +339,7 @@ impl Run<'_> {
 }
 
 /// Whether an allocation of `reserved` bytes (rounded to the alignment, at
-/// the arena's own alignment) compacts under [`cuarena::config::CompactionPolicy::Auto`]
+/// the arena's own alignment) compacts under [`cuarena::CompactionPolicy::Auto`]
 /// without pins or spilling: it fits in the free bytes but in no hole.
 /// Exact, since the free-space index fails only when no hole can hold a
 /// request.
@@ -446,7 +446,7 @@ pub fn replay_gpu(
 mod tests {
     use super::*;
     use crate::gpu::pattern::CheckRange;
-    use cuarena::config::CompactionPolicy;
+    use cuarena::CompactionPolicy;
 
     #[test]
     fn sampling_picks_ranges() {
@@ -479,7 +479,7 @@ mod tests {
     /// metadata arena replaying a real trace at its smallest capacity, an
     /// allocation compacts if and only if it was predicted to. Under the
     /// targeted policy: `Auto` also runs deferred moves at allocations that
-    /// fit in a hole (`cuarena::plan::lag`), which this prediction does not
+    /// fit in a hole (deferred moves), which this prediction does not
     /// see (the replay counts them as untimed compactions).
     #[test]
     fn compaction_prediction_is_exact_on_a_real_trace() {
