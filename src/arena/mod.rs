@@ -18,11 +18,14 @@
 
 mod access;
 mod alloc;
-mod compact;
+mod block;
+mod compaction;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod defer;
 mod ops;
+mod place;
+mod relocate;
 mod shadow;
 mod shared;
 mod spill;
@@ -35,52 +38,19 @@ mod tests;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::slots::Slots;
+use block::{set_owner, Block, Counters, Owner, Place};
 
 pub use shared::SharedArena;
 pub use stats::{fmt_bytes, CompactionReport, Stats};
 
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::handle::{BlockKey, Handle, TableEntry};
-use crate::placement::{Allocation, FreeIndex, Lifetimes};
+use crate::placement::{FreeIndex, Lifetimes};
 use crate::plan::lag::Lag;
 use crate::plan::planner::LiveBlock;
 use crate::plan::policy::Pacer;
-
-/// The block on a used placement node, with what compaction planning needs
-/// of it. Kept beside the nodes (indexed like them, so in address order
-/// after a compaction) that collecting the live blocks reads two dense
-/// tables and never the block table: at ~100 bytes a block, reading that
-/// once per block per compaction made replays slow down per op as it
-/// outgrew the caches.
-#[derive(Debug, Clone, Copy)]
-struct Owner {
-    key: BlockKey,
-    /// Bytes to copy when it moves (its size).
-    size: u64,
-    align: u32,
-    pinned: bool,
-}
-
-impl Owner {
-    const NONE: Owner = Owner {
-        key: BlockKey::NULL,
-        size: 0,
-        align: 1,
-        pinned: false,
-    };
-}
-
-/// Records `owner` as the block on placement node `slot` in `owners`.
-fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
-    let i = slot as usize;
-    if owners.len() <= i {
-        owners.resize(i + 1, Owner::NONE);
-    }
-    owners[i] = owner;
-}
 
 /// Ids of arenas, so handles of one are rejected by another: the next id
 /// to hand out.
@@ -97,135 +67,6 @@ fn take_arena_id(counter: &AtomicU64) -> Result<u64> {
             what: "arena ids in this process",
             limit: u64::MAX - 1,
         })
-}
-
-/// Where a block's bytes are.
-#[derive(Debug, PartialEq, Eq)]
-enum Place {
-    /// In the region: the placement allocation holds the offset (nowhere
-    /// else does).
-    Device(Allocation),
-    /// Spilled to the host tier: the allocation of the tier's own index.
-    Host(Allocation),
-}
-
-/// A live block's metadata: one entry of the slot table per live block,
-/// touched by every alloc and free and by every compaction's passes over
-/// the live blocks. Kept small (rarely used state lives behind pointers)
-/// so that a table of hundreds of thousands of blocks stays in cache and
-/// takes few fresh pages: at ~200 bytes an entry, replay time per op grew
-/// by 40 % from 80k to 160k blocks.
-#[derive(Debug)]
-struct Block {
-    place: Place,
-    size: u64,
-    /// The dtype it was allocated for (`None`: untyped bytes).
-    dtype: Option<DType>,
-    /// Streams that used the block; `None` until kernel arguments or
-    /// [`Arena::record_stream`] name it (one small allocation then, beside
-    /// a kernel launch; plain alloc and free never make one). Behind a
-    /// mutex of its own so that kernel arguments, taken under a shared
-    /// arena's shared lock by several threads, record uses; under `&mut`
-    /// (compaction, free) it is reached without locking.
-    streams: std::sync::Mutex<Option<Box<StreamUses>>>,
-    /// `Counters::allocs` when it was allocated: its lifetime at free, in
-    /// allocation ticks, feeds `Arena::lifetimes`.
-    born: u64,
-    /// Tick of the last use (resolved for a kernel, a transfer or a pin):
-    /// the spill policy evicts the least recently used block first.
-    last_use: AtomicU64,
-    /// Alignment of the offset (a power of two up to
-    /// [`crate::config::MAX_ALIGN`], so it fits).
-    align: u32,
-    pins: u32,
-    /// Where the bytes of a resident block are when they have not followed
-    /// its placement yet (a deferred move, `src/plan/lag.rs`): always
-    /// above the placement's offset, so never 0. `None`: at the placement.
-    lag: Option<std::num::NonZeroU64>,
-}
-
-impl Block {
-    /// Bytes reserved: the size rounded up to the arena's alignment, which
-    /// is what its placement (in the region or the host tier) holds.
-    fn reserved(&self) -> u64 {
-        match &self.place {
-            Place::Device(a) | Place::Host(a) => a.size(),
-        }
-    }
-
-    /// Alignment of the offset in bytes.
-    fn align(&self) -> u64 {
-        u64::from(self.align)
-    }
-
-    /// Where the block's bytes are in the region: its placement's offset,
-    /// or where they lag ([`Block::lag`]); `None` when spilled.
-    fn real_offset(&self) -> Option<u64> {
-        match &self.place {
-            Place::Device(a) => Some(self.lag.map_or(a.offset(), |at| at.get())),
-            Place::Host(_) => None,
-        }
-    }
-
-    /// The streams that used the block since it was allocated.
-    fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
-        self.with_streams(|s| s.as_ref().map(|s| s.uses.clone()).unwrap_or_default())
-    }
-
-    /// Runs `f` on the stream-use records (`None` before the first use),
-    /// under their lock. Nothing in `f` panics, so a poisoned lock (it
-    /// cannot be) would hold consistent records.
-    fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
-        let mut s = self
-            .streams
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut s)
-    }
-}
-
-/// Which streams used a block (see [`StreamId`](crate::StreamId)).
-#[derive(Debug, Default)]
-struct StreamUses {
-    /// Registered streams other than the arena's that used the block since
-    /// it was allocated.
-    uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
-    /// The stream whose kernel arguments last wrote the block, and the
-    /// streams that read it since: what later work on another stream must
-    /// wait for (read after write, write after read or write).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    writer: Option<crate::stream::StreamId>,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct Counters {
-    requested_bytes: u64,
-    pinned_blocks: usize,
-    peak_allocated_bytes: u64,
-    evictions: u64,
-    restores: u64,
-    bytes_evicted: u64,
-    bytes_restored: u64,
-    allocs: u64,
-    frees: u64,
-    failed_allocs: u64,
-    targeted: u64,
-    full: u64,
-    moves: u64,
-    bytes_moved: u64,
-    /// Bytes naive compact-on-failure moved on the same requests (the
-    /// plans applied to the index under `Auto`, and explicit compactions).
-    naive_bytes_moved: u64,
-    /// Requests naive would have failed (see `Stats::naive_failures`).
-    naive_failures: u64,
-    /// Bytes of the handover to naive's layout (see `Stats::handover_bytes`).
-    handover_bytes: u64,
-    /// Bytes moved past the budget (see `Stats::overrun_bytes`).
-    overrun_bytes: u64,
-    planning: std::time::Duration,
-    compaction: std::time::Duration,
 }
 
 /// A compacting tensor arena over a backend `B`.
@@ -578,7 +419,7 @@ impl<B: Backend> Arena<B> {
                 }
             }
             let pinned = b.pins > 0;
-            self.shadow_pin(key, pinned);
+            shadow::pin(self, key, pinned);
         }
     }
 
