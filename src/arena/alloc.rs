@@ -1,13 +1,16 @@
-//! Allocation, freeing and pinning.
+//! Allocation: blocks named by handles (freed by hand) and owned storages
+//! (freed when their last owner drops, through the reclaim queue), frees
+//! and pins.
 
 use std::sync::atomic::AtomicU64;
 
 use super::{Arena, Block, Place};
 use crate::backend::Backend;
 use crate::config::{CompactionPolicy, MAX_ALIGN};
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
+use crate::storage::Storage;
 
 impl<B: Backend> Arena<B> {
     /// Allocates `bytes` at the arena's default alignment.
@@ -21,11 +24,12 @@ impl<B: Backend> Arena<B> {
         self.alloc_impl(bytes, align_bytes, None)
     }
 
-    /// Allocates `numel` elements of `T`, aligned for them; the block's
-    /// dtype is `T`'s.
-    pub fn alloc_elems<T: Element>(&mut self, numel: u64) -> Result<Handle> {
-        let (bytes, align) = self.typed_layout(T::DTYPE, numel)?;
-        self.alloc_impl(bytes, align, Some(T::DTYPE))
+    /// Allocates `numel` elements of `dtype`, aligned for them; the block
+    /// is typed (typed calls check their element type against it). For a
+    /// Rust element type `T`: `alloc_dtype(T::DTYPE, n)`.
+    pub fn alloc_dtype(&mut self, dtype: DType, numel: u64) -> Result<Handle> {
+        let (bytes, align) = self.typed_layout(dtype, numel)?;
+        self.alloc_impl(bytes, align, Some(dtype))
     }
 
     /// Bytes and alignment of `numel` elements of `dtype` in this arena.
@@ -221,5 +225,66 @@ impl<B: Backend> Arena<B> {
             self.sync_pinned(h.key);
         }
         Ok(pins)
+    }
+
+    // ---- owned storage --------------------------------------------------------
+
+    /// Allocates `bytes` as an owned [`Storage`] (untyped): freed when its
+    /// last owner drops. Zero bytes is valid and takes no block.
+    pub fn alloc_storage(&mut self, bytes: u64) -> Result<Storage> {
+        self.storage(bytes, self.config.alignment_bytes, None)
+    }
+
+    /// `numel` elements of `dtype` as an owned [`Storage`], aligned for
+    /// them: a framework's allocation for a runtime dtype.
+    pub fn alloc_storage_dtype(&mut self, dtype: DType, numel: u64) -> Result<Storage> {
+        let (bytes, align) = self.typed_layout(dtype, numel)?;
+        self.storage(bytes, align, Some(dtype))
+    }
+
+    fn storage(&mut self, bytes: u64, align: u64, dtype: Option<DType>) -> Result<Storage> {
+        let handle = if bytes == 0 {
+            self.check_usable()?;
+            None
+        } else {
+            Some(self.alloc_impl(bytes, align, dtype)?)
+        };
+        Ok(Storage::new(
+            handle,
+            bytes,
+            dtype,
+            self.id,
+            std::sync::Arc::clone(&self.reclaim),
+        ))
+    }
+
+    /// Frees the blocks of storages dropped since the last call (it runs by
+    /// itself at every allocation and compaction). A block still pinned
+    /// waits for its last unpin. Returns the blocks freed.
+    pub fn reclaim(&mut self) -> Result<u64> {
+        self.check_usable()?;
+        self.drain_reclaim()
+    }
+
+    pub(super) fn drain_reclaim(&mut self) -> Result<u64> {
+        self.reclaim.take(&mut self.reclaiming);
+        let mut freed = 0;
+        let mut i = 0;
+        while i < self.reclaiming.len() {
+            let h = self.reclaiming[i];
+            match self.free(h) {
+                Ok(()) => {
+                    self.reclaiming.swap_remove(i);
+                    freed += 1;
+                }
+                Err(Error::Pinned { .. }) => i += 1,
+                // Freed by hand through its handle already.
+                Err(Error::StaleHandle) => {
+                    self.reclaiming.swap_remove(i);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(freed)
     }
 }

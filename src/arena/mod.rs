@@ -16,14 +16,13 @@
 //! the table may disagree, so the arena poisons itself and every later call
 //! returns [`Error::Poisoned`].
 
-mod access;
 mod alloc;
 mod block;
+mod bytes;
 mod compaction;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod defer;
-mod ops;
 mod place;
 mod relocate;
 mod shadow;
@@ -32,6 +31,8 @@ mod spill;
 mod stats;
 mod stats_cell;
 mod streams;
+#[cfg(test)]
+mod table_tests;
 #[cfg(test)]
 mod tests;
 
@@ -46,7 +47,7 @@ pub use stats::{fmt_bytes, CompactionReport, Stats};
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
 use crate::error::{Error, Result};
-use crate::handle::{BlockKey, Handle, TableEntry};
+use crate::handle::{BlockInfo, BlockKey, Handle, TableEntry};
 use crate::placement::{FreeIndex, Lifetimes};
 use crate::plan::lag::Lag;
 use crate::plan::planner::LiveBlock;
@@ -156,23 +157,29 @@ impl Arena<HostBackend> {
     }
 }
 
-impl Arena<HostBackend> {
-    /// Registers another stream. Host work is synchronous, so a host stream
-    /// is an id only; programs that record uses and wait on streams run the
-    /// same here as on a GPU.
-    pub fn register_stream(&mut self) -> Result<crate::stream::StreamId> {
-        self.check_usable()?;
-        let id = self.backend.register_stream()?;
-        self.note_stream(id);
-        Ok(id.of_arena(self.id))
-    }
-}
-
 impl Arena<MetaBackend> {
     /// An arena that stores no bytes (placement and planning only).
     pub fn metadata(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
         Self::with_backend(config.clone(), MetaBackend::new(config.capacity_bytes))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Arena<crate::backend::cuda::CudaBackend> {
+    /// An arena of `config.capacity_bytes` on CUDA device `ordinal`, with
+    /// the default kernel options (others:
+    /// [`with_backend`](Arena::with_backend) and
+    /// [`CudaBackend::with_options`](crate::backend::cuda::CudaBackend::with_options)).
+    pub fn cuda(config: ArenaConfig, ordinal: usize) -> Result<Self> {
+        use crate::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
+        config.validate()?;
+        let backend = CudaBackend::with_options(
+            ordinal,
+            CudaCapacity::Bytes(config.capacity_bytes),
+            CudaOptions::default(),
+        )?;
+        Arena::with_backend(config, backend)
     }
 }
 
@@ -238,18 +245,6 @@ impl<B: Backend> Arena<B> {
         self.id
     }
 
-    /// Makes room in the per-stream tables for registered stream `id`
-    /// (its index is below [`crate::stream::MAX_STREAMS`]: the backends
-    /// refuse more).
-    fn note_stream(&mut self, id: crate::stream::StreamId) {
-        let i = id.index() as usize;
-        while self.joined.len() <= i {
-            self.joined.push(AtomicU64::new(u64::MAX)); // never joined
-        }
-        // Blocks may get stream uses from now on (see `other_streams`).
-        self.other_streams |= i > 0;
-    }
-
     /// Forgets the lifetimes learned so far (see
     /// `src/placement/lifetime.rs`): placement then decides as in a new
     /// arena. For a program replayed several times on one arena, whose
@@ -266,15 +261,6 @@ impl<B: Backend> Arena<B> {
         &self.config
     }
 
-    /// Sets the compaction policy (for example to run a non-moving baseline).
-    pub fn set_compaction(&mut self, policy: CompactionPolicy) {
-        if policy != self.config.compaction {
-            // The budget counts from the arena's creation.
-            self.shadow = None;
-        }
-        self.config.compaction = policy;
-    }
-
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
@@ -282,7 +268,7 @@ impl<B: Backend> Arena<B> {
 
     /// The backend, mutably: for backend extensions inside the crate only,
     /// since moving bytes behind the arena's back would corrupt it.
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
     }
@@ -308,12 +294,6 @@ impl<B: Backend> Arena<B> {
             self.poison(format!("device fault: {reason}"));
         }
         r
-    }
-
-    /// Why the arena refuses work, if it does: the first failure that
-    /// poisoned it.
-    pub fn poisoned(&self) -> Option<&str> {
-        self.poisoned.get().map(String::as_str)
     }
 
     fn block(&self, h: Handle) -> Result<&Block> {
@@ -351,6 +331,103 @@ impl<B: Backend> Arena<B> {
         self.device_offset(b)
     }
 
+    // ---- queries ----------------------------------------------------------
+
+    /// Everything known about a live block.
+    pub fn info(&self, h: Handle) -> Result<BlockInfo> {
+        let b = self.block(h)?;
+        Ok(self.info_of(h, b))
+    }
+
+    fn info_of(&self, handle: Handle, b: &Block) -> BlockInfo {
+        let (offset, resident) = match b.real_offset() {
+            Some(offset) => (offset, true),
+            None => (0, false),
+        };
+        BlockInfo {
+            handle,
+            offset,
+            resident,
+            size_bytes: b.size,
+            reserved_bytes: b.reserved(),
+            align_bytes: b.align(),
+            dtype: b.dtype,
+            pins: b.pins,
+        }
+    }
+
+    /// Live blocks in address order (of their bytes: a block whose move is
+    /// deferred, `src/plan/lag.rs`, is listed where its bytes are).
+    pub fn blocks(&self) -> Vec<BlockInfo> {
+        let mut infos: Vec<BlockInfo> = self
+            .index
+            .regions()
+            .filter_map(|r| r.slot)
+            .filter_map(|slot| {
+                let key = self.owners.get(slot as usize)?.key;
+                let b = self.blocks.get(key)?;
+                Some(self.info_of(
+                    Handle {
+                        key,
+                        arena: self.id,
+                    },
+                    b,
+                ))
+            })
+            .collect();
+        if !self.lag.is_empty() {
+            infos.sort_unstable_by_key(|i| i.offset);
+        }
+        infos
+    }
+
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> Stats {
+        let r = self.index.report();
+        let c = &self.counters;
+        Stats {
+            capacity_bytes: self.config.capacity_bytes,
+            allocated_bytes: self.config.capacity_bytes - r.free_bytes,
+            requested_bytes: c.requested_bytes,
+            free_bytes: r.free_bytes,
+            largest_free_bytes: r.largest_free_bytes,
+            fragmentation: if r.free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - r.largest_free_bytes as f64 / r.free_bytes as f64
+            },
+            live_blocks: self.blocks.len() as u64,
+            free_regions: r.free_regions as u64,
+            pinned_blocks: c.pinned_blocks as u64,
+            peak_allocated_bytes: c.peak_allocated_bytes,
+            allocs: c.allocs,
+            frees: c.frees,
+            failed_allocs: c.failed_allocs,
+            targeted_compactions: c.targeted,
+            full_compactions: c.full,
+            moves: c.moves,
+            bytes_moved: c.bytes_moved,
+            naive_bytes_moved: c.naive_bytes_moved,
+            naive_failures: c.naive_failures,
+            handover_bytes: c.handover_bytes,
+            overrun_bytes: c.overrun_bytes,
+            deferred_bytes: self.lag.deferred_bytes(),
+            planning_time: c.planning,
+            planning_visits: self.pacer.visits(),
+            budget_compactions: self.pacer.escalations(),
+            compaction_time: c.compaction,
+            evictions: c.evictions,
+            restores: c.restores,
+            bytes_evicted: c.bytes_evicted,
+            bytes_restored: c.bytes_restored,
+            host_tier_used_bytes: self
+                .tier
+                .as_ref()
+                .map_or(0, |t| t.capacity() - t.free_bytes()),
+            pending_reclaim: (self.reclaim.pending() + self.reclaiming.len()) as u64,
+        }
+    }
+
     /// Records a slot's new state: `Some((offset, bytes))` live, `None` freed.
     fn set_entry(&mut self, key: BlockKey, live: Option<(u64, u64)>) {
         let slot = key.slot() as usize;
@@ -374,14 +451,15 @@ impl<B: Backend> Arena<B> {
     /// The handle table (slot -> offset, version) as the arena sees it now.
     /// Kernels see the backend's copy, which matches it after every
     /// compaction and after [`flush_table`](Arena::flush_table).
-    pub fn handle_table(&self) -> &[TableEntry] {
+    #[cfg_attr(not(any(test, feature = "cuda")), allow(dead_code))]
+    pub(crate) fn handle_table(&self) -> &[TableEntry] {
         &self.table
     }
 
     /// Sends the table's changed slots to the backend (on the CUDA backend:
-    /// enqueued on the arena stream). Call before launching kernels that
-    /// resolve handles allocated since the last compaction.
-    pub fn flush_table(&mut self) -> Result<()> {
+    /// enqueued on the arena stream): before kernels resolve handles
+    /// allocated since the last compaction (`graph::handle_args` calls it).
+    pub(crate) fn flush_table(&mut self) -> Result<()> {
         self.check_usable()?;
         if let Some((lo, hi)) = self.dirty.take() {
             // Other streams resolving handles must see the update.

@@ -6,24 +6,14 @@
 
 use std::time::Instant;
 
-use super::{Arena, CompactionReport, Place};
+use super::{compaction, Arena, CompactionReport, Place};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::handle::{BlockKey, Handle};
 use crate::plan::planner;
-use crate::plan::Plan;
 use crate::storage::AsRange;
 
 impl<B: Backend> Arena<B> {
-    /// The plan a full compaction would run now (for inspection). With
-    /// deferred moves (`src/plan/lag.rs`) it is planned over the
-    /// placement index, as [`compact`](Arena::compact) plans it once it has
-    /// sent every lagging block home.
-    pub fn plan_full(&mut self) -> Plan {
-        super::compaction::collect_live(self);
-        planner::plan_full(&self.live, self.config.capacity_bytes)
-    }
-
     /// Compacts fully: afterwards the free space between pinned blocks is one
     /// region per gap (one region in all without pins). Blocks whose moves
     /// were deferred go home first (a separate plan); naive, asked for the
@@ -37,7 +27,8 @@ impl<B: Backend> Arena<B> {
         }
         super::defer::settle(self)?;
         let t0 = Instant::now();
-        let plan = self.plan_full();
+        compaction::collect_live(self);
+        let plan = planner::plan_full(&self.live, self.config.capacity_bytes);
         self.counters.naive_bytes_moved = self
             .counters
             .naive_bytes_moved
@@ -52,7 +43,8 @@ impl<B: Backend> Arena<B> {
     /// others (never these) if needed, and counts them as used.
     ///
     /// All or nothing: a bad handle, or blocks that cannot be resident
-    /// together ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]),
+    /// together ([`Error::WorkingSetTooLarge`](crate::Error::WorkingSetTooLarge),
+    /// [`Error::HostTierFull`](crate::Error::HostTierFull)),
     /// fail before anything changes. Several spilled blocks are placed
     /// together: in the holes as they are if they all fit there, else after
     /// the evictions (least recently used first) and the full compaction

@@ -93,6 +93,11 @@ pub struct Stats {
     pub bytes_restored: u64,
     /// Bytes of the host tier holding spilled blocks now.
     pub host_tier_used_bytes: u64,
+    /// Blocks of dropped [`Storage`](crate::Storage)s not freed yet: the
+    /// arena frees them at its next allocation or compaction, or at
+    /// `reclaim` (a pinned one at its last unpin). Storages dropped since
+    /// the snapshot are not counted.
+    pub pending_reclaim: u64,
 }
 
 /// What one compaction did.

@@ -158,7 +158,7 @@ proptest! {
         let cap = 256 * 1024;
         let backend = cuarena::backend::HostBackend::new(cap).expect("backend").with_seed(seed);
         let mut arena = Arena::with_backend(ArenaConfig::new(cap).with_alignment_bytes(align), backend).expect("arena");
-        let streams = [arena.register_stream().expect("stream"), arena.register_stream().expect("stream")];
+        let streams = [arena.register_stream(()).expect("stream"), arena.register_stream(()).expect("stream")];
         let mut model = Model::new(&mut arena, true).with_streams(&streams);
         for (step, op) in ops.iter().enumerate() {
             model.step(op, step);
@@ -180,7 +180,7 @@ fn seeded_programs_on_the_host_backend() {
         };
         let config = ArenaConfig::new(1 << 20).with_compaction(policy);
         let mut arena = Arena::host(config).expect("arena");
-        let streams = [arena.register_stream().expect("stream")];
+        let streams = [arena.register_stream(()).expect("stream")];
         let model = Model::new(&mut arena, true).with_streams(&streams);
         run_random_program_on(model, seed, 400, 1 << 20);
         targeted += arena.stats().targeted_compactions;

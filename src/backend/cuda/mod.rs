@@ -6,7 +6,7 @@
 //! The backend owns one stream, the *arena stream* ([`CudaBackend::stream`]).
 //! Every transfer and every plan runs on it, in order, without host
 //! synchronisation between waves. Other streams are registered
-//! ([`CudaBackend::register_stream`], or the arena's `register_stream`) and
+//! (the arena's `register_stream`, or [`Backend::register_stream`](crate::backend::Backend::register_stream)) and
 //! ordered with the arena stream by events and stream waits only
 //! ([`Backend::wait_stream`](crate::backend::Backend::wait_stream),
 //! [`Backend::join_arena`](crate::backend::Backend::join_arena)); the
@@ -35,7 +35,7 @@
 //!   after the kernels that use it, with no host synchronisation.
 //! - The handle table's device copy still grows with `cuMemAlloc` when the
 //!   arena has more slots than it holds (a driver allocation, not a wait
-//!   for queued work; [`CudaBackend::reserve_table`] does it ahead of time).
+//!   for queued work; `graph::reserve_handle_table` does it ahead of time).
 //!
 //! # The move kernel
 //!
@@ -115,8 +115,8 @@ pub use options::CudaOptions;
 #[cfg(test)]
 use options::LargeMoves;
 use options::MoveKernelInfo;
+pub(crate) use view::ViewSet;
 pub use view::{ArenaView, ArenaViewMut};
-pub(crate) use view::{IoViews, ViewSet};
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -507,7 +507,7 @@ impl CudaBackend {
     /// address; the old buffer is kept (not updated) until the backend is
     /// dropped, so kernels already enqueued and captured graphs never read
     /// freed memory. Reserve up front for the most blocks you will have.
-    pub fn reserve_table(&mut self, slots: usize) -> Result<u64> {
+    pub(crate) fn reserve_table(&mut self, slots: usize) -> Result<u64> {
         let entry = std::mem::size_of::<TableEntry>();
         let need = slots
             .checked_mul(entry)
@@ -550,15 +550,15 @@ impl CudaBackend {
     }
 
     /// Entries the device table holds now (0 before the first sync).
-    pub fn table_capacity_slots(&self) -> usize {
+    pub(crate) fn table_capacity_slots(&self) -> usize {
         self.scratch.table.bytes / std::mem::size_of::<TableEntry>()
     }
 
     /// Device address of the backend's copy of the arena's handle table
     /// (`TableEntry` records, see `kernels/cuarena.cuh`), 0 before the
     /// first sync. Updated until the table next grows (see
-    /// [`reserve_table`](Self::reserve_table)); the arena's
-    /// `handle_table_ptr` flushes it first.
+    /// `graph::reserve_handle_table`); `graph::handle_args` flushes the
+    /// arena's changes first.
     pub fn table_ptr(&self) -> u64 {
         self.scratch.table.ptr
     }
@@ -586,61 +586,4 @@ impl Drop for CudaBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_are_checked() {
-        assert!(CudaOptions::default().validate().is_ok());
-        assert_eq!(CudaOptions::default().tile_bytes(), 32 * 1024);
-        // A bad shape for large moves is caught too.
-        let bad_large = CudaOptions {
-            large_moves: Some(LargeMoves::new(512, 3, 2, 1)),
-            ..CudaOptions::default()
-        };
-        assert!(bad_large.validate().is_err());
-        let bad = CudaOptions {
-            threads_per_cta: 100,
-            ..CudaOptions::default()
-        };
-        assert!(bad.validate().is_err());
-    }
-
-    /// The bulk kernel runs with the stages asked for where they fit in shared
-    /// memory (2 and 16 here), fewer where they do not, and on Hopper only.
-    #[test]
-    fn bulk_kernel_takes_the_stages_that_fit() {
-        if let Err(reason) = CudaBackend::available() {
-            println!("skipped: {reason}");
-            return;
-        }
-        let default = CudaOptions::default();
-        let small = default.with_threads_per_cta(128).with_vectors_per_thread(4);
-        for (options, want) in [
-            (default.with_bulk_stages(2), 2),
-            (small.with_bulk_stages(16), 16),
-            // 64 KiB tiles: three fit in 227 KiB.
-            (default.with_vectors_per_thread(16).with_bulk_stages(16), 3),
-            // One warp: no room for a producer warp.
-            (small.with_threads_per_cta(32).with_bulk_stages(4), 0),
-        ] {
-            let b = CudaBackend::with_options(0, CudaCapacity::Bytes(64 << 20), options)
-                .expect("CUDA backend");
-            let hopper = b
-                .arch()
-                .trim_start_matches("sm_")
-                .trim_end_matches(|c: char| !c.is_ascii_digit())
-                .parse::<u32>()
-                .is_ok_and(|cc| cc >= 90);
-            let got = b.move_kernel_info().bulk_stages;
-            println!("{options:?}: {} stages on {}", got, b.arch());
-            assert_eq!(got, if hopper { want } else { 0 }, "{options:?}");
-            // The default's kernel for large moves: 2 stages of 64 KiB.
-            let large = b
-                .large_move_kernel_info()
-                .expect("a second shape by default");
-            assert_eq!(large.tile_bytes, 64 << 10);
-            assert_eq!(large.bulk_stages, if hopper { 2 } else { 0 });
-        }
-    }
-}
+mod tests;

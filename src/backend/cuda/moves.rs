@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{result, sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result, sys, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 
 use super::buffers::Blocked;
 use super::pool::Pool;
@@ -159,8 +161,21 @@ fn hand_back(
 }
 
 impl Backend for CudaBackend {
+    /// A stream of the backend's CUDA context.
+    type Stream = Arc<CudaStream>;
+
     fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    /// See [`Arena::register_stream`](crate::Arena::register_stream): a
+    /// stream of another context is [`Error::ForeignStream`].
+    fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
+        self.register(stream)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        CudaBackend::synchronize(self)
     }
 
     fn stream_count(&self) -> u32 {

@@ -209,10 +209,6 @@ unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b ArenaViewMut<'c, T>> for Launch
     }
 }
 
-/// Input views and output views for a kernel, from the arena's `views_io`.
-pub type IoViews<'a, I, O, const M: usize, const N: usize> =
-    ([ArenaView<'a, I>; M], [ArenaViewMut<'a, O>; N]);
-
 /// Makes the views of one kernel (or of any work on one stream): any number
 /// of inputs and outputs, of any element types. An output that overlaps
 /// another output or an input, or an input that overlaps an earlier output,
