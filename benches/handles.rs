@@ -36,8 +36,10 @@ use cuarena::backend::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::CudaBackend;
-use cuarena::backend::Backend;
+use cuarena::backend::{Backend, MetaBackend, TableEntry};
 use cuarena::graph::{self, DeviceHandle, HandleArgs};
+use cuarena::plan::{Plan, PlanKind};
+use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Result};
 
 #[path = "../tests/support/mod.rs"]
@@ -112,20 +114,22 @@ fn resolve_bench(reps: usize) -> Result<()> {
     let n: u64 = 1 << 28; // f32 elements per tensor: 1 GiB each
     let n4 = n / 4;
     let mut arena = Arena::cuda(ArenaConfig::new(3 * GIB + 64 * MIB), 0)?;
-    let a = arena.alloc_elems::<f32>(n)?;
-    let b = arena.alloc_elems::<f32>(n)?;
-    let c = arena.alloc_elems::<f32>(n)?;
-    let bad = arena.alloc_elems::<u32>(1)?;
+    let a = arena.alloc_dtype(DType::F32, n)?;
+    let b = arena.alloc_dtype(DType::F32, n)?;
+    let c = arena.alloc_dtype(DType::F32, n)?;
+    let bad = arena.alloc_dtype(DType::U32, 1)?;
     for h in [a, b, c, bad] {
         arena.pin(h)?;
     }
+    // Pinned: the addresses hold until the unpins.
+    let base = arena.backend().region_ptr();
     let (pa, pb, pc, pbad) = (
-        arena.pinned_ptr(a)?,
-        arena.pinned_ptr(b)?,
-        arena.pinned_ptr(c)?,
-        arena.pinned_ptr(bad)?,
+        base + arena.resolve(a)?,
+        base + arena.resolve(b)?,
+        base + arena.resolve(c)?,
+        base + arena.resolve(bad)?,
     );
-    let stream = arena.stream().clone();
+    let stream = arena.backend().stream().clone();
     let memset = |ptr: u64, value: f32, words: u64| -> Result<()> {
         let words = words as usize;
         // SAFETY: `ptr` is a pinned block of at least `words` u32s, on the
@@ -232,7 +236,7 @@ fn resolve_bench(reps: usize) -> Result<()> {
         // SAFETY: bench_count_ne(const float4*, u64, float, u32*) reads n4
         // float4s of c and adds to one u32 of `bad`, both pinned blocks.
         unsafe { k.launch(stride) }.map_err(drv("cuLaunchKernel"))?;
-        let wrong = arena.download::<u32>(bad)?[0];
+        let wrong = arena.read::<u32>(bad)?[0];
         if wrong != 0 {
             return Err(Error::InvalidConfig {
                 reason: format!("{} ({}): {wrong} wrong elements", v.name, v.shape),
@@ -298,14 +302,58 @@ fn resolve_bench(reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// A metadata backend that keeps the plans it runs and the handle table
+/// it is sent (what a device backend would hold).
+struct Recorder {
+    meta: MetaBackend,
+    plans: Vec<Plan>,
+    table: Vec<TableEntry>,
+}
+
+impl Backend for Recorder {
+    type Stream = ();
+    fn capacity_bytes(&self) -> u64 {
+        self.meta.capacity_bytes()
+    }
+    fn stores_bytes(&self) -> bool {
+        false
+    }
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.meta.write(offset, bytes)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.meta.read(offset, out)
+    }
+    fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        self.meta.copy(src, dst, len)
+    }
+    fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
+        self.meta.fill(offset, len, pattern)
+    }
+    fn execute(&mut self, plan: &Plan) -> Result<()> {
+        self.plans.push(plan.clone());
+        self.meta.execute(plan)
+    }
+    fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {
+        let end = first + entries.len();
+        if self.table.len() < end {
+            self.table.resize(end, TableEntry::default());
+        }
+        self.table[first..end].copy_from_slice(entries);
+        Ok(())
+    }
+}
+
 /// A layout of `count` blocks of 4-64 KiB with holes of 0-64 KiB (freed
 /// blocks) between them, on a metadata arena: the full compaction's plan
 /// and the table after it.
-fn compaction_case(
-    count: usize,
-    capacity: u64,
-) -> Result<(cuarena::plan::Plan, Vec<cuarena::TableEntry>)> {
-    let mut meta = Arena::metadata(ArenaConfig::new(capacity))?;
+fn compaction_case(count: usize, capacity: u64) -> Result<(Plan, Vec<TableEntry>)> {
+    let recorder = Recorder {
+        meta: MetaBackend::new(capacity),
+        plans: Vec::new(),
+        table: Vec::new(),
+    };
+    let mut meta = Arena::with_backend(ArenaConfig::new(capacity), recorder)?;
     let mut rng = Rng::new(7);
     let mut holes: Vec<Handle> = Vec::new();
     for _ in 0..count {
@@ -318,9 +366,14 @@ fn compaction_case(
     for h in holes {
         meta.free(h)?;
     }
-    let plan = meta.plan_full();
     meta.compact()?;
-    Ok((plan, meta.handle_table().to_vec()))
+    let plan = meta
+        .backend()
+        .plans
+        .last()
+        .cloned()
+        .unwrap_or_else(|| Plan::empty(PlanKind::Full));
+    Ok((plan, meta.backend().table.clone()))
 }
 
 fn table_bench(reps: usize) -> Result<()> {
@@ -444,7 +497,7 @@ fn table_bench(reps: usize) -> Result<()> {
          {:.0} MiB moved in {} wave(s); table of {} slots = {:.2} MiB sent; median of {reps}",
         100_000,
         moved as f64 / MIB as f64,
-        plan.waves.len(),
+        plan.waves().len(),
         table.len(),
         table_bytes as f64 / MIB as f64
     );

@@ -281,8 +281,8 @@ fn compact_case(
     let ours = timer.median_ms(|| backend.execute(&plan))?;
     // Baselines copy the same blocks to a separate, non-overlapping area.
     let far = span.div_ceil(GIB) * GIB;
-    let copies: Vec<_> = plan.waves[0]
-        .moves
+    let copies: Vec<_> = plan.waves()[0]
+        .moves()
         .iter()
         .map(|m| (m.src, far + m.dst, m.len))
         .collect();
@@ -381,7 +381,7 @@ fn parse_shape(spec: &str) -> Option<CudaOptions> {
     let (t, rest) = spec.split_once('x')?;
     let end = rest.find(['c', 'b', 's']).unwrap_or(rest.len());
     let mut o = CudaOptions::default()
-        .with_large_moves(None)
+        .with_large_moves(false)
         .with_threads_per_cta(t.parse().ok()?)
         .with_vectors_per_thread(rest[..end].parse().ok()?);
     let mut tail = &rest[end..];
@@ -422,7 +422,7 @@ fn main() -> Result<()> {
         for (t, v, s) in [(256, 16, 0), (128, 16, 6), (256, 8, 6)] {
             shapes.push(
                 CudaOptions::default()
-                    .with_large_moves(None)
+                    .with_large_moves(false)
                     .with_threads_per_cta(t)
                     .with_vectors_per_thread(v)
                     .with_bulk_stages(s),
@@ -433,48 +433,33 @@ fn main() -> Result<()> {
     let mut all = Vec::new();
     for opts in shapes {
         let mut backend = CudaBackend::with_options(0, CudaCapacity::Bytes(capacity), opts)?;
-        let info = backend.move_kernel_info().clone();
-        let kind = match info.bulk_stages {
-            0 => "r".to_string(),
-            s => format!("b{s}"),
-        };
         let ctas = opts
             .ctas_per_sm
             .map(|c| format!("c{c}"))
             .unwrap_or_default();
+        let stages = match opts.bulk_stages {
+            0 => "r".to_string(),
+            s => format!("b{s}"),
+        };
         let side = if opts.side_buffer_bytes == CudaOptions::default().side_buffer_bytes {
             String::new()
         } else {
             format!("s{}", opts.side_buffer_bytes >> 20)
         };
-        // A second shape for large moves: `+TxVbS` (as it runs).
-        let large = backend
-            .large_move_kernel_info()
-            .zip(opts.large_moves)
-            .map(|(i, l)| {
-                let kind = match i.bulk_stages {
-                    0 => "r".to_string(),
-                    s => format!("b{s}"),
-                };
-                format!("+{}x{}{kind}", l.threads_per_cta, l.vectors_per_thread)
-            })
-            .unwrap_or_default();
+        // The shape asked for; the kernels as they run are printed below
+        // (the bulk kernel's stages are lowered to what fits, and devices
+        // before Hopper run the register kernel).
         let label = format!(
-            "{}x{}{ctas}{kind}{side}{large}",
+            "{}x{}{ctas}{stages}{side}",
             opts.threads_per_cta, opts.vectors_per_thread
         );
         println!(
-            "device {} ({}, {} SMs, peak copy {:.0} GB/s); kernel {label}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
+            "device {} ({}, {} SMs, peak copy {:.0} GB/s); shape {label}:\n{}",
             backend.device_name(),
             backend.arch(),
             backend.sm_count(),
             backend.copy_bytes_per_ns(),
-            info.tile_bytes / KIB,
-            info.registers,
-            info.local_bytes,
-            info.shared_bytes,
-            info.ctas_per_sm,
-            info.grid
+            backend.describe_kernels()
         );
         // Non-zero contents (never time on zeros).
         let base = backend.region_ptr();

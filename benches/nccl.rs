@@ -33,6 +33,7 @@ use std::time::Duration;
 use cuarena::backend::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cuarena::backend::cuda::nccl::{self, Communicator, ReduceOp};
 use cuarena::backend::cuda::CudaBackend;
+use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Storage, StreamId};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -75,7 +76,8 @@ fn run() -> Res<()> {
         let stream = arena.backend().context().new_stream()?;
         let comm_id = arena.register_stream(stream.clone())?;
         let plain = stream.alloc_zeros::<f32>((max_bytes / 4) as usize)?;
-        let tensor = arena.alloc_storage_zeroed::<f32>(max_bytes / 4)?;
+        let tensor = arena.alloc_storage_dtype(DType::F32, max_bytes / 4)?;
+        arena.fill(&tensor, 0f32)?;
         comm_streams.push(stream);
         ranks.push(Rank {
             arena,

@@ -25,6 +25,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Handle, SharedArena};
 
 const BLOCK: u64 = 256;
@@ -122,14 +123,13 @@ fn resolve(c: &mut Criterion) {
     let mut g = c.benchmark_group("storage_resolve");
     for live in [1_000usize, 100_000] {
         let (mut a, hs) = arena(live);
-        let s = a.alloc_storage_elems::<u32>(64).expect("storage");
+        let s = a.alloc_storage_dtype(DType::U32, 64).expect("storage");
         let slice = s.slice(8..12).expect("slice");
-        a.write_range(&slice, &[1u32, 2, 3, 4]).expect("write");
+        a.write(&slice, &[1u32, 2, 3, 4]).expect("write");
         let mut out = [0u32; 4];
         g.bench_function(BenchmarkId::new("read_range_16B", live), |b| {
             b.iter(|| {
-                a.read_range_into(black_box(&slice), &mut out)
-                    .expect("read");
+                a.read_into(black_box(&slice), &mut out).expect("read");
                 black_box(out);
             })
         });

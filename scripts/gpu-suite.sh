@@ -134,6 +134,7 @@ run() {
     if [[ $skip != *" tests "* ]]; then
         step "gpu tests" tests.log "$bin/test-all" gpu --include-ignored --test-threads=1 --nocapture
         step "gpu replay test" tests-replay.log "$bin/test-trace-all" gpu_replay --include-ignored --test-threads=1 --nocapture
+        step "core unit tests on cuda" tests-unit.log "$bin/unit-cuarena" backend::cuda --include-ignored --test-threads=1 --nocapture
         step "tensor crate on cuda" tests-tensor.log "$bin/test-tensor-all" cuda --include-ignored --test-threads=1 --nocapture
     fi
     if [[ $skip != *" nccl "* ]]; then
@@ -186,7 +187,7 @@ run() {
 
     echo
     echo "== results"
-    for log in tests tests-replay tests-tensor nccl memcheck memcheck-replay racecheck synccheck nccl-memcheck; do
+    for log in tests tests-unit tests-replay tests-tensor nccl memcheck memcheck-replay racecheck synccheck nccl-memcheck; do
         [ -e "$out/$log.log" ] || continue
         printf '%-10s %s\n' "$log" "$(grep -hE '^test result' "$out/$log.log" | tail -n 1)"
         grep -hE '^test .*(FAILED|panicked)|random programs' "$out/$log.log" | sed "s/^/           /"

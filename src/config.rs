@@ -2,8 +2,8 @@
 
 use crate::error::{Error, Result};
 
-/// Largest alignment an allocation may ask for (1 GiB).
-pub const MAX_ALIGN: u64 = 1 << 30;
+/// Largest alignment an allocation may ask for (1 GiB): [`ArenaConfig::MAX_ALIGN`].
+pub(crate) const MAX_ALIGN: u64 = 1 << 30;
 
 /// When the arena compacts on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +19,7 @@ pub enum CompactionPolicy {
     /// request, it moves nothing. It places blocks as naive does and, when
     /// naive would compact, moves only the blocks in the way of the
     /// request, deferring the rest of naive's moves until they are needed
-    /// (a block freed before then never moves). See [`crate::plan::lag`]
+    /// (a block freed before then never moves). See `src/plan/lag.rs`
     /// for the argument. Requests naive cannot serve (pins or alignment
     /// padding in the way) get a targeted compaction as under
     /// [`CompactionPolicy::Targeted`]. It rarely moves much less than
@@ -35,9 +35,9 @@ pub enum CompactionPolicy {
     /// live blocks (`Stats::handover_bytes`; 0 on programs where the cheap
     /// plans never ran out of budget) and plus `Stats::overrun_bytes`
     /// (compactions run while naive's layout could not be staged, which
-    /// the docs of [`crate::plan::lag`] describe); where a non-moving best
+    /// the docs of `src/plan/lag.rs` describe); where a non-moving best
     /// fit serves every request, it moves nothing. Blocks are placed best
-    /// fit, as naive places them. See [`crate::plan::lag`] ("Two phases").
+    /// fit, as naive places them. See `src/plan/lag.rs` ("Two phases").
     /// Without spilling; with a host tier it runs as
     /// [`CompactionPolicy::Auto`]. One gap, with pins or no room to stage
     /// the handover, is described there: it can fail a request naive
@@ -45,7 +45,7 @@ pub enum CompactionPolicy {
     Budgeted,
     /// When a request fits in the free bytes but in no hole, run a targeted
     /// compaction (fewest bytes moved now), falling back to a full one
-    /// ([`crate::plan::policy`]), with large and long-lived blocks placed
+    /// (`src/plan/policy.rs`), with large and long-lived blocks placed
     /// apart ([`ArenaConfig::large_block_divisor`]). It usually moves far
     /// fewer bytes than naive compact-on-failure, but nothing bounds it:
     /// on some programs it moves more, and it can compact where a
@@ -74,7 +74,7 @@ pub struct ArenaConfig {
     /// Lifetime placement (off by default; only under
     /// [`CompactionPolicy::Targeted`]): blocks whose size has reliably died
     /// young are carved from the top of their free region as well, the
-    /// rest from the bottom (see [`crate::placement::lifetime`]). It moves
+    /// rest from the bottom (see `src/placement/lifetime.rs`). It moves
     /// far fewer bytes on some training traces (the shipped ResNet CSV at
     /// 1.00x: 0.069 of naive), but on others, and on random programs, it
     /// can need a compaction where the default placement needs none
@@ -92,7 +92,7 @@ pub struct ArenaConfig {
     /// lie among small blocks, which are cheap to move. Blocks of a size
     /// that reliably outlived half the average block (by Little's law, half
     /// the live blocks, in allocation ticks; see
-    /// [`crate::placement::lifetime`]) join them at the top: a long-lived
+    /// `src/placement/lifetime.rs`) join them at the top: a long-lived
     /// block left among the churn is what a compaction at the limit must
     /// slide past. A block placed by
     /// a compaction or brought back from the spill tier goes to the bottom
@@ -120,6 +120,10 @@ impl Default for ArenaConfig {
 }
 
 impl ArenaConfig {
+    /// Largest alignment an allocation (or the arena's own alignment) may
+    /// ask for: 1 GiB.
+    pub const MAX_ALIGN: u64 = MAX_ALIGN;
+
     /// A config of `capacity_bytes` with the defaults otherwise.
     pub fn new(capacity_bytes: u64) -> Self {
         Self {
@@ -181,7 +185,7 @@ impl ArenaConfig {
             .is_some_and(|t| t > self.alignment_bytes && t < self.capacity_bytes)
     }
 
-    /// Checks the config: alignment a power of two up to [`MAX_ALIGN`],
+    /// Checks the config: alignment a power of two up to [`Self::MAX_ALIGN`],
     /// capacity non-zero and a multiple of the alignment, capacity plus
     /// host tier within `u64`.
     pub fn validate(&self) -> Result<()> {

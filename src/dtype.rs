@@ -6,10 +6,10 @@ use std::fmt;
 /// The element type of a storage, as frameworks name them.
 ///
 /// A storage is either typed (allocated for a [`DType`]) or untyped bytes.
-/// Byte-level calls (`read_bytes`, `write_bytes`, `fill_bytes`, `copy`)
-/// work on any storage whatever its dtype. Typed calls (`read_range::<T>`,
-/// `write_range`, `fill`, kernel views) take a Rust [`Element`] type and
-/// check it against the range's dtype where one is set: `read_range::<u8>`
+/// Byte-level calls (`read_bytes`, `write_bytes`, `copy`) work on any
+/// storage whatever its dtype. Typed calls (`read::<T>`, `read_into`,
+/// `write`, `fill`, kernel views) take a Rust [`Element`] type and check it
+/// against the range's dtype where one is set: `read::<u8>`
 /// of an `f32` storage is [`crate::Error::TypeMismatch`], while its bytes
 /// are one `read_bytes` away. A range is reinterpreted as another dtype
 /// without a copy by [`StorageSlice::as_dtype`](crate::StorageSlice::as_dtype),
@@ -130,7 +130,8 @@ mod sealed {
 }
 
 /// A Rust type that is the element of one [`DType`]: what typed calls
-/// (`read_range::<f32>`, `alloc_storage_elems::<half::bf16>`) take. Sealed:
+/// (`read::<f32>`, `fill(&x, half::bf16::ONE)`) take; `T::DTYPE` names its
+/// dtype (`alloc_dtype(f32::DTYPE, n)`). Sealed:
 /// implemented here for `f64`, `f32`, [`half::f16`], [`half::bf16`], the
 /// signed and unsigned integers of 8 to 64 bits, and nothing else, so a
 /// typed call always means its dtype.

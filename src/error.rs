@@ -60,9 +60,8 @@ pub enum Error {
         /// Largest hole, at the request's alignment, that the arena's
         /// compactions make for it: the full compaction's (blocks packed in
         /// address order, or by alignment where that pads less and can be
-        /// staged; [`crate::plan::planner::plan_full`]) and, with pins and
-        /// a compacting policy, the gap packing's
-        /// ([`crate::plan::planner::plan_gap`]). Under a compacting policy
+        /// staged) and, with pins and a compacting policy, the gap
+        /// packing's (one gap between pinned blocks emptied into the others). Under a compacting policy
         /// a request of this many bytes succeeds (a manual arena's reach is
         /// the full compaction's, run by `compact`). Less than `free_bytes` when pinned blocks split
         /// the free space or alignment padding remains (two blocks aligned
@@ -289,7 +288,7 @@ pub enum Error {
         multiple_of_bytes: u64,
     },
 
-    /// A placement [`crate::placement::Allocation`] given to an index that
+    /// A placement allocation given to an index that
     /// did not make it, or made before the index was rebuilt.
     #[error("allocation at offset {offset} does not belong to this index (another index, or one since rebuilt)")]
     ForeignAllocation {

@@ -14,25 +14,23 @@
 
 mod arena;
 pub mod backend;
-pub mod config;
+mod config;
 mod dtype;
-pub mod error;
+mod error;
 mod handle;
-pub mod placement;
+mod placement;
 pub mod plan;
 mod slots;
-pub mod storage;
-pub mod stream;
+mod storage;
+mod stream;
 
 #[cfg(feature = "cuda")]
 pub use arena::cuda::graph;
-#[cfg(feature = "cuda")]
-pub use arena::cuda::KernelArgs;
 pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use dtype::{DType, Element};
-pub use error::{Error, Result};
-pub use handle::{BlockInfo, Handle, TableEntry};
+pub use error::{DriverError, Error, Result};
+pub use handle::{BlockInfo, Handle};
 pub use storage::{AsRange, BlockRange, Storage, StorageSlice};
 pub use stream::StreamId;
 

@@ -1,34 +1,4 @@
-//! Streams an arena orders its work with.
-//!
-//! Every transfer, compaction and device-side operation of an arena runs on
-//! its own stream, [`StreamId::ARENA`]. Other streams (a copy stream, a
-//! compute stream, NCCL's) are registered with the arena and named by a
-//! [`StreamId`]. The contract, kept with events and stream waits only:
-//!
-//! - **Uses are recorded.** A block used on a registered stream is marked
-//!   with that stream, explicitly (`record_stream`, as PyTorch's
-//!   `Tensor.record_stream`) or implicitly when kernel arguments or views
-//!   are taken for that stream.
-//! - **Nothing moves or is reused under a use.** Before the arena frees a
-//!   block, moves it, spills it, or writes or reads it on its own stream, the
-//!   arena stream waits for everything enqueued so far on each stream the
-//!   block was used on. Freed bytes are reused only in arena-stream order.
-//! - **Later work sees the moves.** Taking kernel arguments or views for a
-//!   registered stream first makes that stream wait for the arena stream's
-//!   work so far (moves, writes, frees), when there is any it has not waited
-//!   for yet.
-//! - **Later work sees other streams' writes.** Kernel arguments remember,
-//!   per block, the stream that last wrote it and the streams that read it
-//!   since. An input taken for stream S makes S wait for the last writer; an
-//!   output makes S wait for the last writer and those readers. So an
-//!   all-reduce on the communication stream, then the optimizer's kernel on
-//!   the compute stream, run in that order without the caller joining the
-//!   streams. Raw pointers and explicit `record_stream` calls are not
-//!   tracked this way: order those streams yourself.
-//!
-//! On the host backend every operation is synchronous, so the contract holds
-//! trivially; the arena still validates stream ids and keeps the records, so
-//! the same programs run on both backends.
+//! Streams an arena orders its work with (the contract is on [`StreamId`]).
 
 /// Streams one arena can register, its own included: plenty for copy,
 /// compute and communication streams, and a bound on the per-stream
@@ -39,6 +9,38 @@ pub(crate) const MAX_STREAMS: u32 = 1 << 16;
 /// own, in every arena. An id carries the id of the arena that registered
 /// it, so another arena refuses it ([`crate::Error::UnknownStream`]) as it
 /// refuses another arena's handles.
+///
+/// # Streams an arena orders its work with
+///
+/// Every transfer, compaction and device-side operation of an arena runs on
+/// its own stream, [`StreamId::ARENA`]. Other streams (a copy stream, a
+/// compute stream, NCCL's) are registered with the arena and named by a
+/// [`StreamId`]. The contract, kept with events and stream waits only:
+///
+/// - **Uses are recorded.** A block used on a registered stream is marked
+///   with that stream, explicitly (`record_stream`, as PyTorch's
+///   `Tensor.record_stream`) or implicitly when kernel arguments or views
+///   are taken for that stream.
+/// - **Nothing moves or is reused under a use.** Before the arena frees a
+///   block, moves it, spills it, or writes or reads it on its own stream, the
+///   arena stream waits for everything enqueued so far on each stream the
+///   block was used on. Freed bytes are reused only in arena-stream order.
+/// - **Later work sees the moves.** Taking kernel arguments or views for a
+///   registered stream first makes that stream wait for the arena stream's
+///   work so far (moves, writes, frees), when there is any it has not waited
+///   for yet.
+/// - **Later work sees other streams' writes.** Kernel arguments remember,
+///   per block, the stream that last wrote it and the streams that read it
+///   since. An input taken for stream S makes S wait for the last writer; an
+///   output makes S wait for the last writer and those readers. So an
+///   all-reduce on the communication stream, then the optimizer's kernel on
+///   the compute stream, run in that order without the caller joining the
+///   streams. Raw pointers and explicit `record_stream` calls are not
+///   tracked this way: order those streams yourself.
+///
+/// On the host backend every operation is synchronous, so the contract holds
+/// trivially; the arena still validates stream ids and keeps the records, so
+/// the same programs run on both backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub(crate) u32, pub(crate) u64);
 

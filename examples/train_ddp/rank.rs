@@ -13,11 +13,12 @@ use cuarena::{fmt_bytes, ArenaConfig, Stats, Storage, StreamId};
 
 use crate::mlp::gpu::Gpu;
 use crate::mlp::{
-    alloc_f32, arena_config, backward_with, evaluate, forward, h, label, loss, update, Dry, Exec,
-    Net, Problem, Res, Rng, Settings, CLASSES, EVAL_ROWS, IN,
+    alloc_f32, arena_config, backward_with, evaluate, forward, h, label, loss, update, zeros_f32,
+    Dry, Exec, Net, Problem, Res, Rng, Settings, CLASSES, EVAL_ROWS, IN,
 };
 use crate::schedule::{data_pool, rank_batch, RankBatch};
 use crate::Ddp;
+use cuarena::DType;
 
 // ---- the per-rank loop ------------------------------------------------------------
 
@@ -65,12 +66,14 @@ pub(crate) fn train_rank<E: Exec, R: Reducer<E>>(
     let mut order = Rng::new(s.seed ^ 0x0d0e ^ rank as u64);
     let teacher = Net::upload(e, &p.teacher, false)?;
     let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
-    e.arena().write_range(&eval_x, &p.eval_x)?;
-    let eval_y = e.arena().alloc_storage_elems::<i32>(EVAL_ROWS as u64)?;
+    e.arena().write(&eval_x, &p.eval_x)?;
+    let eval_y = e
+        .arena()
+        .alloc_storage_dtype(DType::I32, EVAL_ROWS as u64)?;
     label(e, &teacher, &eval_x, &eval_y, EVAL_ROWS)?;
     let net = Net::upload(e, &p.student, true)?;
-    let train_metrics = e.arena().alloc_storage_zeroed::<f32>(2)?;
-    let eval_metrics = e.arena().alloc_storage_zeroed::<f32>(2)?;
+    let train_metrics = zeros_f32(e, 2)?;
+    let eval_metrics = zeros_f32(e, 2)?;
     let (l0, a0) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
     let mut curve = vec![(0, l0, a0)];
     let started = Instant::now();
@@ -157,7 +160,7 @@ impl Reducer<Gpu> for Nccl {
     fn bucket(&mut self, e: &mut Gpu, (gw, gb): &(Storage, Storage)) -> Res<()> {
         // The bucket's kernels were enqueued on the arena stream: the
         // communication stream waits for them (a stream wait).
-        self.stream.join(e.arena.stream())?;
+        self.stream.join(e.arena.backend().stream())?;
         // Views for the communication stream: it also waits for the
         // arena's moves so far, and the uses are recorded, so the arena
         // waits for the all-reduce before it moves or frees the bucket.
@@ -170,7 +173,7 @@ impl Reducer<Gpu> for Nccl {
     }
     fn wait(&mut self, e: &mut Gpu) -> Res<()> {
         // The optimizer step (arena stream) waits for every bucket.
-        e.arena.stream().join(&self.stream)?;
+        e.arena.backend().stream().join(&self.stream)?;
         Ok(())
     }
 }

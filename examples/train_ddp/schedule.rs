@@ -5,6 +5,7 @@
 use cuarena::Storage;
 
 use crate::mlp::{alloc_f32, Exec, Res, Rng, Settings, IN};
+use cuarena::DType;
 
 /// Rows in the data pool every global batch is a window of: large enough
 /// that the student does not overfit it in the default 3000 steps (a pool
@@ -79,7 +80,7 @@ pub(crate) fn rank_batch<E: Exec>(
     let n = shares[rank];
     let first = start + shares[..rank].iter().sum::<usize>();
     let x = alloc_f32(e, n * IN)?;
-    let y = e.arena().alloc_storage_elems::<i32>(n as u64)?;
+    let y = e.arena().alloc_storage_dtype(DType::I32, n as u64)?;
     let rows = if pool.is_empty() {
         &[][..]
     } else {

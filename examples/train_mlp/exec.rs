@@ -154,11 +154,13 @@ pub(crate) struct Cpu {
 impl Cpu {
     pub(crate) fn new(config: ArenaConfig) -> Res<Self> {
         let mut arena = Arena::host(config)?;
-        let upload = arena.register_stream()?;
+        let upload = arena.register_stream(())?;
         Ok(Self { arena, upload })
     }
 
     pub(crate) fn f(&mut self, h: Handle) -> Res<Vec<f32>> {
+        // Reads need the block resident (a spilled one comes back).
+        self.arena.make_resident(&[h])?;
         Ok(self.arena.read::<f32>(h)?)
     }
 
@@ -230,6 +232,7 @@ impl Exec for Cpu {
     ) -> Res<()> {
         self.op(&[Some(logits), Some(labels), dlogits, Some(stats)], |e| {
             let z = e.f(logits)?;
+            e.arena.make_resident(&[labels])?;
             let y = e.arena.read::<i32>(labels)?;
             let (d, s) = host::softmax_xent(&z, &y, cols);
             if let Some(dl) = dlogits {
@@ -275,7 +278,7 @@ impl Exec for Cpu {
         })
     }
     fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
-        self.arena.write_range(x, data)?;
+        self.arena.write(x, data)?;
         Ok(self.arena.record_stream(x, self.upload)?)
     }
 }

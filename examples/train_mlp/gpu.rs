@@ -62,7 +62,7 @@ const MAX_PENDING: usize = 4096;
 fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
     move |e| cuarena::Error::Driver {
         call,
-        source: cuarena::error::DriverError::from(e),
+        source: cuarena::DriverError::from(e),
     }
 }
 
@@ -340,7 +340,7 @@ impl Exec for Gpu {
         let before = self.arena.stats();
         let (start, end) = ev.pair(self.arena.backend().context())?;
         start
-            .record(self.arena.stream())
+            .record(self.arena.backend().stream())
             .map_err(drv("cuEventRecord"))?;
         self.arena.make_resident(&hs)?;
         let after = self.arena.stats();
@@ -350,7 +350,7 @@ impl Exec for Gpu {
             ev.free.push((start, end));
             return Ok(());
         }
-        end.record(self.arena.stream())
+        end.record(self.arena.backend().stream())
             .map_err(drv("cuEventRecord"))?;
         for (d, b) in [(Dir::Out, out), (Dir::In, inn)] {
             if b > 0 {
@@ -513,7 +513,7 @@ impl Exec for Gpu {
         if let Some(i) = l.uploaded.iter().position(|u| u.0 == h(x)) {
             let (_, ev) = l.uploaded.swap_remove(i);
             // A stream wait: the host does not wait.
-            self.arena.stream().wait(&ev)?;
+            self.arena.backend().stream().wait(&ev)?;
         }
         Ok(())
     }

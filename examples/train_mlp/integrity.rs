@@ -11,7 +11,7 @@ use super::*;
 /// spilled).
 fn bytes_of<E: Exec>(e: &mut E, x: Handle) -> Res<Vec<u8>> {
     e.arena().make_resident(&[x])?;
-    Ok(e.arena().read_bytes(&x)?)
+    Ok(e.arena().read_bytes(x)?)
 }
 
 /// Downloads every tensor of `tensors` again and compares it bit for bit

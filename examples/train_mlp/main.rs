@@ -202,11 +202,14 @@ fn verify<E: Exec>(
     eval_inputs: &[f32],
     target: f32,
 ) -> Res<()> {
+    // Reads need the blocks resident (spilled ones come back).
+    e.arena().make_resident(&[&out.eval_x])?;
     let x_back = e.arena().read::<f32>(h(&out.eval_x))?;
     let same = x_back
         .iter()
         .zip(eval_inputs)
         .all(|(a, b)| a.to_bits() == b.to_bits());
+    e.arena().make_resident(&[&out.eval_y])?;
     let y_dev = e.arena().read::<i32>(h(&out.eval_y))?;
     let y_host = teacher.labels(eval_inputs, EVAL_ROWS);
     let agree = y_dev.iter().zip(&y_host).filter(|(a, b)| a == b).count();

@@ -2,11 +2,19 @@
 //! data loader and the training loop.
 
 use super::*;
+use cuarena::DType;
 
 // ---- the model on the arena -------------------------------------------------------
 
 pub(crate) fn alloc_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
-    Ok(e.arena().alloc_storage_elems::<f32>(n as u64)?)
+    Ok(e.arena().alloc_storage_dtype(DType::F32, n as u64)?)
+}
+
+/// `n` zeros of `f32` (filled on the arena stream).
+pub(crate) fn zeros_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
+    let s = alloc_f32(e, n)?;
+    e.arena().fill(&s, 0f32)?;
+    Ok(s)
 }
 
 /// The block of a tensor, for the executors (which take handles: every
@@ -36,12 +44,12 @@ impl Net {
         let mut layers = Vec::new();
         for l in &host.layers {
             let w = alloc_f32(e, l.w.len())?;
-            e.arena().write_range(&w, &l.w)?;
+            e.arena().write(&w, &l.w)?;
             let b = alloc_f32(e, l.b.len())?;
-            e.arena().write_range(&b, &l.b)?;
+            e.arena().write(&b, &l.b)?;
             let momentum = if momentum {
-                let vw = e.arena().alloc_storage_zeroed::<f32>(l.w.len() as u64)?;
-                let vb = e.arena().alloc_storage_zeroed::<f32>(l.b.len() as u64)?;
+                let vw = zeros_f32(e, l.w.len())?;
+                let vb = zeros_f32(e, l.b.len())?;
                 Some((vw, vb))
             } else {
                 None
@@ -60,10 +68,14 @@ impl Net {
     pub(crate) fn download<E: Exec>(&self, e: &mut E) -> Res<HostNet> {
         let mut layers = Vec::new();
         for l in &self.layers {
-            // `read` brings a spilled block back first (`read_range` would not).
+            // Reads need the blocks resident (spilled ones come back).
+            e.arena().make_resident(&[&l.w])?;
+            let w = e.arena().read::<f32>(h(&l.w))?;
+            e.arena().make_resident(&[&l.b])?;
+            let b = e.arena().read::<f32>(h(&l.b))?;
             layers.push(HostLayer {
-                w: e.arena().read::<f32>(h(&l.w))?,
-                b: e.arena().read::<f32>(h(&l.b))?,
+                w,
+                b,
                 fan_in: l.fan_in,
                 fan_out: l.fan_out,
             });
@@ -270,7 +282,7 @@ pub(crate) fn make_batch<E: Exec>(
 ) -> Res<Batch> {
     let n = sched.batch(s.min_batch, s.max_batch);
     let x = alloc_f32(e, n * IN)?;
-    let y = e.arena().alloc_storage_elems::<i32>(n as u64)?;
+    let y = e.arena().alloc_storage_dtype(DType::I32, n as u64)?;
     buf.clear();
     if e.arena().backend().stores_bytes() {
         if pool.len() >= n * IN {
@@ -293,8 +305,9 @@ pub(crate) fn take_batch<E: Exec>(e: &mut E, teacher: &Net, b: &Batch) -> Res<()
 
 /// Reads an accumulator `[loss, accuracy]` divided by `count`, and zeroes it.
 pub(crate) fn take_metrics<E: Exec>(e: &mut E, m: &Storage, count: usize) -> Res<(f32, f32)> {
+    e.arena().make_resident(&[m])?;
     let v = e.arena().read::<f32>(h(m))?;
-    e.arena().write_range(m, &[0.0f32, 0.0])?;
+    e.arena().write(m, &[0.0f32, 0.0])?;
     let c = count.max(1) as f32;
     Ok((v[0] / c, v[1] / c))
 }
@@ -383,12 +396,14 @@ pub(crate) fn train<E: Exec>(
     };
     let teacher_dev = Net::upload(e, teacher, false)?;
     let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
-    e.arena().write_range(&eval_x, eval_inputs)?;
-    let eval_y = e.arena().alloc_storage_elems::<i32>(EVAL_ROWS as u64)?;
+    e.arena().write(&eval_x, eval_inputs)?;
+    let eval_y = e
+        .arena()
+        .alloc_storage_dtype(DType::I32, EVAL_ROWS as u64)?;
     label(e, &teacher_dev, &eval_x, &eval_y, EVAL_ROWS)?;
     let net = Net::upload(e, student, true)?;
-    let train_metrics = e.arena().alloc_storage_zeroed::<f32>(2)?;
-    let eval_metrics = e.arena().alloc_storage_zeroed::<f32>(2)?;
+    let train_metrics = zeros_f32(e, 2)?;
+    let eval_metrics = zeros_f32(e, 2)?;
 
     let (eval_loss, eval_acc) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
     let p0 = Point {

@@ -169,6 +169,6 @@ pub(crate) fn summary_of_run<B: Backend>(
         st.allocs,
         st.failed_allocs
     );
-    println!("\n{}", arena.summary());
+    println!("\n{}", arena.stats().summary());
     Ok(())
 }

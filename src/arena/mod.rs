@@ -5,10 +5,10 @@
 //! allocation that fits in no hole but in the free bytes triggers a
 //! compaction. Under [`CompactionPolicy::Auto`] it is naive's full
 //! compaction applied to the index, with only the moves the request needs
-//! executed and the rest deferred ([`crate::plan::lag`]): a block whose
+//! executed and the rest deferred (`src/plan/lag.rs`): a block whose
 //! bytes have not followed its index entry yet records where they are
 //! (`Block::lag`). Under [`CompactionPolicy::Targeted`] it is targeted, or
-//! full when the pacer of [`crate::plan::policy`] says so. A plan is
+//! full when the pacer of `src/plan/policy.rs` says so. A plan is
 //! executed by the backend, then the index is rebuilt from the new offsets.
 //!
 //! Every method that returns an error leaves the arena as it was, with one
@@ -16,13 +16,15 @@
 //! the table may disagree, so the arena poisons itself and every later call
 //! returns [`Error::Poisoned`].
 
-mod access;
 mod alloc;
-mod compact;
+mod block;
+mod bytes;
+mod compaction;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod defer;
-mod ops;
+mod place;
+mod relocate;
 mod shadow;
 mod shared;
 mod spill;
@@ -30,57 +32,26 @@ mod stats;
 mod stats_cell;
 mod streams;
 #[cfg(test)]
+mod table_tests;
+#[cfg(test)]
 mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::slots::Slots;
+use block::{set_owner, Block, Counters, Owner, Place};
 
 pub use shared::SharedArena;
 pub use stats::{fmt_bytes, CompactionReport, Stats};
 
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::handle::{BlockKey, Handle, TableEntry};
-use crate::placement::{Allocation, FreeIndex, Lifetimes};
+use crate::handle::{BlockInfo, BlockKey, Handle, TableEntry};
+use crate::placement::{FreeIndex, Lifetimes};
 use crate::plan::lag::Lag;
 use crate::plan::planner::LiveBlock;
 use crate::plan::policy::Pacer;
-
-/// The block on a used placement node, with what compaction planning needs
-/// of it. Kept beside the nodes (indexed like them, so in address order
-/// after a compaction) that collecting the live blocks reads two dense
-/// tables and never the block table: at ~100 bytes a block, reading that
-/// once per block per compaction made replays slow down per op as it
-/// outgrew the caches.
-#[derive(Debug, Clone, Copy)]
-struct Owner {
-    key: BlockKey,
-    /// Bytes to copy when it moves (its size).
-    size: u64,
-    align: u32,
-    pinned: bool,
-}
-
-impl Owner {
-    const NONE: Owner = Owner {
-        key: BlockKey::NULL,
-        size: 0,
-        align: 1,
-        pinned: false,
-    };
-}
-
-/// Records `owner` as the block on placement node `slot` in `owners`.
-fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
-    let i = slot as usize;
-    if owners.len() <= i {
-        owners.resize(i + 1, Owner::NONE);
-    }
-    owners[i] = owner;
-}
 
 /// Ids of arenas, so handles of one are rejected by another: the next id
 /// to hand out.
@@ -97,135 +68,6 @@ fn take_arena_id(counter: &AtomicU64) -> Result<u64> {
             what: "arena ids in this process",
             limit: u64::MAX - 1,
         })
-}
-
-/// Where a block's bytes are.
-#[derive(Debug, PartialEq, Eq)]
-enum Place {
-    /// In the region: the placement allocation holds the offset (nowhere
-    /// else does).
-    Device(Allocation),
-    /// Spilled to the host tier: the allocation of the tier's own index.
-    Host(Allocation),
-}
-
-/// A live block's metadata: one entry of the slot table per live block,
-/// touched by every alloc and free and by every compaction's passes over
-/// the live blocks. Kept small (rarely used state lives behind pointers)
-/// so that a table of hundreds of thousands of blocks stays in cache and
-/// takes few fresh pages: at ~200 bytes an entry, replay time per op grew
-/// by 40 % from 80k to 160k blocks.
-#[derive(Debug)]
-struct Block {
-    place: Place,
-    size: u64,
-    /// The dtype it was allocated for (`None`: untyped bytes).
-    dtype: Option<DType>,
-    /// Streams that used the block; `None` until kernel arguments or
-    /// [`Arena::record_stream`] name it (one small allocation then, beside
-    /// a kernel launch; plain alloc and free never make one). Behind a
-    /// mutex of its own so that kernel arguments, taken under a shared
-    /// arena's shared lock by several threads, record uses; under `&mut`
-    /// (compaction, free) it is reached without locking.
-    streams: std::sync::Mutex<Option<Box<StreamUses>>>,
-    /// `Counters::allocs` when it was allocated: its lifetime at free, in
-    /// allocation ticks, feeds `Arena::lifetimes`.
-    born: u64,
-    /// Tick of the last use (resolved for a kernel, a transfer or a pin):
-    /// the spill policy evicts the least recently used block first.
-    last_use: AtomicU64,
-    /// Alignment of the offset (a power of two up to
-    /// [`crate::config::MAX_ALIGN`], so it fits).
-    align: u32,
-    pins: u32,
-    /// Where the bytes of a resident block are when they have not followed
-    /// its placement yet (a deferred move, [`crate::plan::lag`]): always
-    /// above the placement's offset, so never 0. `None`: at the placement.
-    lag: Option<std::num::NonZeroU64>,
-}
-
-impl Block {
-    /// Bytes reserved: the size rounded up to the arena's alignment, which
-    /// is what its placement (in the region or the host tier) holds.
-    fn reserved(&self) -> u64 {
-        match &self.place {
-            Place::Device(a) | Place::Host(a) => a.size(),
-        }
-    }
-
-    /// Alignment of the offset in bytes.
-    fn align(&self) -> u64 {
-        u64::from(self.align)
-    }
-
-    /// Where the block's bytes are in the region: its placement's offset,
-    /// or where they lag ([`Block::lag`]); `None` when spilled.
-    fn real_offset(&self) -> Option<u64> {
-        match &self.place {
-            Place::Device(a) => Some(self.lag.map_or(a.offset(), |at| at.get())),
-            Place::Host(_) => None,
-        }
-    }
-
-    /// The streams that used the block since it was allocated.
-    fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
-        self.with_streams(|s| s.as_ref().map(|s| s.uses.clone()).unwrap_or_default())
-    }
-
-    /// Runs `f` on the stream-use records (`None` before the first use),
-    /// under their lock. Nothing in `f` panics, so a poisoned lock (it
-    /// cannot be) would hold consistent records.
-    fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
-        let mut s = self
-            .streams
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut s)
-    }
-}
-
-/// Which streams used a block (see [`crate::stream`]).
-#[derive(Debug, Default)]
-struct StreamUses {
-    /// Registered streams other than the arena's that used the block since
-    /// it was allocated.
-    uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
-    /// The stream whose kernel arguments last wrote the block, and the
-    /// streams that read it since: what later work on another stream must
-    /// wait for (read after write, write after read or write).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    writer: Option<crate::stream::StreamId>,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct Counters {
-    requested_bytes: u64,
-    pinned_blocks: usize,
-    peak_allocated_bytes: u64,
-    evictions: u64,
-    restores: u64,
-    bytes_evicted: u64,
-    bytes_restored: u64,
-    allocs: u64,
-    frees: u64,
-    failed_allocs: u64,
-    targeted: u64,
-    full: u64,
-    moves: u64,
-    bytes_moved: u64,
-    /// Bytes naive compact-on-failure moved on the same requests (the
-    /// plans applied to the index under `Auto`, and explicit compactions).
-    naive_bytes_moved: u64,
-    /// Requests naive would have failed (see `Stats::naive_failures`).
-    naive_failures: u64,
-    /// Bytes of the handover to naive's layout (see `Stats::handover_bytes`).
-    handover_bytes: u64,
-    /// Bytes moved past the budget (see `Stats::overrun_bytes`).
-    overrun_bytes: u64,
-    planning: std::time::Duration,
-    compaction: std::time::Duration,
 }
 
 /// A compacting tensor arena over a backend `B`.
@@ -285,16 +127,16 @@ pub struct Arena<B: Backend = HostBackend> {
     /// so that uses recorded under a shared lock need not set it.
     other_streams: bool,
     spans: Vec<(u64, u64)>,
-    /// The compaction policy's state (see [`crate::plan::policy`]).
+    /// The compaction policy's state (see `src/plan/policy.rs`).
     pacer: Pacer,
     /// Blocks whose bytes lie above their placement (deferred moves of
     /// `Auto`; empty under the other policies once settled).
     lag: Lag,
     /// Naive's layout while `Budgeted` keeps to a budget (its first phase,
-    /// [`crate::plan::lag`]); `None` afterwards and under other policies.
+    /// `src/plan/lag.rs`); `None` afterwards and under other policies.
     shadow: Option<Box<shadow::Shadow>>,
     /// Lifetimes by size: where a new block is carved (see
-    /// [`crate::placement::lifetime`]); `None` when neither large blocks
+    /// `src/placement/lifetime.rs`); `None` when neither large blocks
     /// are kept apart nor lifetime placement is on, so that placement pays
     /// nothing for it.
     lifetimes: Option<Lifetimes>,
@@ -315,23 +157,29 @@ impl Arena<HostBackend> {
     }
 }
 
-impl Arena<HostBackend> {
-    /// Registers another stream. Host work is synchronous, so a host stream
-    /// is an id only; programs that record uses and wait on streams run the
-    /// same here as on a GPU.
-    pub fn register_stream(&mut self) -> Result<crate::stream::StreamId> {
-        self.check_usable()?;
-        let id = self.backend.register_stream()?;
-        self.note_stream(id);
-        Ok(id.of_arena(self.id))
-    }
-}
-
 impl Arena<MetaBackend> {
     /// An arena that stores no bytes (placement and planning only).
     pub fn metadata(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
         Self::with_backend(config.clone(), MetaBackend::new(config.capacity_bytes))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Arena<crate::backend::cuda::CudaBackend> {
+    /// An arena of `config.capacity_bytes` on CUDA device `ordinal`, with
+    /// the default kernel options (others:
+    /// [`with_backend`](Arena::with_backend) and
+    /// [`CudaBackend::with_options`](crate::backend::cuda::CudaBackend::with_options)).
+    pub fn cuda(config: ArenaConfig, ordinal: usize) -> Result<Self> {
+        use crate::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
+        config.validate()?;
+        let backend = CudaBackend::with_options(
+            ordinal,
+            CudaCapacity::Bytes(config.capacity_bytes),
+            CudaOptions::default(),
+        )?;
+        Arena::with_backend(config, backend)
     }
 }
 
@@ -397,20 +245,8 @@ impl<B: Backend> Arena<B> {
         self.id
     }
 
-    /// Makes room in the per-stream tables for registered stream `id`
-    /// (its index is below [`crate::stream::MAX_STREAMS`]: the backends
-    /// refuse more).
-    fn note_stream(&mut self, id: crate::stream::StreamId) {
-        let i = id.index() as usize;
-        while self.joined.len() <= i {
-            self.joined.push(AtomicU64::new(u64::MAX)); // never joined
-        }
-        // Blocks may get stream uses from now on (see `other_streams`).
-        self.other_streams |= i > 0;
-    }
-
     /// Forgets the lifetimes learned so far (see
-    /// [`crate::placement::lifetime`]): placement then decides as in a new
+    /// `src/placement/lifetime.rs`): placement then decides as in a new
     /// arena. For a program replayed several times on one arena, whose
     /// passes must each make the decisions of the first; a training loop
     /// wants the history kept.
@@ -425,15 +261,6 @@ impl<B: Backend> Arena<B> {
         &self.config
     }
 
-    /// Sets the compaction policy (for example to run a non-moving baseline).
-    pub fn set_compaction(&mut self, policy: CompactionPolicy) {
-        if policy != self.config.compaction {
-            // The budget counts from the arena's creation.
-            self.shadow = None;
-        }
-        self.config.compaction = policy;
-    }
-
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
@@ -441,7 +268,7 @@ impl<B: Backend> Arena<B> {
 
     /// The backend, mutably: for backend extensions inside the crate only,
     /// since moving bytes behind the arena's back would corrupt it.
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
     }
@@ -467,12 +294,6 @@ impl<B: Backend> Arena<B> {
             self.poison(format!("device fault: {reason}"));
         }
         r
-    }
-
-    /// Why the arena refuses work, if it does: the first failure that
-    /// poisoned it.
-    pub fn poisoned(&self) -> Option<&str> {
-        self.poisoned.get().map(String::as_str)
     }
 
     fn block(&self, h: Handle) -> Result<&Block> {
@@ -510,6 +331,103 @@ impl<B: Backend> Arena<B> {
         self.device_offset(b)
     }
 
+    // ---- queries ----------------------------------------------------------
+
+    /// Everything known about a live block.
+    pub fn info(&self, h: Handle) -> Result<BlockInfo> {
+        let b = self.block(h)?;
+        Ok(self.info_of(h, b))
+    }
+
+    fn info_of(&self, handle: Handle, b: &Block) -> BlockInfo {
+        let (offset, resident) = match b.real_offset() {
+            Some(offset) => (offset, true),
+            None => (0, false),
+        };
+        BlockInfo {
+            handle,
+            offset,
+            resident,
+            size_bytes: b.size,
+            reserved_bytes: b.reserved(),
+            align_bytes: b.align(),
+            dtype: b.dtype,
+            pins: b.pins,
+        }
+    }
+
+    /// Live blocks in address order (of their bytes: a block whose move is
+    /// deferred, `src/plan/lag.rs`, is listed where its bytes are).
+    pub fn blocks(&self) -> Vec<BlockInfo> {
+        let mut infos: Vec<BlockInfo> = self
+            .index
+            .regions()
+            .filter_map(|r| r.slot)
+            .filter_map(|slot| {
+                let key = self.owners.get(slot as usize)?.key;
+                let b = self.blocks.get(key)?;
+                Some(self.info_of(
+                    Handle {
+                        key,
+                        arena: self.id,
+                    },
+                    b,
+                ))
+            })
+            .collect();
+        if !self.lag.is_empty() {
+            infos.sort_unstable_by_key(|i| i.offset);
+        }
+        infos
+    }
+
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> Stats {
+        let r = self.index.report();
+        let c = &self.counters;
+        Stats {
+            capacity_bytes: self.config.capacity_bytes,
+            allocated_bytes: self.config.capacity_bytes - r.free_bytes,
+            requested_bytes: c.requested_bytes,
+            free_bytes: r.free_bytes,
+            largest_free_bytes: r.largest_free_bytes,
+            fragmentation: if r.free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - r.largest_free_bytes as f64 / r.free_bytes as f64
+            },
+            live_blocks: self.blocks.len() as u64,
+            free_regions: r.free_regions as u64,
+            pinned_blocks: c.pinned_blocks as u64,
+            peak_allocated_bytes: c.peak_allocated_bytes,
+            allocs: c.allocs,
+            frees: c.frees,
+            failed_allocs: c.failed_allocs,
+            targeted_compactions: c.targeted,
+            full_compactions: c.full,
+            moves: c.moves,
+            bytes_moved: c.bytes_moved,
+            naive_bytes_moved: c.naive_bytes_moved,
+            naive_failures: c.naive_failures,
+            handover_bytes: c.handover_bytes,
+            overrun_bytes: c.overrun_bytes,
+            deferred_bytes: self.lag.deferred_bytes(),
+            planning_time: c.planning,
+            planning_visits: self.pacer.visits(),
+            budget_compactions: self.pacer.escalations(),
+            compaction_time: c.compaction,
+            evictions: c.evictions,
+            restores: c.restores,
+            bytes_evicted: c.bytes_evicted,
+            bytes_restored: c.bytes_restored,
+            host_tier_used_bytes: self
+                .tier
+                .as_ref()
+                .map_or(0, |t| t.capacity() - t.free_bytes()),
+            pending_reclaim: (self.reclaim.pending() + self.reclaiming.len()) as u64,
+        }
+    }
+
     /// Records a slot's new state: `Some((offset, bytes))` live, `None` freed.
     fn set_entry(&mut self, key: BlockKey, live: Option<(u64, u64)>) {
         let slot = key.slot() as usize;
@@ -533,14 +451,15 @@ impl<B: Backend> Arena<B> {
     /// The handle table (slot -> offset, version) as the arena sees it now.
     /// Kernels see the backend's copy, which matches it after every
     /// compaction and after [`flush_table`](Arena::flush_table).
-    pub fn handle_table(&self) -> &[TableEntry] {
+    #[cfg_attr(not(any(test, feature = "cuda")), allow(dead_code))]
+    pub(crate) fn handle_table(&self) -> &[TableEntry] {
         &self.table
     }
 
     /// Sends the table's changed slots to the backend (on the CUDA backend:
-    /// enqueued on the arena stream). Call before launching kernels that
-    /// resolve handles allocated since the last compaction.
-    pub fn flush_table(&mut self) -> Result<()> {
+    /// enqueued on the arena stream): before kernels resolve handles
+    /// allocated since the last compaction (`graph::handle_args` calls it).
+    pub(crate) fn flush_table(&mut self) -> Result<()> {
         self.check_usable()?;
         if let Some((lo, hi)) = self.dirty.take() {
             // Other streams resolving handles must see the update.
@@ -578,7 +497,7 @@ impl<B: Backend> Arena<B> {
                 }
             }
             let pinned = b.pins > 0;
-            self.shadow_pin(key, pinned);
+            shadow::pin(self, key, pinned);
         }
     }
 

@@ -1,6 +1,6 @@
 //! The budget of [`CompactionPolicy::Budgeted`]: a metadata shadow of naive
 //! compact-on-failure, and the one relayout that hands the arena over to
-//! it. The argument is in [`crate::plan::lag`] ("Two phases").
+//! it. The argument is in `src/plan/lag.rs` ("Two phases").
 //!
 //! While the shadow runs, the arena places blocks with naive's own calls
 //! (best fit, from the bottom), so the two layouts are equal until the
@@ -11,7 +11,7 @@
 //! request naive serves), the arena moves every block to where the
 //! shadow has it, in one plan, and from then on its own index *is*
 //! naive's: the shadow's index takes its place and deferred moves
-//! ([`crate::plan::lag`]) carry on from there.
+//! (`src/plan/lag.rs`) carry on from there.
 
 use std::time::{Duration, Instant};
 
@@ -122,196 +122,6 @@ impl Shadow {
     }
 }
 
-impl<B: Backend> Arena<B> {
-    /// Naive's placement of the next request (compacting the shadow first
-    /// if it fits in no hole), kept pending until the block has a key.
-    /// Where naive fails the request, the shadow ends (the bound holds for
-    /// what naive serves) and the arena goes on alone.
-    pub(super) fn shadow_place(&mut self, reserved: u64, align: u64) -> Result<()> {
-        let capacity = self.config.capacity_bytes;
-        let Some(s) = self.shadow.as_mut() else {
-            return Ok(());
-        };
-        if let Some(node) = s.index.alloc(reserved, align) {
-            s.pending = Some(node);
-            return Ok(());
-        }
-        let moved = if reserved <= s.index.free_bytes() {
-            s.compact_for(reserved, align, capacity)?
-        } else {
-            None
-        };
-        let node = moved.and_then(|_| s.index.alloc(reserved, align));
-        match (moved, node) {
-            (Some(moved), Some(node)) => {
-                s.pending = Some(node);
-                self.counters.naive_bytes_moved =
-                    self.counters.naive_bytes_moved.saturating_add(moved);
-            }
-            _ => {
-                self.counters.naive_failures += 1;
-                self.shadow = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// Gives the pending shadow node to the block just inserted as `key`.
-    pub(super) fn shadow_commit(&mut self, key: BlockKey, size: u64, align: u32) {
-        let Some(s) = self.shadow.as_mut() else {
-            return;
-        };
-        let Some(node) = s.pending.take() else {
-            return;
-        };
-        let owner = Owner {
-            key,
-            size,
-            align,
-            pinned: false,
-        };
-        set_owner(&mut s.owners, node.slot(), owner);
-        let i = key.slot() as usize;
-        if s.nodes.len() <= i {
-            s.nodes.resize_with(i + 1, || None);
-        }
-        s.nodes[i] = Some(node);
-    }
-
-    /// Undoes [`Self::shadow_place`]'s placement when the request fails
-    /// (naive's compaction, if it ran, stays counted: naive ran it).
-    pub(super) fn shadow_abandon(&mut self) {
-        if let Some(s) = self.shadow.as_mut() {
-            if let Some(node) = s.pending.take() {
-                let _ = s.index.free(node);
-            }
-        }
-    }
-
-    /// Frees block `key` in the shadow.
-    pub(super) fn shadow_free(&mut self, key: BlockKey) -> Result<()> {
-        let Some(s) = self.shadow.as_mut() else {
-            return Ok(());
-        };
-        match s.nodes.get_mut(key.slot() as usize).and_then(Option::take) {
-            Some(node) => s.index.free(node),
-            None => Ok(()),
-        }
-    }
-
-    /// Mirrors a block's pin state in the shadow (naive's compaction keeps
-    /// pinned blocks where they are, too).
-    pub(super) fn shadow_pin(&mut self, key: BlockKey, pinned: bool) {
-        if let Some(s) = self.shadow.as_mut() {
-            if let Some(Some(node)) = s.nodes.get(key.slot() as usize) {
-                if let Some(o) = s.owners.get_mut(node.slot() as usize) {
-                    o.pinned = pinned;
-                }
-            }
-        }
-    }
-
-    /// Bytes the arena may move now without ever having moved more than
-    /// naive: what naive has moved beyond it. `None` outside the first
-    /// phase (no budget applies).
-    pub(super) fn shadow_budget(&self) -> Option<u64> {
-        self.shadow.as_ref().map(|_| {
-            let c = &self.counters;
-            c.naive_bytes_moved.saturating_sub(c.bytes_moved)
-        })
-    }
-
-    /// Whether naive placed the request being served (so the handover can
-    /// serve it too).
-    pub(super) fn shadow_has_pending(&self) -> bool {
-        self.shadow.as_ref().is_some_and(|s| s.pending.is_some())
-    }
-
-    /// The handover: moves every block to its place in the shadow, in one
-    /// plan, and makes the shadow's index the arena's. `Handover::NotNow`,
-    /// with nothing changed, when a pinned block is not where the shadow
-    /// has it or the plan finds no free spot for a move it cannot order.
-    pub(super) fn shadow_handover(&mut self) -> Result<Handover> {
-        let capacity = self.config.capacity_bytes;
-        let t0 = Instant::now();
-        self.settle()?;
-        self.collect_live();
-        let Some(s) = self.shadow.as_ref() else {
-            return Ok(Handover::NotNow);
-        };
-        let mut targets = Vec::with_capacity(self.live.len());
-        for l in &self.live {
-            let key = BlockKey::from_bits(l.key);
-            let Some(Some(node)) = s.nodes.get(key.slot() as usize) else {
-                return Ok(Handover::NotNow); // unreachable: every block has one
-            };
-            if l.pinned && node.offset() != l.offset {
-                return Ok(Handover::NotNow);
-            }
-            targets.push(node.offset());
-        }
-        let Some(plan) = plan_relayout(&self.live, &targets, capacity, PlanKind::Full) else {
-            return Ok(Handover::NotNow);
-        };
-        let moved = plan.bytes_moved();
-        let report = if plan.move_count() > 0 {
-            Some(self.execute(plan, t0)?)
-        } else {
-            None
-        };
-        let Some(mut s) = self.shadow.take() else {
-            return Ok(Handover::NotNow); // unreachable: checked above
-        };
-        // The layouts are equal now: the shadow's index, with its history
-        // (free lists, node slots), becomes the arena's.
-        for (i, node) in s.nodes.iter_mut().enumerate() {
-            let Some(node) = node.take() else { continue };
-            let Some(key) = s.owners.get(node.slot() as usize).map(|o| o.key) else {
-                continue;
-            };
-            debug_assert_eq!(key.slot() as usize, i);
-            if let Some(b) = self.blocks.get_mut(key) {
-                b.place = Place::Device(node);
-            }
-        }
-        self.index = s.index;
-        self.owners = s.owners;
-        self.counters.handover_bytes = moved;
-        Ok(Handover::Done {
-            pending: s.pending.take(),
-            report,
-        })
-    }
-
-    /// An explicit full compaction in the first phase: naive runs its own
-    /// (on the shadow), and the arena takes its layout. `None` if the
-    /// arena cannot (a pinned block away from naive's place): the shadow
-    /// ends, counted as a request naive's bound no longer covers.
-    pub(super) fn shadow_compact(&mut self) -> Result<Option<CompactionReport>> {
-        let capacity = self.config.capacity_bytes;
-        let Some(s) = self.shadow.as_mut() else {
-            return Ok(None);
-        };
-        let moved = s.compact_for(0, 1, capacity)?.unwrap_or(0);
-        self.counters.naive_bytes_moved = self.counters.naive_bytes_moved.saturating_add(moved);
-        match self.shadow_handover()? {
-            Handover::Done { report, .. } => Ok(Some(report.unwrap_or(CompactionReport {
-                kind: PlanKind::Full,
-                moves: 0,
-                waves: 0,
-                bytes_moved: 0,
-                planning: Duration::ZERO,
-                execution: Duration::ZERO,
-            }))),
-            Handover::NotNow => {
-                self.counters.naive_failures += 1;
-                self.shadow = None;
-                Ok(None)
-            }
-        }
-    }
-}
-
 /// What [`Arena::shadow_handover`] did.
 pub(super) enum Handover {
     /// The arena's layout and index are naive's now; `pending` is the node
@@ -322,4 +132,192 @@ pub(super) enum Handover {
     },
     /// Nothing changed.
     NotNow,
+}
+
+/// Naive's placement of the next request (compacting the shadow first
+/// if it fits in no hole), kept pending until the block has a key.
+/// Where naive fails the request, the shadow ends (the bound holds for
+/// what naive serves) and the arena goes on alone.
+pub(super) fn place<B: Backend>(arena: &mut Arena<B>, reserved: u64, align: u64) -> Result<()> {
+    let capacity = arena.config.capacity_bytes;
+    let Some(s) = arena.shadow.as_mut() else {
+        return Ok(());
+    };
+    if let Some(node) = s.index.alloc(reserved, align) {
+        s.pending = Some(node);
+        return Ok(());
+    }
+    let moved = if reserved <= s.index.free_bytes() {
+        s.compact_for(reserved, align, capacity)?
+    } else {
+        None
+    };
+    let node = moved.and_then(|_| s.index.alloc(reserved, align));
+    match (moved, node) {
+        (Some(moved), Some(node)) => {
+            s.pending = Some(node);
+            arena.counters.naive_bytes_moved =
+                arena.counters.naive_bytes_moved.saturating_add(moved);
+        }
+        _ => {
+            arena.counters.naive_failures += 1;
+            arena.shadow = None;
+        }
+    }
+    Ok(())
+}
+
+/// Gives the pending shadow node to the block just inserted as `key`.
+pub(super) fn commit<B: Backend>(arena: &mut Arena<B>, key: BlockKey, size: u64, align: u32) {
+    let Some(s) = arena.shadow.as_mut() else {
+        return;
+    };
+    let Some(node) = s.pending.take() else {
+        return;
+    };
+    let owner = Owner {
+        key,
+        size,
+        align,
+        pinned: false,
+    };
+    set_owner(&mut s.owners, node.slot(), owner);
+    let i = key.slot() as usize;
+    if s.nodes.len() <= i {
+        s.nodes.resize_with(i + 1, || None);
+    }
+    s.nodes[i] = Some(node);
+}
+
+/// Undoes [`Arena::shadow_place`]'s placement when the request fails
+/// (naive's compaction, if it ran, stays counted: naive ran it).
+pub(super) fn abandon<B: Backend>(arena: &mut Arena<B>) {
+    if let Some(s) = arena.shadow.as_mut() {
+        if let Some(node) = s.pending.take() {
+            let _ = s.index.free(node);
+        }
+    }
+}
+
+/// Frees block `key` in the shadow.
+pub(super) fn free<B: Backend>(arena: &mut Arena<B>, key: BlockKey) -> Result<()> {
+    let Some(s) = arena.shadow.as_mut() else {
+        return Ok(());
+    };
+    match s.nodes.get_mut(key.slot() as usize).and_then(Option::take) {
+        Some(node) => s.index.free(node),
+        None => Ok(()),
+    }
+}
+
+/// Mirrors a block's pin state in the shadow (naive's compaction keeps
+/// pinned blocks where they are, too).
+pub(super) fn pin<B: Backend>(arena: &mut Arena<B>, key: BlockKey, pinned: bool) {
+    if let Some(s) = arena.shadow.as_mut() {
+        if let Some(Some(node)) = s.nodes.get(key.slot() as usize) {
+            if let Some(o) = s.owners.get_mut(node.slot() as usize) {
+                o.pinned = pinned;
+            }
+        }
+    }
+}
+
+/// Bytes the arena may move now without ever having moved more than
+/// naive: what naive has moved beyond it. `None` outside the first
+/// phase (no budget applies).
+pub(super) fn budget<B: Backend>(arena: &Arena<B>) -> Option<u64> {
+    arena.shadow.as_ref().map(|_| {
+        let c = &arena.counters;
+        c.naive_bytes_moved.saturating_sub(c.bytes_moved)
+    })
+}
+
+/// Whether naive placed the request being served (so the handover can
+/// serve it too).
+pub(super) fn has_pending<B: Backend>(arena: &Arena<B>) -> bool {
+    arena.shadow.as_ref().is_some_and(|s| s.pending.is_some())
+}
+
+/// The handover: moves every block to its place in the shadow, in one
+/// plan, and makes the shadow's index the arena's. `Handover::NotNow`,
+/// with nothing changed, when a pinned block is not where the shadow
+/// has it or the plan finds no free spot for a move it cannot order.
+pub(super) fn handover<B: Backend>(arena: &mut Arena<B>) -> Result<Handover> {
+    let capacity = arena.config.capacity_bytes;
+    let t0 = Instant::now();
+    super::defer::settle(arena)?;
+    super::compaction::collect_live(arena);
+    let Some(s) = arena.shadow.as_ref() else {
+        return Ok(Handover::NotNow);
+    };
+    let mut targets = Vec::with_capacity(arena.live.len());
+    for l in &arena.live {
+        let key = BlockKey::from_bits(l.key);
+        let Some(Some(node)) = s.nodes.get(key.slot() as usize) else {
+            return Ok(Handover::NotNow); // unreachable: every block has one
+        };
+        if l.pinned && node.offset() != l.offset {
+            return Ok(Handover::NotNow);
+        }
+        targets.push(node.offset());
+    }
+    let Some(plan) = plan_relayout(&arena.live, &targets, capacity, PlanKind::Full) else {
+        return Ok(Handover::NotNow);
+    };
+    let moved = plan.bytes_moved();
+    let report = if plan.move_count() > 0 {
+        Some(super::compaction::execute(arena, plan, t0)?)
+    } else {
+        None
+    };
+    let Some(mut s) = arena.shadow.take() else {
+        return Ok(Handover::NotNow); // unreachable: checked above
+    };
+    // The layouts are equal now: the shadow's index, with its history
+    // (free lists, node slots), becomes the arena's.
+    for (i, node) in s.nodes.iter_mut().enumerate() {
+        let Some(node) = node.take() else { continue };
+        let Some(key) = s.owners.get(node.slot() as usize).map(|o| o.key) else {
+            continue;
+        };
+        debug_assert_eq!(key.slot() as usize, i);
+        if let Some(b) = arena.blocks.get_mut(key) {
+            b.place = Place::Device(node);
+        }
+    }
+    arena.index = s.index;
+    arena.owners = s.owners;
+    arena.counters.handover_bytes = moved;
+    Ok(Handover::Done {
+        pending: s.pending.take(),
+        report,
+    })
+}
+
+/// An explicit full compaction in the first phase: naive runs its own
+/// (on the shadow), and the arena takes its layout. `None` if the
+/// arena cannot (a pinned block away from naive's place): the shadow
+/// ends, counted as a request naive's bound no longer covers.
+pub(super) fn compact<B: Backend>(arena: &mut Arena<B>) -> Result<Option<CompactionReport>> {
+    let capacity = arena.config.capacity_bytes;
+    let Some(s) = arena.shadow.as_mut() else {
+        return Ok(None);
+    };
+    let moved = s.compact_for(0, 1, capacity)?.unwrap_or(0);
+    arena.counters.naive_bytes_moved = arena.counters.naive_bytes_moved.saturating_add(moved);
+    match handover(arena)? {
+        Handover::Done { report, .. } => Ok(Some(report.unwrap_or(CompactionReport {
+            kind: PlanKind::Full,
+            moves: 0,
+            waves: 0,
+            bytes_moved: 0,
+            planning: Duration::ZERO,
+            execution: Duration::ZERO,
+        }))),
+        Handover::NotNow => {
+            arena.counters.naive_failures += 1;
+            arena.shadow = None;
+            Ok(None)
+        }
+    }
 }

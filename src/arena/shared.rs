@@ -14,11 +14,11 @@ use crate::stream::StreamId;
 /// A thread-safe arena: `Clone`, `Send + Sync` (for a `Send + Sync`
 /// backend), shared by every thread of a framework.
 ///
-/// Calls that only read or take kernel arguments (`read_range`,
+/// Calls that only read or take kernel arguments (`read`, `read_into`,
 /// `read_bytes`, `record_stream`, `wait_on_arena`, [`with`](Self::with),
 /// `with_kernel_args` on CUDA) share the lock, so several threads read and
 /// launch at once; everything that can allocate, move, spill or write
-/// (`alloc_*`, `write_*`, `copy`, `fill*`, `make_resident`, `reclaim`,
+/// (`alloc_*`, `write*`, `copy`, `fill`, `make_resident`, `reclaim`,
 /// [`with_mut`](Self::with_mut)) takes it exclusively. The whole [`Arena`]
 /// API is reached through closures, [`with`](Self::with) and
 /// [`with_mut`](Self::with_mut), never through a guard that could outlive
@@ -155,13 +155,13 @@ impl<B: Backend> SharedArena<B> {
         self.inner.stats.read()
     }
 
-    fn read(&self, call: &'static str) -> Result<Guard<RwLockReadGuard<'_, Arena<B>>>> {
+    fn read_lock(&self, call: &'static str) -> Result<Guard<RwLockReadGuard<'_, Arena<B>>>> {
         let hold = Hold::enter(call, self.inner.id)?;
         let guard = self.inner.lock.read().map_err(|_| lock_poisoned())?;
         Ok(Guard { guard, _hold: hold })
     }
 
-    fn write(&self, call: &'static str) -> Result<Guard<RwLockWriteGuard<'_, Arena<B>>>> {
+    fn write_lock(&self, call: &'static str) -> Result<Guard<RwLockWriteGuard<'_, Arena<B>>>> {
         let hold = Hold::enter(call, self.inner.id)?;
         let guard = self.inner.lock.write().map_err(|_| lock_poisoned())?;
         Ok(Guard { guard, _hold: hold })
@@ -174,7 +174,7 @@ impl<B: Backend> SharedArena<B> {
         call: &'static str,
         f: impl FnOnce(&mut Arena<B>) -> Result<R>,
     ) -> Result<R> {
-        let mut g = self.write(call)?;
+        let mut g = self.write_lock(call)?;
         let r = f(&mut g.guard);
         self.inner.stats.publish(&g.guard.stats());
         r
@@ -185,7 +185,7 @@ impl<B: Backend> SharedArena<B> {
     /// Inside `f`, use the `&Arena` given; a call on this `SharedArena`
     /// there is [`Error::Reentrant`].
     pub fn with<R>(&self, f: impl FnOnce(&Arena<B>) -> R) -> Result<R> {
-        let g = self.read("with")?;
+        let g = self.read_lock("with")?;
         Ok(f(&g.guard))
     }
 
@@ -208,7 +208,7 @@ impl<B: Backend> SharedArena<B> {
         g: impl FnOnce(&Arena<B>) -> Result<R>,
     ) -> Result<R> {
         {
-            let a = self.read(call)?;
+            let a = self.read_lock(call)?;
             match f(&a.guard) {
                 Err(Error::NotResident) => {}
                 done => return done,
@@ -232,63 +232,58 @@ impl<B: Backend> SharedArena<B> {
         })
     }
 
-    /// [`Arena::alloc_storage_elems`].
-    pub fn alloc_storage_elems<T: Element>(&self, numel: u64) -> Result<Storage> {
-        self.exclusive("alloc_storage_elems", |a| a.alloc_storage_elems::<T>(numel))
-    }
-
-    /// [`Arena::alloc_storage_zeroed`].
-    pub fn alloc_storage_zeroed<T: Element>(&self, numel: u64) -> Result<Storage> {
-        self.exclusive("alloc_storage_zeroed", |a| {
-            a.alloc_storage_zeroed::<T>(numel)
-        })
-    }
-
-    /// [`Arena::write_range`].
-    pub fn write_range<T: Element>(&self, dst: &impl AsRange, data: &[T]) -> Result<()> {
-        self.exclusive("write_range", |a| a.write_range(dst, data))
+    /// [`Arena::write`].
+    pub fn write<T: Element>(&self, dst: impl AsRange, data: &[T]) -> Result<()> {
+        self.exclusive("write", |a| a.write(dst, data))
     }
 
     /// [`Arena::write_bytes`].
-    pub fn write_bytes(&self, dst: &impl AsRange, data: &[u8]) -> Result<()> {
+    pub fn write_bytes(&self, dst: impl AsRange, data: &[u8]) -> Result<()> {
         self.exclusive("write_bytes", |a| a.write_bytes(dst, data))
     }
 
-    /// [`Arena::read_range`], under the shared lock; a spilled block is
+    /// [`Arena::read`], under the shared lock; a spilled block is brought
+    /// back first (under the exclusive lock).
+    pub fn read<T: Element>(&self, src: impl AsRange) -> Result<Vec<T>> {
+        self.shared_or_resident("read", &src, |a| a.read(&src), |a| a.read(&src))
+    }
+
+    /// [`Arena::read_into`], under the shared lock; a spilled block is
     /// brought back first (under the exclusive lock).
-    pub fn read_range<T: Element>(&self, src: &impl AsRange) -> Result<Vec<T>> {
-        self.shared_or_resident(
-            "read_range",
-            src,
-            |a| a.read_range(src),
-            |a| a.read_range(src),
-        )
+    pub fn read_into<T: Element>(&self, src: impl AsRange, out: &mut [T]) -> Result<()> {
+        let call = "read_into";
+        {
+            let a = self.read_lock(call)?;
+            match a.guard.read_into(&src, out) {
+                Err(Error::NotResident) => {}
+                done => return done,
+            }
+        }
+        self.exclusive(call, |a| {
+            a.make_resident(&[&src])?;
+            a.read_into(&src, out)
+        })
     }
 
     /// [`Arena::read_bytes`], under the shared lock; a spilled block is
     /// brought back first (under the exclusive lock).
-    pub fn read_bytes(&self, src: &impl AsRange) -> Result<Vec<u8>> {
+    pub fn read_bytes(&self, src: impl AsRange) -> Result<Vec<u8>> {
         self.shared_or_resident(
             "read_bytes",
-            src,
-            |a| a.read_bytes(src),
-            |a| a.read_bytes(src),
+            &src,
+            |a| a.read_bytes(&src),
+            |a| a.read_bytes(&src),
         )
     }
 
     /// [`Arena::copy`].
-    pub fn copy(&self, src: &impl AsRange, dst: &impl AsRange) -> Result<()> {
+    pub fn copy(&self, src: impl AsRange, dst: impl AsRange) -> Result<()> {
         self.exclusive("copy", |a| a.copy(src, dst))
     }
 
     /// [`Arena::fill`].
-    pub fn fill<T: Element>(&self, dst: &impl AsRange, value: T) -> Result<()> {
+    pub fn fill<T: Element>(&self, dst: impl AsRange, value: T) -> Result<()> {
         self.exclusive("fill", |a| a.fill(dst, value))
-    }
-
-    /// [`Arena::fill_bytes`].
-    pub fn fill_bytes(&self, dst: &impl AsRange, pattern: &[u8]) -> Result<()> {
-        self.exclusive("fill_bytes", |a| a.fill_bytes(dst, pattern))
     }
 
     /// [`Arena::make_resident`]: brings spilled blocks back (exclusive).
@@ -297,14 +292,14 @@ impl<B: Backend> SharedArena<B> {
     }
 
     /// [`Arena::record_stream`], under the shared lock.
-    pub fn record_stream(&self, r: &impl AsRange, stream: StreamId) -> Result<()> {
-        let a = self.read("record_stream")?;
+    pub fn record_stream(&self, r: impl AsRange, stream: StreamId) -> Result<()> {
+        let a = self.read_lock("record_stream")?;
         a.guard.record_stream(r, stream)
     }
 
     /// [`Arena::wait_on_arena`], under the shared lock.
     pub fn wait_on_arena(&self, stream: StreamId) -> Result<()> {
-        let a = self.read("wait_on_arena")?;
+        let a = self.read_lock("wait_on_arena")?;
         a.guard.wait_on_arena(stream)
     }
 
@@ -316,7 +311,7 @@ impl<B: Backend> SharedArena<B> {
 
 #[cfg(feature = "cuda")]
 impl SharedArena<crate::backend::cuda::CudaBackend> {
-    /// Runs `f` with [`KernelArgs`](crate::KernelArgs) for `stream` under
+    /// Runs `f` with [`KernelArgs`](crate::backend::cuda::KernelArgs) for `stream` under
     /// the shared lock: threads take their views and launch at once, while
     /// allocation, compaction and spilling wait for `f` to return (and for
     /// no kernel: the arguments order the arena stream after the work on
@@ -329,11 +324,11 @@ impl SharedArena<crate::backend::cuda::CudaBackend> {
         &self,
         stream: StreamId,
         resident: &[A],
-        f: impl FnOnce(&mut crate::KernelArgs<'_>) -> Result<R>,
+        f: impl FnOnce(&mut crate::backend::cuda::KernelArgs<'_>) -> Result<R>,
     ) -> Result<R> {
         const CALL: &str = "with_kernel_args";
         {
-            let a = self.read(CALL)?;
+            let a = self.read_lock(CALL)?;
             if all_resident(&a.guard, resident)? {
                 let mut args = a.guard.kernel_args(stream)?;
                 return f(&mut args);

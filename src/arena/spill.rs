@@ -26,422 +26,384 @@ use crate::error::{Error, Result};
 use crate::handle::{BlockKey, Handle};
 use crate::placement::Allocation;
 use crate::plan::planner;
-use crate::storage::AsRange;
 
-impl<B: Backend> Arena<B> {
-    /// Brings every handle in `handles` onto the device together, spilling
-    /// others (never these) if needed, and counts them as used.
-    ///
-    /// All or nothing: a bad handle, or blocks that cannot be resident
-    /// together ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]),
-    /// fail before anything changes. Several spilled blocks are placed
-    /// together: in the holes as they are if they all fit there, else after
-    /// the evictions (least recently used first) and the full compaction
-    /// that make room for all of them, checked on a copy of the placement
-    /// index before the first eviction.
-    ///
-    /// Takes anything that names blocks: handles, storages, slices
-    /// (`&[h]`, `&[&x, &y]`, or `&[&x as &dyn AsRange, &slice]` to mix);
-    /// empty storages name none.
-    pub fn make_resident<R: AsRange>(&mut self, ranges: &[R]) -> Result<()> {
-        // A poisoned arena's layout is not trusted: placing may compact.
-        self.check_usable()?;
-        let handles: smallvec::SmallVec<[Handle; 8]> = ranges
-            .iter()
-            .filter_map(|r| r.block_range().handle)
-            .collect();
-        let handles = &handles[..];
-        let mut keep = smallvec::SmallVec::<[BlockKey; 8]>::new();
-        for &h in handles {
-            self.block(h)?;
-            keep.push(h.key);
+/// Brings `handles` back one at a time, each atomically (see
+/// [`Arena::make_room_for_all`] for several).
+pub(super) fn restore_each<B: Backend>(
+    arena: &mut Arena<B>,
+    handles: &[Handle],
+    keep: &[BlockKey],
+) -> Result<()> {
+    for &h in handles {
+        let Some(b) = arena.blocks.get(h.key) else {
+            continue;
+        };
+        b.last_use.store(arena.tick(), Ordering::Relaxed);
+        let Place::Host(t) = &b.place else {
+            continue;
+        };
+        let (host, reserved, align, size) = (t.offset(), b.reserved(), b.align(), b.size);
+        let node = super::place::place_on_device(arena, reserved, align, keep, false)?;
+        let (dev, slot) = (node.offset(), node.slot());
+        // The restore writes on the arena stream: later kernel arguments
+        // on other streams must wait for it.
+        arena.epoch += 1;
+        if let Err(e) = arena.backend.restore(host, dev, size) {
+            // Give the node back: left used without an owner, a later
+            // compaction would read a stale owner entry.
+            let _ = arena.index.free(node);
+            arena.poison(format!("restoring a spilled block failed: {e}"));
+            return Err(e);
         }
-        let mut spilled: smallvec::SmallVec<[Handle; 8]> = smallvec::SmallVec::new();
-        for &h in handles {
-            let out = self
-                .blocks
-                .get(h.key)
-                .is_some_and(|b| matches!(b.place, Place::Host(_)));
-            if out && !spilled.contains(&h) {
-                spilled.push(h);
-            }
-        }
-        if spilled.len() > 1 {
-            self.make_room_for_all(&spilled, &keep)?;
-        }
-        self.restore_each(handles, &keep)
-    }
-
-    /// Brings `handles` back one at a time, each atomically (see
-    /// [`Self::make_room_for_all`] for several).
-    fn restore_each(&mut self, handles: &[Handle], keep: &[BlockKey]) -> Result<()> {
-        for &h in handles {
-            let Some(b) = self.blocks.get(h.key) else {
-                continue;
-            };
-            b.last_use.store(self.tick(), Ordering::Relaxed);
-            let Place::Host(t) = &b.place else {
-                continue;
-            };
-            let (host, reserved, align, size) = (t.offset(), b.reserved(), b.align(), b.size);
-            let node = self.place_on_device(reserved, align, keep, false)?;
-            let (dev, slot) = (node.offset(), node.slot());
-            // The restore writes on the arena stream: later kernel arguments
-            // on other streams must wait for it.
-            self.epoch += 1;
-            if let Err(e) = self.backend.restore(host, dev, size) {
-                // Give the node back: left used without an owner, a later
-                // compaction would read a stale owner entry.
-                let _ = self.index.free(node);
-                self.poison(format!("restoring a spilled block failed: {e}"));
+        let old = match arena.blocks.get_mut(h.key) {
+            Some(b) => std::mem::replace(&mut b.place, Place::Device(node)),
+            None => Place::Device(node),
+        };
+        if let (Place::Host(t), Some(tier)) = (old, arena.tier.as_mut()) {
+            if let Err(e) = tier.free(t) {
+                // Unreachable: the tier's allocations are its own.
+                arena.poison(format!("freeing a host-tier block failed: {e}"));
                 return Err(e);
             }
-            let old = match self.blocks.get_mut(h.key) {
-                Some(b) => std::mem::replace(&mut b.place, Place::Device(node)),
-                None => Place::Device(node),
-            };
-            if let (Place::Host(t), Some(tier)) = (old, self.tier.as_mut()) {
-                if let Err(e) = tier.free(t) {
-                    // Unreachable: the tier's allocations are its own.
-                    self.poison(format!("freeing a host-tier block failed: {e}"));
-                    return Err(e);
-                }
-            }
-            self.set_owner(slot, h.key);
-            self.set_entry(h.key, Some((dev, size)));
-            self.counters.restores += 1;
-            self.counters.bytes_restored = self.counters.bytes_restored.saturating_add(size);
         }
-        Ok(())
+        arena.set_owner(slot, h.key);
+        arena.set_entry(h.key, Some((dev, size)));
+        arena.counters.restores += 1;
+        arena.counters.bytes_restored = arena.counters.bytes_restored.saturating_add(size);
     }
+    Ok(())
+}
 
-    /// Makes room for the spilled blocks `spilled` (two or more) to come
-    /// back together, with `keep` resident, or changes nothing: afterwards
-    /// each of them, placed in order, finds a hole. If they all fit in the
-    /// holes as they are, nothing is done. Otherwise the least recently
-    /// used blocks (not pinned, not in `keep`) are evicted until, after a
-    /// full compaction, all of them fit, then that compaction runs. Both
-    /// are checked on a copy of the placement index (placement is
-    /// deterministic: the copy decides what the index will), and the
-    /// evictions' host-tier space is reserved, before anything changes.
-    fn make_room_for_all(&mut self, spilled: &[Handle], keep: &[BlockKey]) -> Result<()> {
-        let sizes: Vec<(u64, u64)> = spilled
-            .iter()
-            .filter_map(|h| self.blocks.get(h.key))
-            .map(|b| (b.reserved(), b.align()))
-            .collect();
-        let fits = |index: &mut crate::placement::FreeIndex| {
-            sizes.iter().all(|&(r, a)| index.alloc(r, a).is_some())
-        };
-        if fits(&mut self.index.clone()) {
-            return Ok(());
-        }
-        let capacity = self.config.capacity_bytes;
-        self.collect_live();
-        let mut live = self.live.clone();
-        let after_full = |live: &[planner::LiveBlock]| {
-            let mut spans: Vec<(u64, u64)> = live.iter().map(|l| (l.offset, l.len)).collect();
-            let at: std::collections::HashMap<u64, usize> =
-                live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
-            // In wave order: a block's last move is where it ends.
-            for m in planner::plan_full(live, capacity).moves() {
-                if let Some(&i) = at.get(&m.key) {
-                    spans[i].0 = m.dst;
-                }
-            }
-            spans.sort_unstable();
-            let mut index = crate::placement::FreeIndex::new(capacity);
-            index.rebuild(&spans, &mut Vec::new()).is_ok() && fits(&mut index)
-        };
-        let mut candidates: Vec<(u64, BlockKey)> = self
-            .blocks
-            .iter()
-            .filter(|(k, b)| {
-                matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
-            })
-            .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k))
-            .collect();
-        candidates.sort_unstable_by_key(|c| c.0);
-        let mut next = candidates.into_iter();
-        let mut victims: Vec<BlockKey> = Vec::new();
-        while !after_full(&live) {
-            let Some((_, victim)) = next.next() else {
-                self.counters.failed_allocs += 1;
-                let needed = live
-                    .iter()
-                    .map(|l| l.len)
-                    .chain(sizes.iter().map(|s| s.0))
-                    .fold(0, u64::saturating_add);
-                let align = sizes.iter().map(|s| s.1).max().unwrap_or(1);
-                return Err(Error::WorkingSetTooLarge {
-                    needed_bytes: needed,
-                    reachable_bytes: planner::largest_hole_after_full(&live, capacity, align),
-                });
-            };
-            let bits = victim.to_bits();
-            live.retain(|l| l.key != bits);
-            victims.push(victim);
-        }
-        // The victims' space in the host tier, all of it before the first
-        // eviction (the restored blocks keep theirs until they are back).
-        let mut reserved: Vec<(BlockKey, Allocation)> = Vec::new();
-        let mut tier_needed = 0u64;
-        for &v in &victims {
-            let len = self.blocks.get(v).map_or(0, |b| b.reserved());
-            tier_needed = tier_needed.saturating_add(len);
-            let node = match self.tier.as_mut() {
-                Some(tier) => tier.alloc(len, 1),
-                None => None,
-            };
-            match node {
-                Some(node) => reserved.push((v, node)),
-                None => {
-                    for (_, t) in reserved {
-                        self.release_tier(t);
-                    }
-                    self.counters.failed_allocs += 1;
-                    let r = self.tier.as_ref().map(|t| t.report()).unwrap_or_default();
-                    return Err(Error::HostTierFull {
-                        requested_bytes: sizes.iter().map(|s| s.0).fold(0, u64::saturating_add),
-                        needed_bytes: tier_needed,
-                        host_tier_bytes: self.tier.as_ref().map_or(0, |t| t.capacity()),
-                        host_free_bytes: r.free_bytes,
-                        host_largest_free_bytes: r.largest_free_bytes,
-                    });
-                }
+/// Makes room for the spilled blocks `spilled` (two or more) to come
+/// back together, with `keep` resident, or changes nothing: afterwards
+/// each of them, placed in order, finds a hole. If they all fit in the
+/// holes as they are, nothing is done. Otherwise the least recently
+/// used blocks (not pinned, not in `keep`) are evicted until, after a
+/// full compaction, all of them fit, then that compaction runs. Both
+/// are checked on a copy of the placement index (placement is
+/// deterministic: the copy decides what the index will), and the
+/// evictions' host-tier space is reserved, before anything changes.
+pub(super) fn make_room_for_all<B: Backend>(
+    arena: &mut Arena<B>,
+    spilled: &[Handle],
+    keep: &[BlockKey],
+) -> Result<()> {
+    let sizes: Vec<(u64, u64)> = spilled
+        .iter()
+        .filter_map(|h| arena.blocks.get(h.key))
+        .map(|b| (b.reserved(), b.align()))
+        .collect();
+    let fits = |index: &mut crate::placement::FreeIndex| {
+        sizes.iter().all(|&(r, a)| index.alloc(r, a).is_some())
+    };
+    if fits(&mut arena.index.clone()) {
+        return Ok(());
+    }
+    let capacity = arena.config.capacity_bytes;
+    super::compaction::collect_live(arena);
+    let mut live = arena.live.clone();
+    let after_full = |live: &[planner::LiveBlock]| {
+        let mut spans: Vec<(u64, u64)> = live.iter().map(|l| (l.offset, l.len)).collect();
+        let at: std::collections::HashMap<u64, usize> =
+            live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
+        // In wave order: a block's last move is where it ends.
+        for m in planner::plan_full(live, capacity).moves() {
+            if let Some(&i) = at.get(&m.key) {
+                spans[i].0 = m.dst;
             }
         }
-        let mut reserved = reserved.into_iter();
-        while let Some((key, tier_node)) = reserved.next() {
-            if let Err(e) = self.spill_to(key, tier_node) {
+        spans.sort_unstable();
+        let mut index = crate::placement::FreeIndex::new(capacity);
+        index.rebuild(&spans, &mut Vec::new()).is_ok() && fits(&mut index)
+    };
+    let mut candidates: Vec<(u64, BlockKey)> = arena
+        .blocks
+        .iter()
+        .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
+        .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k))
+        .collect();
+    candidates.sort_unstable_by_key(|c| c.0);
+    let mut next = candidates.into_iter();
+    let mut victims: Vec<BlockKey> = Vec::new();
+    while !after_full(&live) {
+        let Some((_, victim)) = next.next() else {
+            arena.counters.failed_allocs += 1;
+            let needed = live
+                .iter()
+                .map(|l| l.len)
+                .chain(sizes.iter().map(|s| s.0))
+                .fold(0, u64::saturating_add);
+            let align = sizes.iter().map(|s| s.1).max().unwrap_or(1);
+            return Err(Error::WorkingSetTooLarge {
+                needed_bytes: needed,
+                reachable_bytes: planner::largest_hole_after_full(&live, capacity, align),
+            });
+        };
+        let bits = victim.to_bits();
+        live.retain(|l| l.key != bits);
+        victims.push(victim);
+    }
+    // The victims' space in the host tier, all of it before the first
+    // eviction (the restored blocks keep theirs until they are back).
+    let mut reserved: Vec<(BlockKey, Allocation)> = Vec::new();
+    let mut tier_needed = 0u64;
+    for &v in &victims {
+        let len = arena.blocks.get(v).map_or(0, |b| b.reserved());
+        tier_needed = tier_needed.saturating_add(len);
+        let node = match arena.tier.as_mut() {
+            Some(tier) => tier.alloc(len, 1),
+            None => None,
+        };
+        match node {
+            Some(node) => reserved.push((v, node)),
+            None => {
                 for (_, t) in reserved {
-                    self.release_tier(t);
+                    release_tier(arena, t);
                 }
-                return Err(e);
+                arena.counters.failed_allocs += 1;
+                let r = arena.tier.as_ref().map(|t| t.report()).unwrap_or_default();
+                return Err(Error::HostTierFull {
+                    requested_bytes: sizes.iter().map(|s| s.0).fold(0, u64::saturating_add),
+                    needed_bytes: tier_needed,
+                    host_tier_bytes: arena.tier.as_ref().map_or(0, |t| t.capacity()),
+                    host_free_bytes: r.free_bytes,
+                    host_largest_free_bytes: r.largest_free_bytes,
+                });
             }
         }
-        // The compaction the check planned: the same live blocks, the
-        // same plan, the same rebuilt index.
-        self.settle()?;
-        let t0 = std::time::Instant::now();
-        self.collect_live();
-        let plan = planner::plan_full(&self.live, capacity);
-        self.counters.planning += t0.elapsed();
-        self.execute(plan, t0)?;
-        Ok(())
     }
-
-    /// Spills LRU blocks until a full compaction can make a hole for the
-    /// request, then compacts and places it.
-    ///
-    /// The evictions are decided and their host-tier space reserved before
-    /// anything moves: when the request cannot be met
-    /// ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]), nothing has
-    /// been spilled, moved or written.
-    pub(super) fn alloc_by_spilling(
-        &mut self,
-        reserved: u64,
-        align: u64,
-        keep: &[BlockKey],
-    ) -> Result<Allocation> {
-        let victims = self.plan_evictions(reserved, align, keep)?;
-        // Evicting and compacting work on the bytes' layout.
-        if let Err(e) = self.settle() {
-            for (_, t) in victims {
-                self.release_tier(t);
+    let mut reserved = reserved.into_iter();
+    while let Some((key, tier_node)) = reserved.next() {
+        if let Err(e) = spill_to(arena, key, tier_node) {
+            for (_, t) in reserved {
+                release_tier(arena, t);
             }
             return Err(e);
         }
-        let mut victims = victims.into_iter();
-        while let Some((key, tier_node)) = victims.next() {
-            if let Err(e) = self.spill_to(key, tier_node) {
-                // `spill_to` released its own reservation; release the rest.
-                for (_, t) in victims {
-                    self.release_tier(t);
-                }
-                return Err(e);
-            }
+    }
+    // The compaction the check planned: the same live blocks, the
+    // same plan, the same rebuilt index.
+    super::defer::settle(arena)?;
+    let t0 = std::time::Instant::now();
+    super::compaction::collect_live(arena);
+    let plan = planner::plan_full(&arena.live, capacity);
+    arena.counters.planning += t0.elapsed();
+    super::compaction::execute(arena, plan, t0)?;
+    Ok(())
+}
+
+/// Spills LRU blocks until a full compaction can make a hole for the
+/// request, then compacts and places it.
+///
+/// The evictions are decided and their host-tier space reserved before
+/// anything moves: when the request cannot be met
+/// ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]), nothing has
+/// been spilled, moved or written.
+pub(super) fn alloc_by_spilling<B: Backend>(
+    arena: &mut Arena<B>,
+    reserved: u64,
+    align: u64,
+    keep: &[BlockKey],
+) -> Result<Allocation> {
+    let victims = plan_evictions(arena, reserved, align, keep)?;
+    // Evicting and compacting work on the bytes' layout.
+    if let Err(e) = super::defer::settle(arena) {
+        for (_, t) in victims {
+            release_tier(arena, t);
         }
-        let capacity = self.config.capacity_bytes;
-        // The last eviction may have opened a hole that fits as it is.
-        if let Some(node) = self.index.alloc(reserved, align) {
+        return Err(e);
+    }
+    let mut victims = victims.into_iter();
+    while let Some((key, tier_node)) = victims.next() {
+        if let Err(e) = spill_to(arena, key, tier_node) {
+            // `spill_to` released its own reservation; release the rest.
+            for (_, t) in victims {
+                release_tier(arena, t);
+            }
+            return Err(e);
+        }
+    }
+    let capacity = arena.config.capacity_bytes;
+    // The last eviction may have opened a hole that fits as it is.
+    if let Some(node) = arena.index.alloc(reserved, align) {
+        return Ok(node);
+    }
+    // A targeted compaction moves only the blocks around one window.
+    let t0 = std::time::Instant::now();
+    super::compaction::collect_live(arena);
+    let req = planner::Request {
+        size: reserved,
+        align,
+    };
+    let plan = planner::plan_targeted(&arena.live, capacity, req);
+    arena.counters.planning += t0.elapsed();
+    if let Some(plan) = plan {
+        super::compaction::execute(arena, plan, t0)?;
+        if let Some(node) = arena.index.alloc(reserved, align) {
             return Ok(node);
         }
-        // A targeted compaction moves only the blocks around one window.
-        let t0 = std::time::Instant::now();
-        self.collect_live();
-        let req = planner::Request {
-            size: reserved,
-            align,
-        };
-        let plan = planner::plan_targeted(&self.live, capacity, req);
-        self.counters.planning += t0.elapsed();
-        if let Some(plan) = plan {
-            self.execute(plan, t0)?;
-            if let Some(node) = self.index.alloc(reserved, align) {
-                return Ok(node);
-            }
-        }
-        let t0 = std::time::Instant::now();
-        self.collect_live();
-        let plan = planner::plan_full(&self.live, capacity);
-        self.counters.planning += t0.elapsed();
-        self.execute(plan, t0)?;
-        self.index.alloc(reserved, align).ok_or_else(|| {
-            // Unreachable: the evictions were planned so that a full
-            // compaction makes this hole.
-            let reason = "spilling planned a hole that compaction did not make";
-            self.poison(reason.to_string());
-            Error::Poisoned {
-                reason: reason.to_string(),
-            }
-        })
     }
+    let t0 = std::time::Instant::now();
+    super::compaction::collect_live(arena);
+    let plan = planner::plan_full(&arena.live, capacity);
+    arena.counters.planning += t0.elapsed();
+    super::compaction::execute(arena, plan, t0)?;
+    arena.index.alloc(reserved, align).ok_or_else(|| {
+        // Unreachable: the evictions were planned so that a full
+        // compaction makes this hole.
+        let reason = "spilling planned a hole that compaction did not make";
+        arena.poison(reason.to_string());
+        Error::Poisoned {
+            reason: reason.to_string(),
+        }
+    })
+}
 
-    /// The least recently used unpinned blocks not in `keep` whose eviction
-    /// lets a full compaction make a hole of `reserved` bytes at `align`,
-    /// in LRU order, each with its host-tier space reserved. Changes nothing
-    /// but the reservations; on an error, not even those.
-    fn plan_evictions(
-        &mut self,
-        reserved: u64,
-        align: u64,
-        keep: &[BlockKey],
-    ) -> Result<Vec<(BlockKey, Allocation)>> {
-        let capacity = self.config.capacity_bytes;
-        self.collect_live();
-        let mut live = std::mem::take(&mut self.live);
-        let mut candidates: Vec<(u64, BlockKey, u64)> = self
-            .blocks
-            .iter()
-            .filter(|(k, b)| {
-                matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k)
-            })
-            .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved()))
-            .collect();
-        candidates.sort_unstable_by_key(|c| c.0);
-        let mut victims: Vec<(BlockKey, Allocation)> = Vec::new();
-        let mut next = candidates.into_iter();
-        let mut tier_needed = 0u64;
-        let outcome = loop {
-            let reachable = planner::largest_hole_after_full(&live, capacity, align);
-            if reachable >= reserved {
-                break Ok(());
-            }
-            let Some((_, victim, victim_reserved)) = next.next() else {
-                // Everything left is pinned or needed by this request.
-                // Saturating: near 2^64 B the sum can exceed u64.
-                let needed = live
-                    .iter()
-                    .filter(|l| l.pinned)
-                    .map(|l| l.len)
-                    .chain(
-                        keep.iter()
-                            .filter_map(|k| self.blocks.get(*k))
-                            .filter(|b| b.pins == 0 && matches!(b.place, Place::Device(_)))
-                            .map(|b| b.reserved()),
-                    )
-                    .fold(reserved, u64::saturating_add);
-                break Err(Error::WorkingSetTooLarge {
-                    needed_bytes: needed,
-                    reachable_bytes: reachable,
-                });
-            };
-            tier_needed = tier_needed.saturating_add(victim_reserved);
-            let Some(tier) = self.tier.as_mut() else {
-                break Err(Error::NoHostTier {
-                    requested_bytes: reserved,
-                });
-            };
-            let Some(node) = tier.alloc(victim_reserved, 1) else {
-                break Err(Error::HostTierFull {
-                    requested_bytes: reserved,
-                    needed_bytes: tier_needed,
-                    host_tier_bytes: tier.capacity(),
-                    host_free_bytes: 0, // filled in below, reservations released
-                    host_largest_free_bytes: 0,
-                });
-            };
-            victims.push((victim, node));
-            let bits = victim.to_bits();
-            live.retain(|l| l.key != bits);
+/// The least recently used unpinned blocks not in `keep` whose eviction
+/// lets a full compaction make a hole of `reserved` bytes at `align`,
+/// in LRU order, each with its host-tier space reserved. Changes nothing
+/// but the reservations; on an error, not even those.
+pub(super) fn plan_evictions<B: Backend>(
+    arena: &mut Arena<B>,
+    reserved: u64,
+    align: u64,
+    keep: &[BlockKey],
+) -> Result<Vec<(BlockKey, Allocation)>> {
+    let capacity = arena.config.capacity_bytes;
+    super::compaction::collect_live(arena);
+    let mut live = std::mem::take(&mut arena.live);
+    let mut candidates: Vec<(u64, BlockKey, u64)> = arena
+        .blocks
+        .iter()
+        .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
+        .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved()))
+        .collect();
+    candidates.sort_unstable_by_key(|c| c.0);
+    let mut victims: Vec<(BlockKey, Allocation)> = Vec::new();
+    let mut next = candidates.into_iter();
+    let mut tier_needed = 0u64;
+    let outcome = loop {
+        let reachable = planner::largest_hole_after_full(&live, capacity, align);
+        if reachable >= reserved {
+            break Ok(());
+        }
+        let Some((_, victim, victim_reserved)) = next.next() else {
+            // Everything left is pinned or needed by this request.
+            // Saturating: near 2^64 B the sum can exceed u64.
+            let needed = live
+                .iter()
+                .filter(|l| l.pinned)
+                .map(|l| l.len)
+                .chain(
+                    keep.iter()
+                        .filter_map(|k| arena.blocks.get(*k))
+                        .filter(|b| b.pins == 0 && matches!(b.place, Place::Device(_)))
+                        .map(|b| b.reserved()),
+                )
+                .fold(reserved, u64::saturating_add);
+            break Err(Error::WorkingSetTooLarge {
+                needed_bytes: needed,
+                reachable_bytes: reachable,
+            });
         };
-        self.live = live;
-        match outcome {
-            Ok(()) => Ok(victims),
-            Err(mut e) => {
-                self.counters.failed_allocs += 1;
-                if let Some(tier) = self.tier.as_mut() {
-                    for (_, t) in victims {
-                        let _ = tier.free(t);
-                    }
-                    if let Error::HostTierFull {
-                        host_free_bytes,
-                        host_largest_free_bytes,
-                        ..
-                    } = &mut e
-                    {
-                        let r = tier.report();
-                        *host_free_bytes = r.free_bytes;
-                        *host_largest_free_bytes = r.largest_free_bytes;
-                    }
+        tier_needed = tier_needed.saturating_add(victim_reserved);
+        let Some(tier) = arena.tier.as_mut() else {
+            break Err(Error::NoHostTier {
+                requested_bytes: reserved,
+            });
+        };
+        let Some(node) = tier.alloc(victim_reserved, 1) else {
+            break Err(Error::HostTierFull {
+                requested_bytes: reserved,
+                needed_bytes: tier_needed,
+                host_tier_bytes: tier.capacity(),
+                host_free_bytes: 0, // filled in below, reservations released
+                host_largest_free_bytes: 0,
+            });
+        };
+        victims.push((victim, node));
+        let bits = victim.to_bits();
+        live.retain(|l| l.key != bits);
+    };
+    arena.live = live;
+    match outcome {
+        Ok(()) => Ok(victims),
+        Err(mut e) => {
+            arena.counters.failed_allocs += 1;
+            if let Some(tier) = arena.tier.as_mut() {
+                for (_, t) in victims {
+                    let _ = tier.free(t);
                 }
-                Err(e)
+                if let Error::HostTierFull {
+                    host_free_bytes,
+                    host_largest_free_bytes,
+                    ..
+                } = &mut e
+                {
+                    let r = tier.report();
+                    *host_free_bytes = r.free_bytes;
+                    *host_largest_free_bytes = r.largest_free_bytes;
+                }
             }
+            Err(e)
         }
     }
+}
 
-    /// Gives a reservation back to the host tier.
-    fn release_tier(&mut self, node: Allocation) {
-        if let Some(t) = self.tier.as_mut() {
-            // Cannot fail: the allocation was made by this tier.
-            let _ = t.free(node);
+/// Gives a reservation back to the host tier.
+pub(super) fn release_tier<B: Backend>(arena: &mut Arena<B>, node: Allocation) {
+    if let Some(t) = arena.tier.as_mut() {
+        // Cannot fail: the allocation was made by this tier.
+        let _ = t.free(node);
+    }
+}
+
+/// Copies one block to the host tier, into `tier_node` (reserved for it),
+/// and frees its space in the region. On an error the reservation is
+/// released.
+pub(super) fn spill_to<B: Backend>(
+    arena: &mut Arena<B>,
+    key: BlockKey,
+    tier_node: Allocation,
+) -> Result<()> {
+    let Some(b) = arena.blocks.get(key) else {
+        release_tier(arena, tier_node);
+        return Ok(());
+    };
+    let (Some(dev), size) = (b.real_offset(), b.size) else {
+        release_tier(arena, tier_node);
+        return Ok(());
+    };
+    // The copy to the host reads the block on the arena stream, and its
+    // space is reused after it: wait for the streams that used it.
+    if let Err(e) = arena.wait_uses(key) {
+        release_tier(arena, tier_node);
+        return Err(e);
+    }
+    arena.epoch += 1;
+    if let Err(e) = arena.backend.spill(dev, tier_node.offset(), size) {
+        release_tier(arena, tier_node);
+        arena.poison(format!("spilling a block failed: {e}"));
+        return Err(e);
+    }
+    let old = match arena.blocks.get_mut(key) {
+        Some(b) => std::mem::replace(&mut b.place, Place::Host(tier_node)),
+        None => Place::Host(tier_node),
+    };
+    if let Some(b) = arena.blocks.get_mut(key) {
+        if let Some(at) = b.lag.take() {
+            arena.lag.remove(at.get());
         }
     }
-
-    /// Copies one block to the host tier, into `tier_node` (reserved for it),
-    /// and frees its space in the region. On an error the reservation is
-    /// released.
-    fn spill_to(&mut self, key: BlockKey, tier_node: Allocation) -> Result<()> {
-        let Some(b) = self.blocks.get(key) else {
-            self.release_tier(tier_node);
-            return Ok(());
-        };
-        let (Some(dev), size) = (b.real_offset(), b.size) else {
-            self.release_tier(tier_node);
-            return Ok(());
-        };
-        // The copy to the host reads the block on the arena stream, and its
-        // space is reused after it: wait for the streams that used it.
-        if let Err(e) = self.wait_uses(key) {
-            self.release_tier(tier_node);
+    if let Place::Device(node) = old {
+        if let Err(e) = arena.index.free(node) {
+            // Unreachable: the arena holds only its index's allocations.
+            arena.poison(format!("freeing a spilled block's space failed: {e}"));
             return Err(e);
         }
-        self.epoch += 1;
-        if let Err(e) = self.backend.spill(dev, tier_node.offset(), size) {
-            self.release_tier(tier_node);
-            self.poison(format!("spilling a block failed: {e}"));
-            return Err(e);
-        }
-        let old = match self.blocks.get_mut(key) {
-            Some(b) => std::mem::replace(&mut b.place, Place::Host(tier_node)),
-            None => Place::Host(tier_node),
-        };
-        if let Some(b) = self.blocks.get_mut(key) {
-            if let Some(at) = b.lag.take() {
-                self.lag.remove(at.get());
-            }
-        }
-        if let Place::Device(node) = old {
-            if let Err(e) = self.index.free(node) {
-                // Unreachable: the arena holds only its index's allocations.
-                self.poison(format!("freeing a spilled block's space failed: {e}"));
-                return Err(e);
-            }
-        }
-        self.set_entry(key, None);
-        self.counters.evictions += 1;
-        self.counters.bytes_evicted = self.counters.bytes_evicted.saturating_add(size);
-        Ok(())
     }
+    arena.set_entry(key, None);
+    arena.counters.evictions += 1;
+    arena.counters.bytes_evicted = arena.counters.bytes_evicted.saturating_add(size);
+    Ok(())
 }

@@ -49,7 +49,7 @@ pub struct Stats {
     /// [`crate::CompactionPolicy::Budgeted`] (and by explicit compactions
     /// under any policy). Under `Auto`, `bytes_moved + deferred_bytes
     /// <= naive_bytes_moved` while `naive_failures` is 0; under `Budgeted`, see
-    /// `handover_bytes` ([`crate::plan::lag`]).
+    /// `handover_bytes` (`src/plan/lag.rs`).
     pub naive_bytes_moved: u64,
     /// Requests naive compact-on-failure would have failed (pins or
     /// alignment padding leave no hole after its full compaction, or the
@@ -58,7 +58,7 @@ pub struct Stats {
     /// layout is its own and `naive_bytes_moved` stops counting.
     pub naive_failures: u64,
     /// Bytes moved by `Budgeted`'s handover to naive's layout: the one plan
-    /// that ends its first phase ([`crate::plan::lag`]), 0 until then. With
+    /// that ends its first phase (`src/plan/lag.rs`), 0 until then. With
     /// `overrun_bytes`, the additive term of its bound: `bytes_moved +
     /// deferred_bytes <= naive_bytes_moved + handover_bytes +
     /// overrun_bytes` while `naive_failures` is 0.
@@ -68,7 +68,7 @@ pub struct Stats {
     /// place, or no free spot for a move that crosses its own bytes).
     pub overrun_bytes: u64,
     /// Bytes of blocks whose moves `Auto` has deferred: naive moved them,
-    /// the arena has not yet ([`crate::plan::lag`]).
+    /// the arena has not yet (`src/plan/lag.rs`).
     pub deferred_bytes: u64,
     /// Host time spent planning compactions.
     pub planning_time: Duration,
@@ -78,7 +78,7 @@ pub struct Stats {
     pub planning_visits: u64,
     /// Full compactions the pacer chose because planning would have
     /// overdrawn its budget of work per op (rule 2 of
-    /// [`crate::plan::policy`]; counted in `full_compactions` too).
+    /// `src/plan/policy.rs`; counted in `full_compactions` too).
     pub budget_compactions: u64,
     /// Host time spent in compaction: planning plus executing (on the CUDA
     /// backend, executing means enqueueing: the copies run asynchronously).
@@ -93,6 +93,11 @@ pub struct Stats {
     pub bytes_restored: u64,
     /// Bytes of the host tier holding spilled blocks now.
     pub host_tier_used_bytes: u64,
+    /// Blocks of dropped [`Storage`](crate::Storage)s not freed yet: the
+    /// arena frees them at its next allocation or compaction, or at
+    /// `reclaim` (a pinned one at its last unpin). Storages dropped since
+    /// the snapshot are not counted.
+    pub pending_reclaim: u64,
 }
 
 /// What one compaction did.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::Stats;
 
 /// Fields of [`Stats`], each as one `u64`.
-const WORDS: usize = 31;
+const WORDS: usize = 32;
 
 /// `s` as words (durations in nanoseconds, saturated; the fraction as its
 /// bits).
@@ -54,6 +54,7 @@ fn encode(s: &Stats) -> [u64; WORDS] {
         s.bytes_evicted,
         s.bytes_restored,
         s.host_tier_used_bytes,
+        s.pending_reclaim,
     ]
 }
 
@@ -91,6 +92,7 @@ fn decode(w: [u64; WORDS]) -> Stats {
         bytes_evicted: w[28],
         bytes_restored: w[29],
         host_tier_used_bytes: w[30],
+        pending_reclaim: w[31],
     }
 }
 
@@ -160,6 +162,7 @@ mod tests {
             requested_bytes: k,
             live_blocks: k,
             host_tier_used_bytes: k,
+            pending_reclaim: k,
             fragmentation: k as f64,
             planning_time: Duration::from_nanos(k),
             ..Stats::default()

@@ -1,17 +1,57 @@
-//! Streams and storage lifetimes: which streams used a block, the waits
-//! that keep the arena from moving or reusing bytes under them, and the
-//! reclaim queue that dropped [`Storage`]s leave their blocks in. The
-//! contract is in [`crate::stream`].
+//! Stream tracking: streams registered with the arena, which streams used
+//! a block, the waits that keep the arena from moving or reusing bytes
+//! under them, and (CUDA) kernel arguments, which order themselves. The
+//! contract is on [`StreamId`].
+
+use std::sync::atomic::AtomicU64;
 
 use super::Arena;
 use crate::backend::{check_stream, Backend};
-use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::handle::BlockKey;
-use crate::storage::{AsRange, Storage};
+use crate::storage::AsRange;
 use crate::stream::StreamId;
 
 impl<B: Backend> Arena<B> {
+    /// Registers a stream with the arena and returns its id (a stream
+    /// registered already keeps its id): a CUDA stream on the CUDA backend,
+    /// which must belong to the arena's context (the device's primary
+    /// context: `arena.backend().stream().context().new_stream()`, or a
+    /// stream of `CudaContext::new` for the same device; another context's
+    /// stream is [`Error::ForeignStream`]); `()` on the host and metadata
+    /// backends, whose work is synchronous and whose streams are ids only,
+    /// so that programs recording uses and waiting on streams run the same
+    /// there. At most 65,536 streams per arena, its own included
+    /// ([`Error::LimitReached`]).
+    pub fn register_stream(&mut self, stream: B::Stream) -> Result<StreamId> {
+        self.check_usable()?;
+        let id = self.backend.register_stream(stream)?;
+        self.note_stream(id);
+        Ok(id.of_arena(self.id))
+    }
+
+    /// Makes room in the per-stream tables for registered stream `id`
+    /// (its index is below [`crate::stream::MAX_STREAMS`]: the backends
+    /// refuse more).
+    fn note_stream(&mut self, id: StreamId) {
+        let i = id.index() as usize;
+        while self.joined.len() <= i {
+            self.joined.push(AtomicU64::new(u64::MAX)); // never joined
+        }
+        // Blocks may get stream uses from now on (see `other_streams`).
+        self.other_streams |= i > 0;
+    }
+
+    /// Waits for the arena stream (on the CUDA backend; a no-op on the
+    /// others) and reports any fault the move kernels found since the last
+    /// check. A fault poisons the arena: every later call returns
+    /// [`Error::Poisoned`].
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.check_usable()?;
+        let r = self.backend.synchronize();
+        self.sticky(r)
+    }
+
     /// Records that the bytes `r` names are used by work enqueued on
     /// `stream` (PyTorch's `record_stream`): the arena will not free, move,
     /// spill or write the block before that work is done, waiting with
@@ -21,7 +61,7 @@ impl<B: Backend> Arena<B> {
     ///
     /// Takes `&self` (the records have a lock of their own): threads
     /// sharing the arena record under its shared lock.
-    pub fn record_stream(&self, r: &impl AsRange, stream: StreamId) -> Result<()> {
+    pub fn record_stream(&self, r: impl AsRange, stream: StreamId) -> Result<()> {
         self.check_usable()?;
         self.check_own_stream(stream)?;
         let Some(h) = r.block_range().handle else {
@@ -89,85 +129,39 @@ impl<B: Backend> Arena<B> {
         }
         Ok(())
     }
+}
 
-    // ---- owned storage --------------------------------------------------------
-
-    /// Allocates `bytes` as an owned [`Storage`] (untyped): freed when its
-    /// last owner drops. Zero bytes is valid and takes no block.
-    pub fn alloc_storage(&mut self, bytes: u64) -> Result<Storage> {
-        self.storage(bytes, self.config.alignment_bytes, None)
-    }
-
-    /// `numel` elements of `dtype` as an owned [`Storage`], aligned for
-    /// them: a framework's allocation for a runtime dtype.
-    pub fn alloc_storage_dtype(&mut self, dtype: DType, numel: u64) -> Result<Storage> {
-        let (bytes, align) = self.typed_layout(dtype, numel)?;
-        self.storage(bytes, align, Some(dtype))
-    }
-
-    /// `numel` elements of `T` as an owned [`Storage`] of `T`'s dtype.
-    pub fn alloc_storage_elems<T: Element>(&mut self, numel: u64) -> Result<Storage> {
-        self.alloc_storage_dtype(T::DTYPE, numel)
-    }
-
-    /// `numel` zeroed elements of `T` as an owned [`Storage`] (filled on
-    /// the arena stream).
-    pub fn alloc_storage_zeroed<T: Element>(&mut self, numel: u64) -> Result<Storage> {
-        let s = self.alloc_storage_elems::<T>(numel)?;
-        if let Some(h) = s.handle() {
-            self.fill_bytes(&h, &[0])?;
-        }
-        Ok(s)
-    }
-
-    fn storage(&mut self, bytes: u64, align: u64, dtype: Option<DType>) -> Result<Storage> {
-        let handle = if bytes == 0 {
-            self.check_usable()?;
-            None
-        } else {
-            Some(self.alloc_impl(bytes, align, dtype)?)
-        };
-        Ok(Storage::new(
-            handle,
-            bytes,
-            dtype,
-            self.id,
-            std::sync::Arc::clone(&self.reclaim),
-        ))
-    }
-
-    /// Frees the blocks of storages dropped since the last call (it runs by
-    /// itself at every allocation and compaction). A block still pinned
-    /// waits for its last unpin. Returns the blocks freed.
-    pub fn reclaim(&mut self) -> Result<u64> {
+#[cfg(feature = "cuda")]
+impl Arena<crate::backend::cuda::CudaBackend> {
+    /// Kernel arguments for work on registered stream `stream` (see
+    /// [`KernelArgs`](crate::backend::cuda::KernelArgs); for work on the
+    /// arena stream, [`StreamId::ARENA`], which the arena's moves order by
+    /// themselves): first makes `stream` wait for the arena stream's
+    /// work it has not waited for (moves, writes, fills, table updates), so
+    /// the views point where the blocks are when the work runs; each view
+    /// then records its block as used on `stream`, so the arena stream
+    /// waits for that work before it moves, spills, writes or frees the
+    /// block. A fault the device reported poisons the arena here too.
+    ///
+    /// Takes `&self`: the arguments borrow the arena, so nothing moves
+    /// while they live, and the use records have locks of their own, so
+    /// several threads sharing the arena take arguments and launch at once
+    /// ([`SharedArena::with_kernel_args`](crate::SharedArena::with_kernel_args)).
+    /// The aliasing check covers the views of one `KernelArgs`; two sets
+    /// that write one block at once are ordered only as far as the work
+    /// already enqueued when each was taken, as two kernels on unordered
+    /// streams would be.
+    pub fn kernel_args(&self, stream: StreamId) -> Result<crate::backend::cuda::KernelArgs<'_>> {
         self.check_usable()?;
-        self.drain_reclaim()
-    }
-
-    /// Blocks of dropped storages waiting to be freed.
-    pub fn pending_reclaim(&self) -> u64 {
-        (self.reclaim.pending() + self.reclaiming.len()) as u64
-    }
-
-    pub(super) fn drain_reclaim(&mut self) -> Result<u64> {
-        self.reclaim.take(&mut self.reclaiming);
-        let mut freed = 0;
-        let mut i = 0;
-        while i < self.reclaiming.len() {
-            let h = self.reclaiming[i];
-            match self.free(h) {
-                Ok(()) => {
-                    self.reclaiming.swap_remove(i);
-                    freed += 1;
-                }
-                Err(Error::Pinned { .. }) => i += 1,
-                // Freed by hand through its handle already.
-                Err(Error::StaleHandle) => {
-                    self.reclaiming.swap_remove(i);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(freed)
+        let r = self.backend.check_status(false);
+        self.sticky(r)?;
+        self.wait_on_arena(stream)?;
+        Ok(crate::backend::cuda::KernelArgs::new(
+            self.backend.view_set(stream)?,
+            &self.blocks,
+            self.id,
+            &self.clock,
+            stream,
+        ))
     }
 }

@@ -33,10 +33,10 @@ fn stream_registration_stops_at_the_limit_and_waits_still_work() {
     let mut a = Arena::host(ArenaConfig::new(1 << 12)).unwrap();
     let mut last = crate::StreamId::ARENA;
     for _ in 1..MAX_STREAMS {
-        last = a.register_stream().unwrap();
+        last = a.register_stream(()).unwrap();
     }
     assert_eq!(last.index(), MAX_STREAMS - 1);
-    let refused = a.register_stream().unwrap_err();
+    let refused = a.register_stream(()).unwrap_err();
     assert!(
         matches!(refused, Error::LimitReached { limit, .. } if limit == u64::from(MAX_STREAMS)),
         "{refused}"
@@ -46,7 +46,7 @@ fn stream_registration_stops_at_the_limit_and_waits_still_work() {
     let x = a.alloc_storage(64).unwrap();
     a.record_stream(&x, last).unwrap();
     a.wait_on_arena(last).unwrap();
-    a.fill_bytes(&x, &[1]).unwrap();
+    a.fill(&x, 1u8).unwrap();
     a.wait_on_arena(last).unwrap();
 }
 

@@ -60,19 +60,6 @@ impl HostBackend {
         &self.table
     }
 
-    /// Registers another stream (an id: host work is synchronous).
-    pub fn register_stream(&mut self) -> Result<StreamId> {
-        if self.streams >= MAX_STREAMS {
-            return Err(Error::LimitReached {
-                what: "streams registered with one arena (its own included)",
-                limit: u64::from(MAX_STREAMS),
-            });
-        }
-        let id = StreamId(self.streams, 0);
-        self.streams += 1;
-        Ok(id)
-    }
-
     /// The region's bytes (for tests).
     pub fn bytes(&self) -> &[u8] {
         &self.mem
@@ -189,6 +176,13 @@ pub(crate) fn zeroed_vec<T: Clone + Default>(
 }
 
 impl Backend for HostBackend {
+    /// Host work is synchronous: a stream is an id only.
+    type Stream = ();
+
+    fn register_stream(&mut self, (): ()) -> Result<StreamId> {
+        next_stream(&mut self.streams)
+    }
+
     fn capacity_bytes(&self) -> u64 {
         self.mem.len() as u64
     }
@@ -272,4 +266,18 @@ impl Backend for HostBackend {
         self.table[first..end].copy_from_slice(entries);
         Ok(())
     }
+}
+
+/// The next stream id of a backend whose streams are ids only, `streams`
+/// being those registered so far (the arena's included).
+pub(super) fn next_stream(streams: &mut u32) -> Result<StreamId> {
+    if *streams >= MAX_STREAMS {
+        return Err(Error::LimitReached {
+            what: "streams registered with one arena (its own included)",
+            limit: u64::from(MAX_STREAMS),
+        });
+    }
+    let id = StreamId(*streams, 0);
+    *streams += 1;
+    Ok(id)
 }

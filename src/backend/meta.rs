@@ -5,9 +5,10 @@
 use super::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::Result;
 use crate::plan::Plan;
+use crate::stream::StreamId;
 
 /// Metadata-only backend.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MetaBackend {
     capacity_bytes: u64,
     /// Bytes the executed plans would have copied.
@@ -15,6 +16,8 @@ pub struct MetaBackend {
     /// Waves executed.
     pub waves: u64,
     host_tier_bytes: u64,
+    /// Streams registered, the arena's included (ids only).
+    streams: u32,
 }
 
 impl MetaBackend {
@@ -22,12 +25,33 @@ impl MetaBackend {
     pub fn new(capacity_bytes: u64) -> Self {
         Self {
             capacity_bytes,
-            ..Self::default()
+            bytes_moved: 0,
+            waves: 0,
+            host_tier_bytes: 0,
+            streams: 1,
         }
     }
 }
 
+impl Default for MetaBackend {
+    /// A region of 0 bytes.
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
 impl Backend for MetaBackend {
+    /// No work runs: a stream is an id only.
+    type Stream = ();
+
+    fn register_stream(&mut self, (): ()) -> Result<StreamId> {
+        super::host::next_stream(&mut self.streams)
+    }
+
+    fn stream_count(&self) -> u32 {
+        self.streams
+    }
+
     fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
     }
@@ -80,7 +104,7 @@ impl Backend for MetaBackend {
         }
         // A counter: saturates rather than overflow on arenas near 2^64 bytes.
         self.bytes_moved = self.bytes_moved.saturating_add(plan.bytes_moved());
-        self.waves += plan.waves.len() as u64;
+        self.waves += plan.waves().len() as u64;
         Ok(())
     }
 }

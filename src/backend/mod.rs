@@ -18,11 +18,11 @@ mod meta;
 #[allow(unsafe_code)]
 pub mod cuda;
 
+pub use crate::handle::TableEntry;
 pub use host::HostBackend;
 pub use meta::MetaBackend;
 
 use crate::error::{Error, Result};
-use crate::handle::TableEntry;
 use crate::plan::Plan;
 use crate::stream::StreamId;
 
@@ -31,6 +31,11 @@ use crate::stream::StreamId;
 /// Every method checks that ranges lie inside the region and returns
 /// [`Error::OutOfBounds`] otherwise; none may panic on any input.
 pub trait Backend {
+    /// What registers as a stream ([`crate::Arena::register_stream`]): a
+    /// CUDA stream on the CUDA backend; `()` on backends whose work is
+    /// synchronous, where a stream is an id only.
+    type Stream;
+
     /// Bytes of the region.
     fn capacity_bytes(&self) -> u64;
 
@@ -63,6 +68,25 @@ pub trait Backend {
         1
     }
 
+    /// Registers `stream` and returns its id, `stream_count()` before the
+    /// call for a new one (a stream registered already keeps its id). The
+    /// default registers none ([`Error::LimitReached`]: the arena stream is
+    /// the only one).
+    fn register_stream(&mut self, stream: Self::Stream) -> Result<StreamId> {
+        let _ = stream;
+        Err(Error::LimitReached {
+            what: "streams of this backend (its own included)",
+            limit: 1,
+        })
+    }
+
+    /// Waits for the work enqueued on the arena stream and reports a fault
+    /// the device found in it ([`Error::DeviceFault`]). The default has
+    /// nothing to wait for.
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Makes the arena stream's later work wait for everything enqueued on
     /// `stream` so far (CUDA: an event recorded there, waited for on the
     /// arena stream; the host does not wait). A no-op for the arena stream.
@@ -83,7 +107,8 @@ pub trait Backend {
 
     /// Receives the handle table's entries `first..first + entries.len()`
     /// after they changed: always after a compaction's moves (in the same
-    /// stream order), and when [`crate::Arena::flush_table`] is called.
+    /// stream order), and before kernels resolve handles allocated since
+    /// (`graph::handle_args` and the graph calls send them).
     /// Backends whose kernels resolve handles on the device keep a copy;
     /// the default ignores it.
     fn sync_table(&mut self, entries: &[TableEntry], first: usize) -> Result<()> {

@@ -48,6 +48,7 @@ pub(super) const fn bin_round_up(size: u64) -> u32 {
 }
 
 /// The smallest size filed in `bin`.
+#[cfg(test)]
 pub(super) const fn bin_min_size(bin: u32) -> u64 {
     let exp = bin >> MANTISSA_BITS;
     let mantissa = (bin & MANTISSA_MASK) as u64;
@@ -89,11 +90,13 @@ impl Bitmap {
     }
 
     /// Whether `bin` is marked nonempty.
+    #[cfg(test)]
     pub(super) fn get(&self, bin: u32) -> bool {
         self.leaf[(bin >> 6) as usize] & (1 << (bin & 63)) != 0
     }
 
     /// Whether the summary agrees with the leaf words.
+    #[cfg(test)]
     pub(super) fn summary_consistent(&self) -> bool {
         (0..WORDS).all(|w| (self.leaf[w] != 0) == (self.summary & (1 << w) != 0))
     }

@@ -124,4 +124,9 @@ impl FreeIndex {
         self.used_blocks += 1;
         (node, offset)
     }
+
+    /// Slots on the vacant list.
+    pub(super) fn vacant_slots(&self) -> usize {
+        self.nodes.len() - self.free_regions - self.used_blocks
+    }
 }

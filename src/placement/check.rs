@@ -137,9 +137,4 @@ impl FreeIndex {
         }
         Ok(())
     }
-
-    /// Slots on the vacant list.
-    pub(super) fn vacant_slots(&self) -> usize {
-        self.nodes.len() - self.free_regions - self.used_blocks
-    }
 }

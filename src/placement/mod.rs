@@ -63,8 +63,9 @@
 
 mod bins;
 mod carve;
+#[cfg(test)]
 mod check;
-pub mod lifetime;
+pub(crate) mod lifetime;
 mod nodes;
 #[cfg(test)]
 mod tests;

@@ -220,11 +220,6 @@ impl Lag {
         Some(l)
     }
 
-    /// Every lagging block, in address order of its bytes.
-    pub fn all(&self) -> impl Iterator<Item = &Lagging> {
-        self.by_at.values()
-    }
-
     /// Lagging blocks whose bytes overlap `[lo, hi)`, ascending.
     pub fn overlapping(&self, lo: u64, hi: u64) -> impl Iterator<Item = &Lagging> {
         // Entries are disjoint: only the last one starting below `lo` can

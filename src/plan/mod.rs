@@ -1,12 +1,12 @@
 //! Compaction plans: data that says which bytes go where, in which wave.
 //!
-//! A [`Plan`] is produced by the pure [`planner`] and executed by a
+//! A [`Plan`] is made by the arena's compaction planner and executed by a
 //! [`crate::backend::Backend`]: the strict host backend and the CUDA kernel
-//! run the very same value, and tests inspect it. The [`policy`] decides
-//! which plan (targeted or full) an allocation that fits in no hole gets
-//! under [`crate::CompactionPolicy::Targeted`]; [`lag`] holds the moves
-//! that [`crate::CompactionPolicy::Auto`] defers, and why that policy
-//! never moves more bytes than naive compact-on-failure.
+//! run the very same value. A backend reads it through [`Plan::waves`] and
+//! [`Wave::moves`]; the wave rule below is its contract. (How the planner
+//! chooses moves, and why [`crate::CompactionPolicy::Auto`] never moves
+//! more bytes than naive compact-on-failure, is told in the design notes
+//! of the source, `src/plan/lag.rs` and `src/plan/policy.rs`.)
 //!
 //! # The wave rule
 //!
@@ -36,10 +36,10 @@
 //! A move whose destination overlaps only free space may go in any
 //! direction; the planner uses such moves to evacuate a window into holes.
 
-pub mod lag;
-pub mod planner;
-pub mod policy;
-pub mod relayout;
+pub(crate) mod lag;
+pub(crate) mod planner;
+pub(crate) mod policy;
+pub(crate) mod relayout;
 
 use smallvec::SmallVec;
 
@@ -75,7 +75,15 @@ impl Move {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Wave {
     /// Moves in ascending source order.
-    pub moves: Vec<Move>,
+    pub(crate) moves: Vec<Move>,
+}
+
+impl Wave {
+    /// The moves, in the order they are listed (ascending sources in a
+    /// valid plan).
+    pub fn moves(&self) -> &[Move] {
+        &self.moves
+    }
 }
 
 /// Why a plan was made.
@@ -88,21 +96,52 @@ pub enum PlanKind {
 }
 
 /// A compaction plan: waves of moves, executed in order.
+///
+/// Its fields are private: a plan holds no empty wave, and is read through
+/// [`kind`](Plan::kind), [`waves`](Plan::waves) and [`moves`](Plan::moves).
+/// [`Plan::new`] builds one by hand (tests and benches of a backend); the
+/// wave rule is checked by [`validate`](Plan::validate), which the host
+/// backend runs before every plan (unless told not to, to watch a wrong
+/// plan corrupt data), and the arena runs only plans it made and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Why it was made.
-    pub kind: PlanKind,
+    pub(crate) kind: PlanKind,
     /// The waves, in execution order. Never holds an empty wave.
-    pub waves: SmallVec<[Wave; 2]>,
+    pub(crate) waves: SmallVec<[Wave; 2]>,
 }
 
 impl Plan {
+    /// A plan of `waves`, run in order, each wave's moves listed as given;
+    /// empty waves are dropped. Not checked against the wave rule: see
+    /// [`validate`](Plan::validate).
+    pub fn new(kind: PlanKind, waves: impl IntoIterator<Item = Vec<Move>>) -> Self {
+        Self {
+            kind,
+            waves: waves
+                .into_iter()
+                .filter(|moves| !moves.is_empty())
+                .map(|moves| Wave { moves })
+                .collect(),
+        }
+    }
+
     /// A plan that moves nothing.
     pub fn empty(kind: PlanKind) -> Self {
         Self {
             kind,
             waves: SmallVec::new(),
         }
+    }
+
+    /// Why it was made.
+    pub fn kind(&self) -> PlanKind {
+        self.kind
+    }
+
+    /// The waves, in execution order (none of them empty).
+    pub fn waves(&self) -> &[Wave] {
+        &self.waves
     }
 
     /// True when nothing moves.
@@ -147,7 +186,11 @@ impl Plan {
     ///
     /// [`Error::InvalidLayout`] for bad input, [`Error::InvalidPlan`] for
     /// a plan that breaks a rule.
-    pub fn validate_against(&self, live: &[planner::LiveBlock], capacity_bytes: u64) -> Result<()> {
+    pub(crate) fn validate_against(
+        &self,
+        live: &[planner::LiveBlock],
+        capacity_bytes: u64,
+    ) -> Result<()> {
         planner::check_live(live, capacity_bytes)?;
         self.validate(capacity_bytes)?;
         let mut by_key: Vec<(u64, usize)> =

@@ -155,6 +155,7 @@ pub enum Reason {
 
 impl Pacer {
     /// A fresh pacer.
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }

@@ -45,21 +45,14 @@ fn the_header_decodes_the_abi() {
     assert_eq!(h1.to_bits(), (1 << 32) | 1);
     assert_eq!(DeviceHandle::from(h1).0, (1 << 32) | 1);
     a.free(h0).expect("free");
-    // The freed slot reads version 0 in the table.
-    assert_eq!(a.handle_table()[0].version, 0);
-    assert_eq!(a.handle_table()[0].offset, 0);
     let h2 = a.alloc(100).expect("alloc");
     assert_eq!(
         h2.to_bits(),
         3 << 32,
         "slot 0 reused with the next odd version"
     );
-    assert_eq!(a.handle_table()[0].version, 3);
-    assert_eq!(a.handle_table()[1].version, 1);
-    // Live versions are odd, as the header says.
-    for e in a.handle_table() {
-        assert_eq!(e.version % 2, 1);
-    }
+    // The table's entries (a freed slot reads version 0, live versions are
+    // odd) are checked by the crate's unit tests (`src/arena/table_tests.rs`).
 }
 
 /// `CuarenaTable`, the table argument, is `HandleArgs` field for field:

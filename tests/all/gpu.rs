@@ -27,7 +27,9 @@ use crate::support::{env_u64, load_kernels, TESTING_CU};
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::cuda::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use cuarena::backend::cuda::CudaBackend;
-use cuarena::{Arena, ArenaConfig, Error, Handle};
+use cuarena::DType;
+use cuarena::StreamId;
+use cuarena::{graph, Arena, ArenaConfig, Error, Handle};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -61,7 +63,7 @@ fn arena_with_a_movable_tensor() -> (Arena<CudaBackend>, Handle, Handle) {
     let mut a = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
     let low = a.alloc(MIB).expect("low");
     let fillers: Vec<Handle> = (0..8).map(|_| a.alloc(MIB).expect("filler")).collect();
-    let x = a.alloc_elems::<f32>(N as u64).expect("x");
+    let x = a.alloc_dtype(DType::F32, N as u64).expect("x");
     for h in fillers {
         a.free(h).expect("free filler");
     }
@@ -78,9 +80,12 @@ fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
     let module = test_module(a.backend());
     let f = module.load_function("test_iota_f32").expect("kernel");
     // Take the stream first: the view borrows the arena mutably.
-    let stream = a.stream().clone();
+    let stream = a.backend().stream().clone();
     {
-        let mut out = a.view_mut::<f32>(x).expect("view");
+        let mut out = a
+            .kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.output::<f32>(x))
+            .expect("view");
         assert_eq!(out.len(), N);
         let (n, start) = (N as u32, 7.0f32);
         let mut b = stream.launch_builder(&f);
@@ -95,10 +100,13 @@ fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
         after < before,
         "the compaction moved x ({before} -> {after})"
     );
-    assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 7.0));
+    assert_eq!(a.read::<f32>(x).expect("download"), iota(N, 7.0));
     // A read-only view of the moved tensor sees the same bytes.
-    let stream = a.stream().clone();
-    let v = a.view::<f32>(x).expect("view");
+    let stream = a.backend().stream().clone();
+    let v = a
+        .kernel_args(StreamId::ARENA)
+        .and_then(|mut k| k.input::<f32>(x))
+        .expect("view");
     assert_eq!(v.len(), N);
     let back = stream.clone_dtoh(&v).expect("copy");
     assert_eq!(back, iota(N, 7.0));
@@ -113,13 +121,16 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     let (mut a, x, _low) = arena_with_a_movable_tensor();
     let module = test_module(a.backend());
     let slow = module.load_function("test_slow_iota_f32").expect("kernel");
-    let other = a.stream().context().new_stream().expect("stream");
+    let other = a.backend().stream().context().new_stream().expect("stream");
     let s = a.register_stream(other.clone()).expect("register");
     assert_eq!(a.register_stream(other.clone()).expect("again"), s);
-    assert!(Arc::ptr_eq(a.stream_of(s).expect("registered"), &other));
+    assert!(Arc::ptr_eq(
+        a.backend().stream_of(s).expect("registered"),
+        &other
+    ));
     // A raw pointer: only the recorded use orders it.
     a.pin(x).expect("pin");
-    let ptr = a.pinned_ptr(x).expect("pinned pointer");
+    let ptr = a.backend().region_ptr() + a.resolve(x).expect("pinned offset");
     a.wait_on_arena(s).expect("join the arena's work");
     let (n, start, spin) = (N as u32, 3.0f32, 20_000_000i64); // ~10 ms
     let mut b = other.launch_builder(&slow);
@@ -127,19 +138,19 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     // SAFETY: the kernel writes n floats at `ptr`, the pinned block x,
     // which stays put until the unpin below; its use is recorded.
     unsafe { b.launch(launch_cfg(N)) }.expect("launch");
-    a.record_stream(&x, s).expect("record");
+    a.record_stream(x, s).expect("record");
     a.unpin(x).expect("unpin");
     let before = a.info(x).expect("info").offset;
     a.compact().expect("compact");
     assert!(a.info(x).expect("info").offset < before, "x moved");
-    assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 3.0));
+    assert_eq!(a.read::<f32>(x).expect("download"), iota(N, 3.0));
 
     // Kernel arguments for the other stream record the use themselves.
-    let y = a.alloc_elems::<f32>(N as u64).expect("y");
+    let y = a.alloc_dtype(DType::F32, N as u64).expect("y");
     // Fillers below the large-block size (1/32 of the arena), so that they
     // sit below z and freeing them leaves a hole z moves into.
     let fillers: Vec<Handle> = (0..4).map(|_| a.alloc(MIB).expect("filler")).collect();
-    let z = a.alloc_elems::<f32>(N as u64).expect("z");
+    let z = a.alloc_dtype(DType::F32, N as u64).expect("z");
     for f in fillers {
         a.free(f).expect("free");
     }
@@ -155,7 +166,7 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     let before = a.info(z).expect("info").offset;
     a.compact().expect("compact");
     assert!(a.info(z).expect("info").offset < before, "z moved");
-    assert_eq!(a.download::<f32>(z).expect("download"), iota(N, 5.0));
+    assert_eq!(a.read::<f32>(z).expect("download"), iota(N, 5.0));
     a.free(y).expect("free y");
 }
 
@@ -220,14 +231,14 @@ fn compactions_behind_queued_work_return_without_waiting() {
     let blocks: Vec<Handle> = (0..n).map(|_| a.alloc(512).expect("block")).collect();
     let words = |i: usize| -> Vec<u32> { (0..128).map(|k| (i * 1000 + k) as u32).collect() };
     for (i, &h) in blocks.iter().enumerate() {
-        a.upload::<u32>(h, &words(i)).expect("upload");
+        a.write::<u32>(h, &words(i)).expect("upload");
     }
     a.synchronize().expect("sync");
     let stats0 = a.backend().host_stats();
 
     let gate = Gate::new();
     let timeout_ns: u64 = 20_000_000_000;
-    let stream = a.stream().clone();
+    let stream = a.backend().stream().clone();
     {
         let mut b = stream.launch_builder(&gate_fn);
         b.arg(&gate.device).arg(&timeout_ns);
@@ -287,11 +298,7 @@ fn compactions_behind_queued_work_return_without_waiting() {
         "and grew it in stream order"
     );
     for (i, h) in live {
-        assert_eq!(
-            a.download::<u32>(h).expect("download"),
-            words(i),
-            "block {i}"
-        );
+        assert_eq!(a.read::<u32>(h).expect("download"), words(i), "block {i}");
     }
 }
 
@@ -303,13 +310,13 @@ fn kernels_resolve_handles_through_the_device_table() {
     }
     let (mut a, x, low) = arena_with_a_movable_tensor();
     a.compact().expect("compact");
-    let table = a.handle_table_ptr().expect("table");
+    let args = graph::handle_args(&mut a).expect("table");
+    let (table, slots) = (args.table, args.slots);
     assert_ne!(table, 0);
-    let slots = a.handle_table().len() as u32;
     let module = test_module(a.backend());
     let f = module.load_function("test_iota_by_handle").expect("kernel");
     let base = a.backend().region_ptr();
-    let stream = a.stream().clone();
+    let stream = a.backend().stream().clone();
     let flag = stream.clone_htod(&[0i32]).expect("flag");
     let (n, start, bits) = (N as u32, 11.0f32, x.to_bits());
     let mut b = stream.launch_builder(&f);
@@ -323,11 +330,11 @@ fn kernels_resolve_handles_through_the_device_table() {
     // SAFETY: the kernel resolves x through the table and writes n floats
     // into it, or sets the flag.
     unsafe { b.launch(launch_cfg(N)) }.expect("launch");
-    assert_eq!(a.download::<f32>(x).expect("download"), iota(N, 11.0));
+    assert_eq!(a.read::<f32>(x).expect("download"), iota(N, 11.0));
     assert_eq!(stream.clone_dtoh(&flag).expect("flag"), vec![0]);
     // A freed handle is refused by the checked resolve.
     a.free(low).expect("free");
-    let table = a.handle_table_ptr().expect("table");
+    let table = graph::handle_args(&mut a).expect("table").table;
     let stale = low.to_bits();
     let n1 = 1u32;
     let mut b = stream.launch_builder(&f);
@@ -350,44 +357,68 @@ fn views_check_types_lengths_and_aliasing() {
         return;
     }
     let mut a = Arena::cuda(ArenaConfig::new(4 * MIB), 0).expect("CUDA arena");
-    let f = a.alloc_elems::<f32>(100).expect("f32s");
-    let g = a.alloc_elems::<f32>(100).expect("f32s");
+    let f = a.alloc_dtype(DType::F32, 100).expect("f32s");
+    let g = a.alloc_dtype(DType::F32, 100).expect("f32s");
     let odd = a.alloc(10).expect("bytes");
-    assert!(matches!(a.view::<u32>(f), Err(Error::TypeMismatch { .. })));
     assert!(matches!(
-        a.view::<f32>(odd),
+        a.kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.input::<u32>(f)),
+        Err(Error::TypeMismatch { .. })
+    ));
+    assert!(matches!(
+        a.kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.input::<f32>(odd)),
         Err(Error::NotWholeElements { .. })
     ));
-    assert_eq!(a.view::<u8>(odd).expect("bytes view").len(), 10);
-    assert_eq!(a.view::<u16>(odd).expect("u16 view").len(), 5);
-    assert!(matches!(
-        a.views_mut::<f32, 2>([f, f]),
-        Err(Error::AliasedViews { output: 1 })
-    ));
-    assert!(matches!(
-        a.views_io::<f32, f32, 1, 1>([f], [f]),
-        Err(Error::AliasedViews { output: 0 })
-    ));
+    assert_eq!(
+        a.kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.input::<u8>(odd))
+            .expect("bytes view")
+            .len(),
+        10
+    );
+    assert_eq!(
+        a.kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.input::<u16>(odd))
+            .expect("u16 view")
+            .len(),
+        5
+    );
     {
-        let (ins, outs) = a.views_io::<f32, f32, 2, 1>([f, f], [g]).expect("views");
-        assert_eq!((ins[0].len(), outs[0].len()), (100, 100));
+        let mut args = a.kernel_args(StreamId::ARENA).expect("args");
+        let _v = args.output::<f32>(f).expect("first output");
+        assert!(matches!(
+            args.output::<f32>(f),
+            Err(Error::AliasedViews { output: 1 })
+        ));
     }
     {
-        let [v, w] = a.views_mut::<f32, 2>([f, g]).expect("two views");
+        let mut args = a.kernel_args(StreamId::ARENA).expect("args");
+        let _i = args.input::<f32>(f).expect("input");
+        assert!(matches!(
+            args.output::<f32>(f),
+            Err(Error::AliasedViews { output: 0 })
+        ));
+    }
+    {
+        let mut args = a.kernel_args(StreamId::ARENA).expect("args");
+        let i0 = args.input::<f32>(f).expect("input");
+        let _i1 = args.input::<f32>(f).expect("inputs may repeat");
+        let o = args.output::<f32>(g).expect("output");
+        assert_eq!((i0.len(), o.len()), (100, 100));
+    }
+    {
+        let mut args = a.kernel_args(StreamId::ARENA).expect("args");
+        let v = args.output::<f32>(f).expect("first");
+        let w = args.output::<f32>(g).expect("second");
         assert_ne!(v.device_address(), w.device_address());
     }
-    assert_eq!(a.pinned_ptr(f), Err(Error::NotPinned));
-    a.pin(f).expect("pin");
-    assert_eq!(
-        a.pinned_ptr(f).expect("pointer"),
-        a.backend().region_ptr() + a.info(f).expect("info").offset
-    );
-    a.upload(f, &iota(100, 1.0)).expect("upload");
+    a.write(f, &iota(100, 1.0)).expect("upload");
     assert!(matches!(
-        a.upload(f, &iota(99, 1.0)),
+        a.write(f, &iota(99, 1.0)),
         Err(Error::LengthMismatch { .. })
     ));
-    assert_eq!(a.download::<f32>(f).expect("download"), iota(100, 1.0));
+    assert_eq!(a.read::<f32>(f).expect("download"), iota(100, 1.0));
     a.synchronize().expect("no kernel error");
 }
 

@@ -20,6 +20,7 @@ use cuarena::backend::cuda::cudarc::driver::{
 };
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::graph::{self, ArenaGraph};
+use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle};
 
 const KIB: u64 = 1 << 10;
@@ -127,10 +128,10 @@ fn mismatches(got: &[f32], want: &[f32]) -> usize {
 
 /// Mismatching elements of (t1, t2, acc), and the error counter.
 fn compare(arena: &mut Arena<CudaBackend>, t: &Tensors, m: &Model) -> (usize, usize, usize, u32) {
-    let t1 = arena.download::<f32>(t.t1).expect("t1");
-    let t2 = arena.download::<f32>(t.t2).expect("t2");
-    let acc = arena.download::<f32>(t.acc).expect("acc");
-    let err = arena.download::<u32>(t.err).expect("err")[0];
+    let t1 = arena.read::<f32>(t.t1).expect("t1");
+    let t2 = arena.read::<f32>(t.t2).expect("t2");
+    let acc = arena.read::<f32>(t.acc).expect("acc");
+    let err = arena.read::<u32>(t.err).expect("err")[0];
     (
         mismatches(&t1, &m.t1),
         mismatches(&t2, &m.t2),
@@ -167,12 +168,12 @@ fn setup(arena: &mut Arena<CudaBackend>, m: &Model) -> (Tensors, Vec<Handle>, Ve
     let mut fillers = Vec::new();
     let mut tensor = |arena: &mut Arena<CudaBackend>| {
         fillers.push(arena.alloc(64 * KIB).expect("filler"));
-        arena.alloc_elems::<f32>(N as u64).expect("tensor")
+        arena.alloc_dtype(DType::F32, N as u64).expect("tensor")
     };
     let (a, b, c) = (tensor(arena), tensor(arena), tensor(arena));
     let (t1, t2, acc) = (tensor(arena), tensor(arena), tensor(arena));
     fillers.push(arena.alloc(64 * KIB).expect("filler"));
-    let err = arena.alloc_elems::<u32>(1).expect("err");
+    let err = arena.alloc_dtype(DType::U32, 1).expect("err");
     let t = Tensors {
         a,
         b,
@@ -182,13 +183,13 @@ fn setup(arena: &mut Arena<CudaBackend>, m: &Model) -> (Tensors, Vec<Handle>, Ve
         acc,
         err,
     };
-    arena.upload(a, &m.a).expect("a");
-    arena.upload(b, &m.b).expect("b");
-    arena.upload(c, &m.c).expect("c");
+    arena.write(a, &m.a).expect("a");
+    arena.write(b, &m.b).expect("b");
+    arena.write(c, &m.c).expect("c");
     for h in [t1, t2, acc] {
-        arena.upload(h, &vec![0.0f32; N]).expect("zeros");
+        arena.write(h, &vec![0.0f32; N]).expect("zeros");
     }
-    arena.upload(err, &[0u32]).expect("err");
+    arena.write(err, &[0u32]).expect("err");
     (t, low, fillers)
 }
 
@@ -276,7 +277,7 @@ fn graph_through_handles_survives_compactions() {
     println!("round 1: offsets {before:?} -> {after:?}");
     assert_eq!(moved(&before, &after), 7, "every tensor moved");
     m.a = (0..N).map(|i| (i % 31) as f32 + 2.0).collect();
-    arena.upload(t.a, &m.a).expect("a");
+    arena.write(t.a, &m.a).expect("a");
     g.launch(&mut arena).expect("replay");
     m.step();
     assert_correct(&mut arena, &t, &m, "round 1 (full compaction), 1 replay");
@@ -327,7 +328,7 @@ fn graph_through_handles_survives_compactions() {
         .map(|i| arena.alloc((i + 1) * 4 * KIB).expect("fresh"))
         .collect();
     m.c = (0..N).map(|i| (i % 5) as f32 + 0.5).collect();
-    arena.upload(t.c, &m.c).expect("c");
+    arena.write(t.c, &m.c).expect("c");
     let before = offsets(&arena, &t);
     arena.compact().expect("compact");
     let after = offsets(&arena, &t);
@@ -367,10 +368,7 @@ fn graph_through_handles_survives_compactions() {
     // SAFETY: as in capture_handles.
     unsafe { prepared.launch(&k.h_add, cfg(), &(N as u32)) }.expect("launch");
     let want: Vec<f32> = m.b.iter().zip(&m.c).map(|(b, c)| b + c).collect();
-    assert_eq!(
-        mismatches(&arena.download::<f32>(t.t1).expect("t1"), &want),
-        0
-    );
+    assert_eq!(mismatches(&arena.read::<f32>(t.t1).expect("t1"), &want), 0);
     println!(
         "{} compactions ({} targeted), {} blocks moved; the graph was captured once",
         arena.stats().full_compactions + arena.stats().targeted_compactions,
@@ -436,11 +434,11 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
     let mut arena = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
     let k = Kernels::load(&arena);
     let n = 1024usize;
-    let x = arena.alloc_elems::<f32>(n as u64).expect("x");
-    let y = arena.alloc_elems::<f32>(n as u64).expect("y");
-    let out = arena.alloc_elems::<f32>(n as u64).expect("out");
-    arena.upload(x, &vec![1.5f32; n]).expect("x");
-    arena.upload(y, &vec![2.0f32; n]).expect("y");
+    let x = arena.alloc_dtype(DType::F32, n as u64).expect("x");
+    let y = arena.alloc_dtype(DType::F32, n as u64).expect("y");
+    let out = arena.alloc_dtype(DType::F32, n as u64).expect("out");
+    arena.write(x, &vec![1.5f32; n]).expect("x");
+    arena.write(y, &vec![2.0f32; n]).expect("y");
     let nu = n as u32;
     let capture = |arena: &mut Arena<CudaBackend>, slots: usize| {
         ArenaGraph::capture_reserving(arena, slots, |cap| {
@@ -453,7 +451,7 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
     // No reserve: more live blocks than the table holds make it grow.
     let g = capture(&mut arena, 0);
     g.launch(&mut arena).expect("replay");
-    assert_eq!(arena.download::<f32>(out).expect("out"), vec![3.5f32; n]);
+    assert_eq!(arena.read::<f32>(out).expect("out"), vec![3.5f32; n]);
     let cap0 = graph::handle_table_capacity(&arena);
     let extra: Vec<Handle> = (0..cap0 + 1)
         .map(|_| arena.alloc(256).expect("small"))
@@ -470,14 +468,14 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
     let more: Vec<Handle> = (0..2 * extra.len())
         .map(|_| arena.alloc(256).expect("small"))
         .collect();
-    arena.upload(x, &vec![4.0f32; n]).expect("x");
+    arena.write(x, &vec![4.0f32; n]).expect("x");
     g.launch(&mut arena)
         .expect("replay after growth within the reserve");
-    assert_eq!(arena.download::<f32>(out).expect("out"), vec![6.0f32; n]);
+    assert_eq!(arena.read::<f32>(out).expect("out"), vec![6.0f32; n]);
     println!(
         "table: {cap0} slots at first, {} reserved, {} in use",
         graph::handle_table_capacity(&arena),
-        arena.handle_table().len()
+        graph::handle_args(&mut arena).expect("table").slots
     );
     assert!(graph::handle_table_capacity(&arena) >= reserved);
     assert_eq!(more.len(), 2 * extra.len());
@@ -493,11 +491,11 @@ fn replay_brings_spilled_handles_back() {
     let mut arena = Arena::cuda(config, 0).expect("CUDA arena");
     let k = Kernels::load(&arena);
     let n = N;
-    let x = arena.alloc_elems::<f32>(n as u64).expect("x");
-    let y = arena.alloc_elems::<f32>(n as u64).expect("y");
-    let out = arena.alloc_elems::<f32>(n as u64).expect("out");
-    arena.upload(x, &vec![1.0f32; n]).expect("x");
-    arena.upload(y, &vec![0.25f32; n]).expect("y");
+    let x = arena.alloc_dtype(DType::F32, n as u64).expect("x");
+    let y = arena.alloc_dtype(DType::F32, n as u64).expect("y");
+    let out = arena.alloc_dtype(DType::F32, n as u64).expect("out");
+    arena.write(x, &vec![1.0f32; n]).expect("x");
+    arena.write(y, &vec![0.25f32; n]).expect("y");
     let nu = n as u32;
     let g = ArenaGraph::capture(&mut arena, |cap| {
         // SAFETY: h_add writes n floats of out, reads n of x and y.
@@ -505,7 +503,7 @@ fn replay_brings_spilled_handles_back() {
     })
     .expect("capture");
     g.launch(&mut arena).expect("replay");
-    assert_eq!(arena.download::<f32>(out).expect("out"), vec![1.25f32; n]);
+    assert_eq!(arena.read::<f32>(out).expect("out"), vec![1.25f32; n]);
 
     // Something large and newer pushes the graph's tensors out.
     let big = arena.alloc(3 * MIB + 512 * KIB).expect("spills");
@@ -518,9 +516,9 @@ fn replay_brings_spilled_handles_back() {
         arena.stats().evictions
     );
     assert!(spilled > 0);
-    arena.upload(y, &vec![0.5f32; n]).expect("y"); // brings y back
+    arena.write(y, &vec![0.5f32; n]).expect("y"); // brings y back
     g.launch(&mut arena).expect("replay brings the rest back");
-    assert_eq!(arena.download::<f32>(out).expect("out"), vec![1.5f32; n]);
+    assert_eq!(arena.read::<f32>(out).expect("out"), vec![1.5f32; n]);
     assert!(arena.stats().restores > 0);
     assert!(!arena.info(big).expect("big").resident || arena.stats().evictions > 1);
 }

@@ -19,6 +19,7 @@ use crate::gpu_skip::gpu_available;
 use crate::support::env_u64;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::{Backend, HostBackend};
+use cuarena::StreamId;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Stats};
 
 const KIB: u64 = 1 << 10;
@@ -184,15 +185,18 @@ fn evict_overwrite_restore<B: Backend>(
     if let Some(v) = via_view(a, x) {
         assert!(v == px, "x lost its bytes on the way out and back (view)");
     }
-    // ...and through the arena (which brings y back, sending x out).
+    // ...and through the arena (x back, sending y out, then y back).
+    a.make_resident(&[x]).expect("x back");
     assert!(
         a.read::<u8>(x).expect("read x") == px,
         "x lost its bytes on the way out and back"
     );
+    a.make_resident(&[y]).expect("y back");
     assert!(a.read::<u8>(y).expect("read y") == py);
     let st = a.stats();
     assert_eq!((st.evictions, st.restores), (3, 2));
     assert_eq!((st.bytes_evicted, st.bytes_restored), (3 * size, 2 * size));
+    a.make_resident(&[x]).expect("x back");
     assert!(a.read::<u8>(x).expect("read x") == px);
 
     // Both at once cannot fit: nothing is lost.
@@ -217,8 +221,11 @@ fn gpu_spill_evicted_bytes_leave_the_device_and_come_back_through_the_host_tier(
         let config = ArenaConfig::new(cap).with_spill_host_bytes(2 * cap);
         let mut a = Arena::cuda(config, 0).expect("CUDA arena with a host tier");
         evict_overwrite_restore(&mut a, size, |a, h| {
-            let stream = a.stream().clone();
-            let view = match a.view::<u8>(h) {
+            let stream = a.backend().stream().clone();
+            let view = match a
+                .kernel_args(StreamId::ARENA)
+                .and_then(|mut k| k.input::<u8>(h))
+            {
                 Ok(v) => v,
                 Err(Error::NotResident) => return None,
                 Err(e) => panic!("view: {e}"),

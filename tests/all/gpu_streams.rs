@@ -18,6 +18,7 @@ use cuarena::backend::cuda::cudarc::driver::{
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
 use cuarena::plan::Plan;
+use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Storage, StreamId};
 
 const KIB: u64 = 1 << 10;
@@ -91,7 +92,12 @@ fn model(n: usize, seed: u32, s: f32) -> Vec<f32> {
 }
 
 fn new_stream(arena: &Arena<CudaBackend>) -> Arc<CudaStream> {
-    arena.stream().context().new_stream().expect("stream")
+    arena
+        .backend()
+        .stream()
+        .context()
+        .new_stream()
+        .expect("stream")
 }
 
 #[test]
@@ -124,10 +130,14 @@ fn three_streams_with_compactions_between_launches_match_a_host_model() {
                     .expect("filler")
             })
             .collect();
-        let x = arena.alloc_storage_elems::<f32>(n as u64).expect("x");
-        let idx = arena.alloc_storage_elems::<i64>(n as u64).expect("idx");
+        let x = arena.alloc_storage_dtype(DType::F32, n as u64).expect("x");
+        let idx = arena
+            .alloc_storage_dtype(DType::I64, n as u64)
+            .expect("idx");
         // `out` is a slice of a larger storage, at an offset of 3 elements.
-        let big = arena.alloc_storage_elems::<f32>(n as u64 + 8).expect("out");
+        let big = arena
+            .alloc_storage_dtype(DType::F32, n as u64 + 8)
+            .expect("out");
         let out = big.slice(3..3 + n as u64).expect("slice");
         drop(below);
 
@@ -193,7 +203,7 @@ fn three_streams_with_compactions_between_launches_match_a_host_model() {
             "iteration {iter}: stream C read back wrong values"
         );
         // The arena stream's own read waits for B's use of `out` too.
-        let again: Vec<f32> = arena.read_range(&out).expect("read");
+        let again: Vec<f32> = arena.read(&out).expect("read");
         assert_eq!(again, want, "iteration {iter}: arena read");
         kept.push((big, want));
         if kept.len() > 4 {
@@ -204,7 +214,7 @@ fn three_streams_with_compactions_between_launches_match_a_host_model() {
     arena.compact().expect("compact");
     for (big, want) in &kept {
         let n = want.len() as u64;
-        let got: Vec<f32> = arena.read_range(&big.slice(3..3 + n).unwrap()).unwrap();
+        let got: Vec<f32> = arena.read(big.slice(3..3 + n).unwrap()).unwrap();
         assert_eq!(&got, want);
     }
     println!("compactions moved x in {moved} of 40 iterations");
@@ -226,8 +236,8 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
     // Fillers below the large-block size (1/32 of the arena), so that they
     // sit below z and freeing them leaves a hole z moves into.
     let fillers: Vec<_> = (0..8).map(|_| arena.alloc(MIB).expect("filler")).collect();
-    let z = arena.alloc_elems::<f32>(n as u64).expect("z");
-    arena.upload(z, &vec![-1.0f32; n]).expect("upload");
+    let z = arena.alloc_dtype(DType::F32, n as u64).expect("z");
+    arena.write(z, &vec![-1.0f32; n]).expect("upload");
     for f in fillers {
         arena.free(f).expect("free");
     }
@@ -250,8 +260,13 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
         unsafe { b.launch(slow) }.expect("launch");
     } else {
         // The hazard: a view for the arena stream, launched elsewhere.
-        other.join(arena.stream()).expect("after the upload");
-        let mut out = arena.view_mut::<f32>(z).expect("view");
+        other
+            .join(arena.backend().stream())
+            .expect("after the upload");
+        let mut out = arena
+            .kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.output::<f32>(z))
+            .expect("view");
         let mut b = other.launch_builder(&k.slow_iota);
         b.arg(&mut out).arg(&nu).arg(&start).arg(&spin);
         // SAFETY: as above; what goes wrong is ordering, inside the region.
@@ -260,7 +275,7 @@ fn slow_write_then_compact(use_kernel_args: bool) -> usize {
     let before = arena.info(z).expect("info").offset;
     arena.compact().expect("compact");
     assert!(arena.info(z).expect("info").offset < before, "z moved");
-    let got = arena.download::<f32>(z).expect("download");
+    let got = arena.read::<f32>(z).expect("download");
     other.synchronize().expect("other stream");
     arena.free(low).expect("free");
     let want: Vec<f32> = (0..n).map(|i| start + i as f32).collect();
@@ -307,7 +322,10 @@ fn a_device_fault_poisons_the_arena() {
         Err(Error::DeviceFault { .. }) => {}
         other => panic!("expected the fault, got {other:?}"),
     }
-    let reason = arena.poisoned().expect("poisoned").to_string();
+    let reason = match arena.alloc(1) {
+        Err(Error::Poisoned { reason }) => reason,
+        other => panic!("expected Poisoned, got {other:?}"),
+    };
     assert!(reason.contains("device fault"), "{reason}");
     let poisoned = |r: Result<(), Error>| match r {
         Err(Error::Poisoned { reason: r }) => assert_eq!(r, reason),
@@ -319,8 +337,13 @@ fn a_device_fault_poisons_the_arena() {
     poisoned(arena.synchronize());
     poisoned(arena.compact().map(drop));
     poisoned(arena.kernel_args(StreamId::ARENA).map(drop));
-    poisoned(arena.view::<u8>(h).map(drop));
-    poisoned(arena.fill(&h, 7u8));
+    poisoned(
+        arena
+            .kernel_args(StreamId::ARENA)
+            .and_then(|mut k| k.input::<u8>(h))
+            .map(drop),
+    );
+    poisoned(arena.fill(h, 7u8));
     poisoned(arena.alloc_storage(64).map(drop));
 }
 
@@ -347,77 +370,74 @@ fn a_fault_found_by_synchronize_poisons_the_arena() {
 fn range_program<B: Backend>(arena: &mut Arena<B>) -> Vec<Vec<u8>> {
     let mut snaps = Vec::new();
     let raw = arena.alloc_storage(4096 + 48).expect("raw");
-    let zeros = arena.alloc_storage_zeroed::<u32>(1000).expect("zeroed");
-    let f = arena.alloc_storage_elems::<f32>(777).expect("f32s");
+    let zeros = arena.alloc_storage_dtype(DType::U32, 1000).expect("zeroed");
+    arena.fill(&zeros, 0u32).expect("zeros");
+    let f = arena.alloc_storage_dtype(DType::F32, 777).expect("f32s");
     let filler = arena.alloc(256 * KIB).expect("filler");
     let dst = arena.alloc_storage(4096 + 48).expect("dst");
     arena.free(filler).expect("free");
     let snap = |arena: &mut Arena<B>| {
         let mut all = Vec::new();
         for s in [&raw, &dst] {
-            all.extend(arena.read_range::<u8>(s).expect("read"));
+            all.extend(arena.read::<u8>(s).expect("read"));
         }
         all.extend(bytemuck::cast_slice(
-            &arena.read_range::<u32>(&zeros).expect("read"),
+            &arena.read::<u32>(&zeros).expect("read"),
         ));
-        all.extend(bytemuck::cast_slice(
-            &arena.read_range::<f32>(&f).expect("read"),
-        ));
+        all.extend(bytemuck::cast_slice(&arena.read::<f32>(&f).expect("read")));
         all
     };
     let bytes: Vec<u8> = (0..4096 + 48).map(|i| (i * 31 % 251) as u8).collect();
-    arena.write_range(&raw, &bytes).expect("write");
+    arena.write(&raw, &bytes).expect("write");
+    arena.write(&dst, &[0x55u8; 4096 + 48]).expect("write dst");
     arena
-        .write_range(&dst, &[0x55u8; 4096 + 48])
-        .expect("write dst");
-    arena
-        .write_range(&raw.slice(5..12).unwrap(), &[9u8; 7])
+        .write(raw.slice(5..12).unwrap(), &[9u8; 7])
         .expect("write a slice");
     let fv: Vec<f32> = (0..777).map(|i| i as f32 * 0.25).collect();
-    arena.write_range(&f, &fv).expect("write f32s");
+    arena.write(&f, &fv).expect("write f32s");
     arena
-        .write_range(&f.slice(100..110).unwrap(), &[1.5f32; 10])
+        .write(f.slice(100..110).unwrap(), &[1.5f32; 10])
         .expect("write a f32 slice");
     snaps.push(snap(arena));
     // Fills of every pattern width, at aligned and odd offsets.
     arena
-        .fill(&raw.slice(0..64).unwrap(), 0xABu8)
+        .fill(raw.slice(0..64).unwrap(), 0xABu8)
         .expect("fill 1");
     arena
-        .fill(&raw.slice(65..65 + 30).unwrap(), 0x1234u16)
+        .fill(raw.slice(65..65 + 30).unwrap(), 0x1234u16)
         .expect("fill 2");
     arena
-        .fill(&raw.slice(128..128 + 64).unwrap(), 0xDEAD_BEEFu32)
+        .fill(raw.slice(128..128 + 64).unwrap(), 0xDEAD_BEEFu32)
         .expect("fill 4");
     arena
-        .fill(&raw.slice(203..203 + 40).unwrap(), 0x0102_0304_0506_0708u64)
+        .fill(raw.slice(203..203 + 40).unwrap(), 0x0102_0304_0506_0708u64)
         .expect("fill 8 odd");
-    let p16: [u8; 16] = std::array::from_fn(|i| i as u8 * 3 + 1);
+    let p8 = u64::from_le_bytes(std::array::from_fn(|i| i as u8 * 3 + 1));
     arena
-        .fill_bytes(&raw.slice(256..256 + 1024).unwrap(), &p16)
-        .expect("fill 16");
+        .fill(raw.slice(256..256 + 1024).unwrap(), p8)
+        .expect("fill 8");
     arena
-        .fill_bytes(&raw.slice(1301..1301 + 32).unwrap(), &p16)
-        .expect("fill 16 odd");
+        .fill(raw.slice(1301..1301 + 32).unwrap(), p8)
+        .expect("fill 8 odd");
     arena
-        .fill(&zeros.slice(10..20).unwrap(), 0xFFFF_0000u32)
+        .fill(zeros.slice(10..20).unwrap(), 0xFFFF_0000u32)
         .expect("fill u32s");
     arena
-        .fill(&f.slice(700..777).unwrap(), -2.0f32)
+        .fill(f.slice(700..777).unwrap(), -2.0f32)
         .expect("fill f32s");
     arena
-        .fill_bytes(&f.slice(0..4).unwrap(), &[0x7F])
+        .fill(f.slice(0..4).unwrap().as_dtype(DType::U8).unwrap(), 0x7Fu8)
         .expect("fill bytes");
     snaps.push(snap(arena));
     // Copies between storages and within one.
     arena.copy(&raw, &dst).expect("copy all");
     arena
-        .copy(&raw.slice(0..100).unwrap(), &raw.slice(3000..3100).unwrap())
+        .copy(raw.slice(0..100).unwrap(), raw.slice(3000..3100).unwrap())
         .expect("copy within");
     arena
         .copy(
-            &dst.slice(7..7 + 333).unwrap(),
-            &raw.slice(1000..1333).unwrap(),
+            dst.slice(7..7 + 333).unwrap(),
+            raw.slice(1000..1333).unwrap(),
         )
         .expect("copy odd");
     snaps.push(snap(arena));
@@ -425,18 +445,15 @@ fn range_program<B: Backend>(arena: &mut Arena<B>) -> Vec<Vec<u8>> {
     snaps.push(snap(arena));
     // Checks agree too.
     assert!(matches!(
-        arena.copy(&raw.slice(0..100).unwrap(), &raw.slice(50..150).unwrap()),
+        arena.copy(raw.slice(0..100).unwrap(), raw.slice(50..150).unwrap()),
         Err(Error::OverlappingRanges { .. })
     ));
     assert!(matches!(
-        arena.fill(&raw.slice(0..3).unwrap(), 1u16),
+        arena.fill(raw.slice(0..3).unwrap(), 1u16),
         Err(Error::InvalidPattern { .. }) | Err(Error::NotWholeElements { .. })
     ));
     let empty = arena.alloc_storage(0).expect("empty");
-    assert!(arena
-        .read_range::<u8>(&empty)
-        .expect("empty read")
-        .is_empty());
+    assert!(arena.read::<u8>(&empty).expect("empty read").is_empty());
     arena.fill(&empty, 3u8).expect("empty fill");
     snaps
 }
@@ -474,8 +491,8 @@ fn kernel_args_check_types_ranges_and_residency() {
         arena.kernel_args(StreamId::ARENA).map(|a| a.stream_id()),
         Ok(StreamId::ARENA)
     ));
-    let f = arena.alloc_storage_elems::<f32>(100).expect("f32s");
-    let i = arena.alloc_storage_elems::<i64>(10).expect("i64s");
+    let f = arena.alloc_storage_dtype(DType::F32, 100).expect("f32s");
+    let i = arena.alloc_storage_dtype(DType::I64, 10).expect("i64s");
     let empty = arena.alloc_storage(0).expect("empty");
     let h: Handle = arena.alloc(1000).expect("bytes");
     {
@@ -509,12 +526,12 @@ fn kernel_args_check_types_ranges_and_residency() {
     let mut host = Arena::host(ArenaConfig::new(MIB)).expect("host");
     let mut foreign = StreamId::ARENA;
     for _ in 0..5 {
-        foreign = host.register_stream().expect("id");
+        foreign = host.register_stream(()).expect("id");
     }
     assert!(matches!(
         arena.kernel_args(foreign),
         Err(Error::UnknownStream { .. })
     ));
-    assert!(arena.stream_of(foreign).is_none());
+    assert!(arena.backend().stream_of(foreign).is_none());
     arena.synchronize().expect("no fault");
 }

@@ -107,8 +107,7 @@ fn run(program: &[Step], reps: usize, config: ArenaConfig) -> Result<(), TestCas
                         // are no pins, so no other plan reaches further).
                         let align = 256u64 << align_log2;
                         arena.compact().expect("compact");
-                        let hole = arena
-                            .free_regions()
+                        let hole = crate::free_regions(&arena)
                             .iter()
                             .map(|&(s, len)| (s + len).saturating_sub(s.div_ceil(align) * align))
                             .max()

@@ -28,3 +28,26 @@ mod spill;
 #[path = "../support/mod.rs"]
 mod support;
 mod threads;
+
+/// Free regions `(offset, len)` of `a`'s region, in address order: the
+/// gaps between its resident blocks, where their bytes are (a block whose
+/// move is deferred counts where its bytes lie).
+pub(crate) fn free_regions<B: cuarena::backend::Backend>(a: &cuarena::Arena<B>) -> Vec<(u64, u64)> {
+    let mut used: Vec<(u64, u64)> = a
+        .blocks()
+        .iter()
+        .filter(|b| b.resident)
+        .map(|b| (b.offset, b.reserved_bytes))
+        .collect();
+    used.sort_unstable();
+    let mut free = Vec::new();
+    let mut cursor = 0;
+    let capacity = a.config().capacity_bytes;
+    for (offset, len) in used.into_iter().chain([(capacity, 0)]) {
+        if offset > cursor {
+            free.push((cursor, offset - cursor));
+        }
+        cursor = cursor.max(offset + len);
+    }
+    free
+}

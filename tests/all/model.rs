@@ -52,7 +52,7 @@ fn run_random_program_on<B: Backend>(mut model: Model<'_, B>, seed: u64, steps: 
 /// exceeds the free bytes.
 #[test]
 fn metadata_arenas_near_two_to_the_64() {
-    let max_align = cuarena::config::MAX_ALIGN;
+    let max_align = cuarena::ArenaConfig::MAX_ALIGN;
     let configs = [
         (u64::MAX, 1),
         (u64::MAX - 255, 256),
@@ -159,7 +159,7 @@ proptest! {
         let cap = 256 * 1024;
         let backend = cuarena::backend::HostBackend::new(cap).expect("backend").with_seed(seed);
         let mut arena = Arena::with_backend(ArenaConfig::new(cap).with_alignment_bytes(align), backend).expect("arena");
-        let streams = [arena.register_stream().expect("stream"), arena.register_stream().expect("stream")];
+        let streams = [arena.register_stream(()).expect("stream"), arena.register_stream(()).expect("stream")];
         let mut model = Model::new(&mut arena, true).with_streams(&streams);
         for (step, op) in ops.iter().enumerate() {
             model.step(op, step);
@@ -181,7 +181,7 @@ fn seeded_programs_on_the_host_backend() {
         };
         let config = ArenaConfig::new(1 << 20).with_compaction(policy);
         let mut arena = Arena::host(config).expect("arena");
-        let streams = [arena.register_stream().expect("stream")];
+        let streams = [arena.register_stream(()).expect("stream")];
         let model = Model::new(&mut arena, true).with_streams(&streams);
         run_random_program_on(model, seed, 400, 1 << 20);
         targeted += arena.stats().targeted_compactions;

@@ -14,6 +14,7 @@ use cuarena::backend::cuda::nccl::{self, Communicator, ReduceOp, UniqueId};
 use cuarena::Error;
 
 use crate::gpu_skip::gpu_available;
+use cuarena::DType;
 
 /// GPUs visible, or `None` (after printing why) when NCCL tests cannot run.
 fn gpus() -> Option<usize> {
@@ -311,10 +312,15 @@ fn rank_that_dies_or_survives(rank: usize, id: UniqueId) {
         println!("rank 1: joined, now dying");
         std::process::exit(0);
     }
-    let keep = arena.alloc_storage_elems::<u32>(1 << 16).expect("keep");
+    let keep = arena
+        .alloc_storage_dtype(DType::U32, 1 << 16)
+        .expect("keep");
     let want: Vec<u32> = (0..1 << 16).map(|i| i * 7 + 1).collect();
-    arena.write_range(&keep, &want).expect("write");
-    let grads = arena.alloc_storage_zeroed::<f32>(1 << 20).expect("grads");
+    arena.write(&keep, &want).expect("write");
+    let grads = arena
+        .alloc_storage_dtype(DType::F32, 1 << 20)
+        .expect("grads");
+    arena.fill(&grads, 0f32).expect("zeros");
     let t0 = Instant::now();
     let enqueued = {
         let mut args = arena.kernel_args(comm_stream).expect("args");
@@ -330,16 +336,14 @@ fn rank_that_dies_or_survives(rank: usize, id: UniqueId) {
     assert!(comm.is_aborted());
     assert!(waited < timeout + Duration::from_secs(20), "{waited:?}");
     // The arena after the abort: nothing hangs, nothing lost.
-    assert_eq!(arena.read_range::<u32>(&keep).expect("read"), want);
-    let _ = arena
-        .read_range::<f32>(&grads)
-        .expect("the aborted tensor reads");
+    assert_eq!(arena.read::<u32>(&keep).expect("read"), want);
+    let _ = arena.read::<f32>(&grads).expect("the aborted tensor reads");
     drop(grads);
     let more = arena
         .alloc_storage(32 << 20)
         .expect("alloc after the abort");
     arena.compact().expect("compact after the abort");
-    assert_eq!(arena.read_range::<u32>(&keep).expect("read"), want);
+    assert_eq!(arena.read::<u32>(&keep).expect("read"), want);
     drop(more);
     arena.synchronize().expect("no fault");
     println!("rank 0: arena consistent after the peer died ({waited:?})");
@@ -386,7 +390,13 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
         .collect();
     let streams: Vec<_> = ranks
         .iter()
-        .map(|r| r.arena.stream_of(r.comm_stream).expect("stream").clone())
+        .map(|r| {
+            r.arena
+                .backend()
+                .stream_of(r.comm_stream)
+                .expect("stream")
+                .clone()
+        })
         .collect();
     let comms = Communicator::init_all(streams, Duration::from_secs(60)).expect("init_all");
     let len = 1 << 18; // 2 MiB of i64
@@ -397,11 +407,14 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
         let mut tensors = Vec::new();
         for (rank, r) in ranks.iter_mut().enumerate() {
             churn(r, round);
-            let t = r.arena.alloc_storage_elems::<i64>(len).expect("tensor");
+            let t = r
+                .arena
+                .alloc_storage_dtype(DType::I64, len)
+                .expect("tensor");
             let host: Vec<i64> = (0..len as i64)
                 .map(|i| i * (rank as i64 + 1) + round as i64)
                 .collect();
-            r.arena.write_range(&t, &host).expect("write");
+            r.arena.write(&t, &host).expect("write");
             tensors.push(t);
         }
         // All-reduce the tensors' second halves as slices, in place.
@@ -425,7 +438,7 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
         }
         let ranks_sum: i64 = (1..=n as i64).sum();
         for (rank, (r, t)) in ranks.iter_mut().zip(&tensors).enumerate() {
-            let got = r.arena.read_range::<i64>(t).expect("read");
+            let got = r.arena.read::<i64>(t).expect("read");
             for (i, &v) in got.iter().enumerate() {
                 let want = if (i as u64) < len / 2 {
                     i as i64 * (rank as i64 + 1) + round as i64
@@ -456,12 +469,16 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
     let mut gathered = Vec::new();
     let mut sends = Vec::new();
     for (rank, r) in ranks.iter_mut().enumerate() {
-        let s = r.arena.alloc_storage_elems::<u32>(share).expect("send");
+        let s = r
+            .arena
+            .alloc_storage_dtype(DType::U32, share)
+            .expect("send");
         r.arena.fill(&s, rank as u32 + 7).expect("fill");
         let g = r
             .arena
-            .alloc_storage_zeroed::<u32>(share * n as u64 + 5)
+            .alloc_storage_dtype(DType::U32, share * n as u64 + 5)
             .expect("gathered");
+        r.arena.fill(&g, 0u32).expect("zeros");
         sends.push(s);
         gathered.push(g);
     }
@@ -482,7 +499,7 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
     .expect("all_gather");
     for (r, g) in ranks.iter_mut().zip(&gathered) {
         churn(r, 99);
-        let got = r.arena.read_range::<u32>(g).expect("read");
+        let got = r.arena.read::<u32>(g).expect("read");
         assert!(got[..5].iter().all(|&v| v == 0));
         for k in 0..n {
             let part = &got[5 + k * share as usize..5 + (k + 1) * share as usize];

@@ -67,8 +67,8 @@ fn a_call_inside_a_shared_closure_is_an_error_not_a_hang() {
 fn every_call_inside_an_exclusive_closure_is_an_error_not_a_hang() {
     // Shape 2: any call on the arena while its exclusive lock is held.
     let arena = shared(1 << 16);
-    let x = arena.alloc_storage_elems::<u32>(4).expect("x");
-    arena.write_range(&x, &[7u32; 4]).expect("write");
+    let x = arena.alloc_storage_dtype(DType::U32, 4).expect("x");
+    arena.write(&x, &[7u32; 4]).expect("write");
     let (a2, x2) = (arena.clone(), x.clone());
     let errors = finishes("calls inside with_mut", move || {
         let b = a2.clone();
@@ -76,15 +76,27 @@ fn every_call_inside_an_exclusive_closure_is_an_error_not_a_hang() {
             let h = a.alloc(256).expect("the closure's arena works");
             a.free(h).expect("free");
             vec![
-                ("read_range", b.read_range::<u32>(&x2).map(drop)),
+                ("read", b.read::<u32>(&x2).map(drop)),
+                ("read_into", b.read_into(&x2, &mut [0u32; 4])),
                 ("read_bytes", b.read_bytes(&x2).map(drop)),
-                ("write_range", b.write_range(&x2, &[1u32; 4])),
+                ("write", b.write(&x2, &[1u32; 4])),
+                ("write_bytes", b.write_bytes(&x2, &[1u8; 16])),
+                ("copy", b.copy(&x2, &x2)),
                 ("alloc_storage", b.alloc_storage(8).map(drop)),
                 ("reclaim", b.reclaim().map(drop)),
                 ("with", b.with(|_| ())),
                 ("with_mut", b.with_mut(|_| ())),
                 ("make_resident", b.make_resident(&[&x2])),
-                ("fill_bytes", b.fill_bytes(&x2, &[0])),
+                ("fill", b.fill(&x2, 0u32)),
+                (
+                    "record_stream",
+                    b.record_stream(&x2, cuarena::StreamId::ARENA),
+                ),
+                ("wait_on_arena", b.wait_on_arena(cuarena::StreamId::ARENA)),
+                (
+                    "alloc_storage_dtype",
+                    b.alloc_storage_dtype(DType::U8, 1).map(drop),
+                ),
             ]
         })
         .expect("with_mut")
@@ -92,7 +104,7 @@ fn every_call_inside_an_exclusive_closure_is_an_error_not_a_hang() {
     for (call, r) in errors {
         reentrant(r, call, &arena);
     }
-    assert_eq!(arena.read_range::<u32>(&x).expect("read"), [7; 4]);
+    assert_eq!(arena.read::<u32>(&x).expect("read"), [7; 4]);
     assert_eq!(arena.stats().live_blocks, 1);
 }
 
@@ -214,7 +226,7 @@ fn spilled_storages_come_back_through_the_shared_arena() {
         .map(|i| {
             let s = arena.alloc_storage_dtype(DType::F32, 256).expect("alloc");
             let v: Vec<f32> = (0..256).map(|k| (i * 1000 + k) as f32).collect();
-            arena.write_range(&s, &v).expect("write");
+            arena.write(&s, &v).expect("write");
             (s, v)
         })
         .collect();
@@ -230,7 +242,7 @@ fn spilled_storages_come_back_through_the_shared_arena() {
     assert!(arena.stats().evictions >= 2);
     // Reads bring spilled blocks back (under the exclusive lock).
     for (s, v) in &tensors {
-        assert_eq!(&arena.read_range::<f32>(s).expect("read"), v);
+        assert_eq!(&arena.read::<f32>(s).expect("read"), v);
     }
     // And so does make_resident, for work that needs them resident.
     let (first, _) = &tensors[0];
@@ -262,9 +274,9 @@ fn eight_threads_launch_under_the_shared_lock_while_another_compacts() {
             (0..4)
                 .map(|k| {
                     let n = 64 + 97 * (t * 4 + k) as u64;
-                    let s = arena.alloc_storage_elems::<u32>(n).expect("alloc");
+                    let s = arena.alloc_storage_dtype(DType::U32, n).expect("alloc");
                     let words: Vec<u32> = (0..n as u32).map(|i| i ^ (t as u32) << 24).collect();
-                    arena.write_range(&s, &words).expect("write");
+                    arena.write(&s, &words).expect("write");
                     Owned {
                         storage: s,
                         bytes: bytemuck::cast_slice(&words).to_vec(),
@@ -337,7 +349,7 @@ fn eight_threads_launch_under_the_shared_lock_while_another_compacts() {
                             let got = a.read_bytes(&o.storage).expect("read");
                             assert!(got == o.bytes, "a launch saw the wrong bytes");
                             let mid = o.storage.slice(3..11).expect("slice");
-                            let words = a.read_range::<u32>(&mid).expect("read");
+                            let words = a.read::<u32>(&mid).expect("read");
                             assert_eq!(bytemuck::cast_slice::<u32, u8>(&words), &o.bytes[12..44]);
                             assert_eq!(a.resolve(h).expect("resolve"), at, "moved under a launch");
                         })

@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use crate::support::Rng;
+use cuarena::DType;
 use cuarena::{ArenaConfig, Error, Handle, SharedArena, Storage, StorageSlice};
 
 const WORKERS: usize = 8;
@@ -56,7 +57,7 @@ fn write(arena: &SharedArena, h: &mut Held, s: &StorageSlice, data: &[u8]) {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        arena.write_range(s, &words).expect("write_range");
+        arena.write(s, &words).expect("write_range");
     } else {
         arena.write_bytes(s, data).expect("write_bytes");
     }
@@ -69,7 +70,7 @@ fn check(arena: &SharedArena, h: &Held, s: &StorageSlice, what: &str) {
     let want = &h.expected[o..o + s.len_bytes() as usize];
     let got: Vec<u8> = if h.elem() == 4 {
         arena
-            .read_range::<u32>(s)
+            .read::<u32>(s)
             .expect("read_range")
             .iter()
             .flat_map(|w| w.to_le_bytes())
@@ -89,8 +90,13 @@ fn alloc(arena: &SharedArena, rng: &mut Rng) -> Option<Held> {
     };
     let (r, zeroed) = match rng.below(3) {
         0 => (arena.alloc_storage(n), false),
-        1 => (arena.alloc_storage_elems::<u32>(n / 4), false),
-        _ => (arena.alloc_storage_zeroed::<u32>(n / 4), true),
+        1 => (arena.alloc_storage_dtype(DType::U32, n / 4), false),
+        _ => (
+            arena
+                .alloc_storage_dtype(DType::U32, n / 4)
+                .and_then(|s| arena.fill(&s, 0u32).map(|()| s)),
+            true,
+        ),
     };
     let storage = match r {
         Ok(s) => s,
@@ -203,7 +209,7 @@ fn worker(
                     (0..s.numel()).flat_map(|_| v.to_le_bytes()).collect()
                 } else {
                     let v = rng.next() as u8;
-                    arena.fill_bytes(&s, &[v]).expect("fill");
+                    arena.fill(&s, v).expect("fill");
                     vec![v; s.len_bytes() as usize]
                 };
                 held[i].expected[o..o + bytes.len()].copy_from_slice(&bytes);
@@ -379,6 +385,6 @@ fn run(round: u64) -> cuarena::Stats {
     let st = arena.stats();
     assert_eq!(st.live_blocks, 0, "{live} survivors: blocks leaked");
     assert_eq!(st.requested_bytes, 0);
-    assert_eq!(arena.with(|a| a.pending_reclaim()).expect("lock"), 0);
+    assert_eq!(arena.with(|a| a.stats().pending_reclaim).expect("lock"), 0);
     stats
 }

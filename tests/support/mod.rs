@@ -3,7 +3,7 @@
 //! Each includes this module by path and uses a part of it.
 #![allow(dead_code)]
 
-use cuarena::plan::{Move, Plan, PlanKind, Wave};
+use cuarena::plan::{Move, Plan, PlanKind};
 
 /// splitmix64: small, deterministic, no dependency; any seed will do.
 #[derive(Debug, Clone)]
@@ -62,13 +62,7 @@ pub fn mv(src: u64, dst: u64, len: u64) -> Move {
 
 /// A full plan of `waves` in order, empty ones left out.
 pub fn plan_of(waves: Vec<Vec<Move>>) -> Plan {
-    let mut p = Plan::empty(PlanKind::Full);
-    for moves in waves {
-        if !moves.is_empty() {
-            p.waves.push(Wave { moves });
-        }
-    }
-    p
+    Plan::new(PlanKind::Full, waves)
 }
 
 /// `name`'s value as a number, if set to one.

@@ -304,10 +304,10 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
                 if !v.is_power_of_two() {
                     return Err(usage(format!("--align: `{v}` is not a power of two")));
                 }
-                if v > cuarena::config::MAX_ALIGN {
+                if v > cuarena::ArenaConfig::MAX_ALIGN {
                     return Err(usage(format!(
                         "--align: `{v}` is past the largest alignment, {}",
-                        cuarena::config::MAX_ALIGN
+                        cuarena::ArenaConfig::MAX_ALIGN
                     )));
                 }
                 a.align = v;

@@ -17,7 +17,7 @@ use std::time::Instant;
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
 use cuarena::plan::PlanKind;
-use cuarena::{fmt_bytes, Arena, ArenaConfig, Error};
+use cuarena::{fmt_bytes, Arena, ArenaConfig, CompactionPolicy, Error};
 use cuarena_demo::scenario::{self, ScenarioReport};
 use cuarena_demo::Result;
 use cuarena_trace::viz::{memory_map_svg, MemoryMap};
@@ -86,7 +86,8 @@ fn run() -> Result<()> {
         Ok(()) => {
             let cap = 4u64 << 30;
             let mut ours = Arena::cuda(ArenaConfig::new(cap), 0)?;
-            let mut base = Arena::cuda(ArenaConfig::new(cap), 0)?;
+            let manual = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual);
+            let mut base = Arena::cuda(manual, 0)?;
             say!(
                 "backend: CUDA ({}), two arenas of {} each",
                 ours.backend().device_name(),
@@ -100,7 +101,7 @@ fn run() -> Result<()> {
     }
     let cap = 256u64 << 20;
     let mut ours = Arena::host(ArenaConfig::new(cap))?;
-    let mut base = Arena::host(ArenaConfig::new(cap))?;
+    let mut base = Arena::host(ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual))?;
     say!(
         "backend: host memory, two arenas of {} each (the strict test backend: it runs \
          every move as a random interleaving of 64-byte chunks to catch wrong plans, so its \
@@ -141,7 +142,7 @@ fn finish<B: Backend, C: Backend>(
         Ok(()) => say!("memory map before/after: {}", path.display()),
         Err(e) => say!("could not write {}: {e}", path.display()),
     }
-    say!("\n{}", ours.summary());
+    say!("\n{}", ours.stats().summary());
     say!("done in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }

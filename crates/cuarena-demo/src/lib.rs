@@ -19,6 +19,9 @@ pub type Result<T, E = DemoError> = std::result::Result<T, E>;
 pub enum DemoError {
     /// An arena call of the compacting arena failed.
     Arena(cuarena::Error),
+    /// The baseline arena given to the scenario compacts: it must be made
+    /// with `CompactionPolicy::Manual`.
+    BaselineCompacts,
     /// The loop left the free memory in one piece: there is nothing to
     /// demonstrate (too few steps for the capacity).
     NoFragmentation,
@@ -35,6 +38,9 @@ impl fmt::Display for DemoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DemoError::Arena(e) => e.fmt(f),
+            DemoError::BaselineCompacts => {
+                f.write_str("the baseline arena must not compact (CompactionPolicy::Manual)")
+            }
             DemoError::NoFragmentation => {
                 f.write_str("the loop left no fragmentation to demonstrate; use more steps")
             }

@@ -73,7 +73,8 @@ fn map_of(arena: &Arena<impl Backend>) -> Vec<(u64, u64, bool)> {
 }
 
 /// Runs the scenario on `arena` (compacting) and `baseline` (the same
-/// capacity, compaction off). Tensor sizes scale with the capacity: at the
+/// capacity, compaction off: made with [`CompactionPolicy::Manual`], which
+/// this checks, [`DemoError::BaselineCompacts`] otherwise). Tensor sizes scale with the capacity: at the
 /// largest batch a step's activations take about 1/8 of it, and the
 /// long-lived tensors about 2/5 on average. Prints progress through
 /// `progress` every couple of seconds.
@@ -86,7 +87,9 @@ pub fn run<B: Backend, C: Backend>(
     const BATCHES: [u64; 7] = [8, 16, 32, 48, 64, 96, 128];
     const LAYERS: u64 = 6;
     const KEEP: usize = 24;
-    baseline.set_compaction(CompactionPolicy::Manual);
+    if baseline.config().compaction != CompactionPolicy::Manual {
+        return Err(DemoError::BaselineCompacts);
+    }
     // Activation bytes of one sample of one layer.
     let unit = (arena.config().capacity_bytes / (128 * 12 * 8)).max(8) & !7;
     let mut rng = 0x5EED_u64;
@@ -272,7 +275,8 @@ mod tests {
     fn the_demo_scenario_holds_on_the_host_backend() {
         let cap = 64 << 20;
         let mut ours = Arena::host(ArenaConfig::new(cap)).expect("arena");
-        let mut base = Arena::host(ArenaConfig::new(cap)).expect("baseline");
+        let manual = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual);
+        let mut base = Arena::host(manual).expect("baseline");
         let r = run(&mut ours, &mut base, 120, &mut |_| {}).expect("scenario");
         assert!(
             r.request_bytes > r.before.largest_free_bytes && r.request_bytes <= r.before.free_bytes

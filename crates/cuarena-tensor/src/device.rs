@@ -30,7 +30,7 @@ pub(crate) fn alloc<B: Backend>(
         let s = a.alloc_storage_dtype(dtype, numel)?;
         match init {
             Init::Uninit => {}
-            Init::Zeros => a.fill_bytes(&s, &[0])?,
+            Init::Zeros => a.fill(s.as_dtype(DType::U8)?, 0u8)?,
             Init::Bytes(bytes) => a.write_bytes(&s, bytes)?,
         }
         Ok::<Storage, cuarena::Error>(s)

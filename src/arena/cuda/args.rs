@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaStream;
 
-use super::super::ops::{check_block_range, Checked};
+use super::super::bytes::{check_block_range, Checked};
 use super::super::Block;
-use crate::arena::Arena;
-use crate::backend::cuda::{ArenaView, ArenaViewMut, CudaBackend, ViewSet};
+use crate::backend::cuda::{ArenaView, ArenaViewMut, ViewSet};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::handle::BlockKey;
@@ -19,7 +18,7 @@ use crate::storage::AsRange;
 use crate::stream::StreamId;
 
 /// The views of one piece of work on one registered stream, from
-/// [`Arena::kernel_args`]. Each [`input`](KernelArgs::input) and
+/// [`Arena::kernel_args`](crate::Arena::kernel_args). Each [`input`](KernelArgs::input) and
 /// [`output`](KernelArgs::output) checks its range (alive, this arena's,
 /// in bounds, element type, alignment), refuses outputs that alias
 /// ([`Error::AliasedViews`]), records the block as used on the stream and
@@ -28,14 +27,15 @@ use crate::stream::StreamId;
 /// so threads sharing an arena take theirs at once under its shared lock.
 ///
 /// ```no_run
-/// # use cuarena::{Arena, ArenaConfig};
+/// # use cuarena::{Arena, ArenaConfig, DType};
 /// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 /// # fn kernel() -> CudaFunction { unimplemented!() }
 /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
-/// let compute = arena.stream().context().new_stream().expect("stream");
+/// let compute = arena.backend().stream().context().new_stream().expect("stream");
 /// let s = arena.register_stream(compute.clone())?;
-/// let (x, idx) = (arena.alloc_storage_elems::<f32>(1024)?, arena.alloc_storage_elems::<i64>(64)?);
-/// let y = arena.alloc_storage_elems::<f32>(64)?;
+/// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+/// let idx = arena.alloc_storage_dtype(DType::I64, 64)?;
+/// let y = arena.alloc_storage_dtype(DType::F32, 64)?;
 /// let gather: CudaFunction = kernel(); // gather(float* y, const float* x, const long long* idx, int n)
 /// {
 ///     let mut args = arena.kernel_args(s)?;
@@ -63,6 +63,25 @@ pub struct KernelArgs<'a> {
 }
 
 impl<'a> KernelArgs<'a> {
+    /// Arguments over `set`, `stream` having waited for the arena stream
+    /// (`Arena::kernel_args` makes them).
+    pub(in crate::arena) fn new(
+        set: ViewSet<'a>,
+        blocks: &'a Slots<Block>,
+        arena_id: u64,
+        clock: &'a AtomicU64,
+        stream: StreamId,
+    ) -> Self {
+        Self {
+            set,
+            blocks,
+            arena_id,
+            clock,
+            stream,
+            waited: smallvec::SmallVec::new(),
+        }
+    }
+
     /// The stream the views are for (the one to launch on).
     pub fn stream(&self) -> &'a std::sync::Arc<CudaStream> {
         self.set.stream()
@@ -75,7 +94,7 @@ impl<'a> KernelArgs<'a> {
 
     /// Checks `r` as `T`s; returns its block, region offset and element
     /// count (`None` block for an empty storage). Changes nothing.
-    fn resolve<T: Element>(&self, r: &impl AsRange) -> Result<(Option<BlockKey>, u64, usize)> {
+    fn resolve<T: Element>(&self, r: impl AsRange) -> Result<(Option<BlockKey>, u64, usize)> {
         let range = r.block_range();
         let Some(c) = check_block_range(self.blocks, self.arena_id, &range, Some(T::DTYPE))? else {
             return Ok((None, 0, 0)); // an empty storage: a view of nothing
@@ -152,9 +171,9 @@ impl<'a> KernelArgs<'a> {
     /// [`Error::NotWholeElements`], [`Error::MisalignedView`],
     /// [`Error::AliasedViews`] over an earlier output,
     /// [`Error::NotResident`] for a spilled block (call
-    /// [`Arena::make_resident`] before taking the arguments). An empty
+    /// [`Arena::make_resident`](crate::Arena::make_resident) before taking the arguments). An empty
     /// storage gives a view of no elements.
-    pub fn input<T: Element>(&mut self, r: &impl AsRange) -> Result<ArenaView<'a, T>> {
+    pub fn input<T: Element>(&mut self, r: impl AsRange) -> Result<ArenaView<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;
         let view = self.set.input::<T>(at, n)?;
         self.record(key, false)?;
@@ -164,43 +183,10 @@ impl<'a> KernelArgs<'a> {
     /// A mutable view of the bytes `r` names as `T`s (the checks of
     /// [`input`](KernelArgs::input)); [`Error::AliasedViews`] when it
     /// overlaps any view taken before from these arguments.
-    pub fn output<T: Element>(&mut self, r: &impl AsRange) -> Result<ArenaViewMut<'a, T>> {
+    pub fn output<T: Element>(&mut self, r: impl AsRange) -> Result<ArenaViewMut<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;
         let view = self.set.output::<T>(at, n)?;
         self.record(key, true)?;
         Ok(view)
-    }
-}
-
-impl Arena<CudaBackend> {
-    /// Kernel arguments for work on registered stream `stream` (see
-    /// [`KernelArgs`]): first makes `stream` wait for the arena stream's
-    /// work it has not waited for (moves, writes, fills, table updates), so
-    /// the views point where the blocks are when the work runs; each view
-    /// then records its block as used on `stream`, so the arena stream
-    /// waits for that work before it moves, spills, writes or frees the
-    /// block. A fault the device reported poisons the arena here too.
-    ///
-    /// Takes `&self`: the arguments borrow the arena, so nothing moves
-    /// while they live, and the use records have locks of their own, so
-    /// several threads sharing the arena take arguments and launch at once
-    /// ([`SharedArena::with_kernel_args`](crate::SharedArena::with_kernel_args)).
-    /// The aliasing check covers the views of one `KernelArgs`; two sets
-    /// that write one block at once are ordered only as far as the work
-    /// already enqueued when each was taken, as two kernels on unordered
-    /// streams would be.
-    pub fn kernel_args(&self, stream: StreamId) -> Result<KernelArgs<'_>> {
-        self.check_usable()?;
-        let r = self.backend.check_status(false);
-        self.sticky(r)?;
-        self.wait_on_arena(stream)?;
-        Ok(KernelArgs {
-            set: self.backend.view_set(stream)?,
-            blocks: &self.blocks,
-            arena_id: self.id,
-            clock: &self.clock,
-            stream,
-            waited: smallvec::SmallVec::new(),
-        })
     }
 }

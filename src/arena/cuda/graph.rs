@@ -1,7 +1,7 @@
 //! Your own kernels with handle arguments, and CUDA graphs that keep working
 //! across compactions.
 //!
-//! A kernel that takes raw addresses (views, [`Arena::pinned_ptr`]) is right
+//! A kernel that takes raw addresses (views, a pinned block's address) is right
 //! only until the next compaction moves its blocks, and a CUDA graph bakes
 //! its kernels' arguments in at capture. A kernel that takes **handles**
 //! instead, and resolves them on the device through the arena's handle
@@ -54,11 +54,11 @@
 //! ```no_run
 //! use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
 //! use cuarena::graph::ArenaGraph;
-//! use cuarena::{Arena, ArenaConfig};
+//! use cuarena::{Arena, ArenaConfig, DType};
 //! # fn kernel() -> CudaFunction { unimplemented!() }
 //!
 //! let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
-//! let (x, y) = (arena.alloc_elems::<f32>(1024)?, arena.alloc_elems::<f32>(1024)?);
+//! let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
 //! // extern "C" __global__ void double_it(CuarenaTable t, u64 out, u64 in, u32 n)
 //! let double_it: CudaFunction = kernel();
 //! let cfg = LaunchConfig::for_num_elems(1024);
@@ -78,8 +78,10 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::arena::Arena;
+pub use crate::backend::cuda::launch::{
+    launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch,
+};
 use crate::backend::cuda::{driver_err, CudaBackend};
-pub use crate::backend::cuda::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
 use crate::backend::Backend as _;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
@@ -181,10 +183,13 @@ pub fn launch_args_on<const N: usize>(
     }
     arena.wait_on_arena(stream)?;
     let arena: &Arena<CudaBackend> = arena;
-    let s = arena.stream_of(stream).ok_or(Error::UnknownStream {
-        stream: stream.index(),
-        registered: arena.backend().stream_count(),
-    })?;
+    let s = arena
+        .backend()
+        .stream_of(stream)
+        .ok_or(Error::UnknownStream {
+            stream: stream.index(),
+            registered: arena.backend().stream_count(),
+        })?;
     Ok(PreparedLaunch::new(s, table, bits))
 }
 
@@ -212,7 +217,7 @@ impl Capture<'_> {
     /// allowed in a stream capture (kernels, async copies between device
     /// buffers; no synchronisation, no allocation).
     pub fn stream(&self) -> &Arc<CudaStream> {
-        self.arena.stream()
+        self.arena.backend().stream()
     }
 
     /// The table argument kernels of this graph resolve through.
@@ -242,7 +247,11 @@ impl Capture<'_> {
         for (b, &h) in bits.iter_mut().zip(handles.iter()) {
             *b = self.handle(h)?;
         }
-        Ok(PreparedLaunch::new(self.arena.stream(), self.table, bits))
+        Ok(PreparedLaunch::new(
+            self.arena.backend().stream(),
+            self.table,
+            bits,
+        ))
     }
 }
 
@@ -319,7 +328,7 @@ impl ArenaGraph {
         reserve_handle_table(arena, slots)?;
         let table = handle_args(arena)?;
         let arena: &Arena<CudaBackend> = arena;
-        let stream = arena.stream();
+        let stream = arena.backend().stream();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(driver_err("cuStreamBeginCapture"))?;

@@ -6,11 +6,11 @@
 //! The backend owns one stream, the *arena stream* ([`CudaBackend::stream`]).
 //! Every transfer and every plan runs on it, in order, without host
 //! synchronisation between waves. Other streams are registered
-//! ([`CudaBackend::register_stream`], or the arena's `register_stream`) and
+//! (the arena's `register_stream`, or [`Backend::register_stream`](crate::backend::Backend::register_stream)) and
 //! ordered with the arena stream by events and stream waits only
 //! ([`Backend::wait_stream`](crate::backend::Backend::wait_stream),
 //! [`Backend::join_arena`](crate::backend::Backend::join_arena)); the
-//! arena decides when (see [`crate::stream`]). `CudaBackend::read` waits
+//! arena decides when (see [`StreamId`](crate::StreamId)). `CudaBackend::read` waits
 //! for the arena stream; writes and plans do not block the host.
 //!
 //! Views ([`ArenaView`], [`ArenaViewMut`]) are plain device pointers for one
@@ -35,7 +35,7 @@
 //!   after the kernels that use it, with no host synchronisation.
 //! - The handle table's device copy still grows with `cuMemAlloc` when the
 //!   arena has more slots than it holds (a driver allocation, not a wait
-//!   for queued work; [`CudaBackend::reserve_table`] does it ahead of time).
+//!   for queued work; `graph::reserve_handle_table` does it ahead of time).
 //!
 //! # The move kernel
 //!
@@ -61,7 +61,7 @@
 //! `cuarena_move_bulk` (`kernels/bulk.cu`): the same tiles and waits,
 //! carried through shared memory by bulk asynchronous copies, several per
 //! CTA in flight; a chunk whose moves average 256 KiB or more takes a
-//! second compiled shape with 64 KiB tiles ([`CudaOptions::large_moves`]).
+//! second compiled shape with 64 KiB tiles ([`CudaOptions::with_large_moves`]).
 //! A tile whose waiting part is small (a block sliding down by a small
 //! shift) stores it into a side buffer instead of waiting, and a third
 //! launch, `cuarena_settle`, puts it in place
@@ -95,7 +95,7 @@
 mod buffers;
 mod chunks;
 mod kernels;
-mod launch;
+pub(crate) mod launch;
 mod moves;
 #[cfg(feature = "nccl")]
 pub mod nccl;
@@ -109,13 +109,17 @@ mod transfers;
 mod view;
 mod wave;
 
+pub use crate::arena::cuda::args::KernelArgs;
 /// The cudarc this crate is built with (use it for your own kernels so the
 /// types match).
 pub use cudarc;
-pub use launch::{launch_with_handles, DeviceHandle, HandleArgs, PreparedLaunch};
 pub use nvrtc::{compile, CUARENA_CUH};
-pub use options::{CudaOptions, LargeMoves, MoveKernelInfo};
-pub use view::{ArenaView, ArenaViewMut, IoViews, ViewSet};
+pub use options::CudaOptions;
+#[cfg(test)]
+use options::LargeMoves;
+use options::MoveKernelInfo;
+pub(crate) use view::ViewSet;
+pub use view::{ArenaView, ArenaViewMut};
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -426,14 +430,44 @@ impl CudaBackend {
 
     /// Registers, spills and grid of the move kernel (of chunks of small
     /// moves, when the options name a kernel for large ones).
-    pub fn move_kernel_info(&self) -> &MoveKernelInfo {
+    pub(crate) fn move_kernel_info(&self) -> &MoveKernelInfo {
         &self.primary.info
     }
 
     /// The same for the kernel of chunks of large moves, if the options
-    /// name one ([`CudaOptions::large_moves`]).
-    pub fn large_move_kernel_info(&self) -> Option<&MoveKernelInfo> {
+    /// name one.
+    pub(crate) fn large_move_kernel_info(&self) -> Option<&MoveKernelInfo> {
         self.large.as_ref().map(|k| &k.info)
+    }
+
+    /// The move kernels as loaded, one line each (for logs and benches):
+    /// the shape as it runs (`r`: the register kernel, `bN`: the bulk
+    /// kernel with N tiles in flight), tile bytes, registers and local
+    /// bytes per thread, shared memory per CTA, CTAs per multiprocessor
+    /// and the grid. A second line describes the kernel of chunks of large
+    /// moves, when there is one.
+    pub fn describe_kernels(&self) -> String {
+        let line = |what: &str, i: &MoveKernelInfo| {
+            let kind = match i.bulk_stages {
+                0 => "r".to_string(),
+                s => format!("b{s}"),
+            };
+            format!(
+                "{what} {kind}: tile {} KiB, {} regs, {} B local, {} B shared, {} CTAs/SM, grid {}",
+                i.tile_bytes >> 10,
+                i.registers,
+                i.local_bytes,
+                i.shared_bytes,
+                i.ctas_per_sm,
+                i.grid
+            )
+        };
+        let mut out = line("move kernel", self.move_kernel_info());
+        if let Some(large) = self.large_move_kernel_info() {
+            out.push('\n');
+            out.push_str(&line("large moves", large));
+        }
+        out
     }
 
     /// Device bytes of the side buffer that small waiting parts of tiles
@@ -476,7 +510,7 @@ impl CudaBackend {
     /// address; the old buffer is kept (not updated) until the backend is
     /// dropped, so kernels already enqueued and captured graphs never read
     /// freed memory. Reserve up front for the most blocks you will have.
-    pub fn reserve_table(&mut self, slots: usize) -> Result<u64> {
+    pub(crate) fn reserve_table(&mut self, slots: usize) -> Result<u64> {
         let entry = std::mem::size_of::<TableEntry>();
         let need = slots
             .checked_mul(entry)
@@ -519,15 +553,15 @@ impl CudaBackend {
     }
 
     /// Entries the device table holds now (0 before the first sync).
-    pub fn table_capacity_slots(&self) -> usize {
+    pub(crate) fn table_capacity_slots(&self) -> usize {
         self.scratch.table.bytes / std::mem::size_of::<TableEntry>()
     }
 
     /// Device address of the backend's copy of the arena's handle table
     /// (`TableEntry` records, see `kernels/cuarena.cuh`), 0 before the
     /// first sync. Updated until the table next grows (see
-    /// [`reserve_table`](Self::reserve_table)); the arena's
-    /// `handle_table_ptr` flushes it first.
+    /// `graph::reserve_handle_table`); `graph::handle_args` flushes the
+    /// arena's changes first.
     pub fn table_ptr(&self) -> u64 {
         self.scratch.table.ptr
     }
@@ -555,21 +589,4 @@ impl Drop for CudaBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_are_checked() {
-        assert!(CudaOptions::default().validate().is_ok());
-        assert_eq!(CudaOptions::default().tile_bytes(), 32 * 1024);
-        // A bad shape for large moves is caught too.
-        let bad_large =
-            CudaOptions::default().with_large_moves(Some(LargeMoves::new(512, 3, 2, 1)));
-        assert!(bad_large.validate().is_err());
-        let bad = CudaOptions {
-            threads_per_cta: 100,
-            ..CudaOptions::default()
-        };
-        assert!(bad.validate().is_err());
-    }
-}
+mod tests;

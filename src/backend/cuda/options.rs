@@ -30,32 +30,33 @@ pub struct CudaOptions {
     /// otherwise make every tile wait for the one before it. Allocated when
     /// a plan first needs it; tiles beyond it wait. 0 turns this off.
     pub side_buffer_bytes: u32,
-    /// A second kernel shape for chunks of large moves; `None`: one shape
-    /// for every chunk. Big tiles move large blocks at the copy engine's
-    /// speed but leave tiles half empty on small blocks, where smaller
-    /// tiles with more in flight win.
-    pub large_moves: Option<LargeMoves>,
+    /// A second kernel shape for chunks of large moves (64 KiB tiles by
+    /// default); `None`: one shape for every chunk. Big tiles move large
+    /// blocks at the copy engine's speed but leave tiles half empty on
+    /// small blocks, where smaller tiles with more in flight win. Set with
+    /// [`with_large_moves`](CudaOptions::with_large_moves).
+    pub(crate) large_moves: Option<LargeMoves>,
 }
 
 /// The kernel shape for chunks whose moves are large (see
-/// [`CudaOptions::large_moves`]); CTAs per SM are the driver's occupancy.
+/// `CudaOptions::large_moves`); CTAs per SM are the driver's occupancy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LargeMoves {
+pub(crate) struct LargeMoves {
     /// Threads per CTA (as [`CudaOptions::threads_per_cta`]).
-    pub threads_per_cta: u32,
+    pub(crate) threads_per_cta: u32,
     /// 16-byte vectors per thread (as [`CudaOptions::vectors_per_thread`]).
-    pub vectors_per_thread: u32,
+    pub(crate) vectors_per_thread: u32,
     /// Bulk stages (as [`CudaOptions::bulk_stages`]).
-    pub bulk_stages: u32,
+    pub(crate) bulk_stages: u32,
     /// A chunk (up to 65,536 moves of a wave) takes this shape when its
     /// moves' mean length is at least this many bytes.
-    pub from_mean_bytes: u64,
+    pub(crate) from_mean_bytes: u64,
 }
 
 impl LargeMoves {
     /// A shape for chunks of moves of `from_mean_bytes` or more on average.
-    pub fn new(
+    #[cfg(test)]
+    pub(crate) fn new(
         threads_per_cta: u32,
         vectors_per_thread: u32,
         bulk_stages: u32,
@@ -156,10 +157,10 @@ impl CudaOptions {
         self
     }
 
-    /// Sets the kernel of chunks of large moves (`None`: this shape for
-    /// every chunk).
-    pub fn with_large_moves(mut self, large: Option<LargeMoves>) -> Self {
-        self.large_moves = large;
+    /// Whether chunks of large moves get a kernel of their own, with 64 KiB
+    /// tiles (the default: `true`); `false`: this shape for every chunk.
+    pub fn with_large_moves(mut self, on: bool) -> Self {
+        self.large_moves = on.then_some(DEFAULT_LARGE_MOVES);
         self
     }
 
@@ -203,23 +204,22 @@ impl CudaOptions {
 
 /// What the driver reports about the move kernel as loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MoveKernelInfo {
+pub(crate) struct MoveKernelInfo {
     /// Registers per thread.
-    pub registers: i32,
+    pub(crate) registers: i32,
     /// Local (stack/spill) bytes per thread; 0 when nothing spills.
-    pub local_bytes: i32,
+    pub(crate) local_bytes: i32,
     /// CTAs resident per multiprocessor.
-    pub ctas_per_sm: u32,
+    pub(crate) ctas_per_sm: u32,
     /// CTAs of a full launch (multiprocessors × CTAs per multiprocessor).
-    pub grid: u32,
+    pub(crate) grid: u32,
     /// Bytes of one tile.
-    pub tile_bytes: u64,
+    pub(crate) tile_bytes: u64,
     /// Tiles in flight per CTA of the bulk kernel; 0 when the register
     /// kernel runs.
-    pub bulk_stages: u32,
+    pub(crate) bulk_stages: u32,
     /// Dynamic shared memory per CTA (the bulk kernel's slots), bytes.
-    pub shared_bytes: u32,
+    pub(crate) shared_bytes: u32,
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The streams registered with the backend: id 0 is the arena stream,
 //! others are the caller's (a copy stream, a compute stream, NCCL's). They
 //! are ordered with events and stream waits only, never on the host (see
-//! [`crate::stream`]).
+//! [`StreamId`](crate::StreamId)).
 
 use std::sync::Arc;
 
@@ -50,13 +50,14 @@ impl Registered {
 
 impl CudaBackend {
     /// Registers `stream` with the backend and returns its id; the arena's
-    /// `register_stream` is the way in for arena users. The stream must
+    /// `register_stream` is the way in for arena users (`Backend::register_stream`
+    /// for the backend alone). The stream must
     /// belong to the backend's context (the device's primary context, as
     /// [`CudaContext::new`](cudarc::driver::CudaContext::new) makes it):
     /// events cannot order streams of different contexts, so another
     /// context's stream is refused with [`Error::ForeignStream`]. A stream
     /// registered already (the arena stream included) keeps its id.
-    pub fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
+    pub(super) fn register(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
             return Err(Error::ForeignStream {
                 reason: format!(

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{result, sys, DevicePtr, DevicePtrMut};
+use cudarc::driver::{result, sys, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::moves::hand_back;
 use super::scratch::Staging;
@@ -18,8 +18,21 @@ use crate::plan::Plan;
 use crate::stream::StreamId;
 
 impl Backend for CudaBackend {
+    /// A stream of the backend's CUDA context.
+    type Stream = Arc<CudaStream>;
+
     fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    /// See [`Arena::register_stream`](crate::Arena::register_stream): a
+    /// stream of another context is [`Error::ForeignStream`].
+    fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
+        self.register(stream)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        CudaBackend::synchronize(self)
     }
 
     fn stream_count(&self) -> u32 {

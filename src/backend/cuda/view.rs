@@ -6,7 +6,7 @@
 //! The views carry no cudarc events: cudarc's per-slice tracking would treat
 //! the whole region as one buffer, serialising unrelated work on different
 //! streams while ordering nothing the arena relies on. The arena orders
-//! streams itself (see [`crate::stream`]): a view is *for* one stream, and
+//! streams itself (see [`StreamId`](crate::StreamId)): a view is *for* one stream, and
 //! taking it through the arena joins that stream after the arena's moves and
 //! records the block as used there.
 
@@ -209,10 +209,6 @@ unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b ArenaViewMut<'c, T>> for Launch
     }
 }
 
-/// Input views and output views for a kernel, from the arena's `views_io`.
-pub type IoViews<'a, I, O, const M: usize, const N: usize> =
-    ([ArenaView<'a, I>; M], [ArenaViewMut<'a, O>; N]);
-
 /// Makes the views of one kernel (or of any work on one stream): any number
 /// of inputs and outputs, of any element types. An output that overlaps
 /// another output or an input, or an input that overlaps an earlier output,
@@ -314,25 +310,10 @@ impl CudaBackend {
         Ok((offset, offset + bytes))
     }
 
-    /// A read-only view of `len` elements of `T` at region offset `offset`,
-    /// for the arena stream. [`Error::OutOfBounds`] outside the region,
-    /// [`Error::MisalignedView`] at an address not aligned for `T`. Read
-    /// views may overlap each other; no mutable view exists while `&self`
-    /// is borrowed.
-    pub fn view<T: Pod>(&self, offset: u64, len: usize) -> Result<ArenaView<'_, T>> {
-        self.typed_bytes::<T>(offset, len)?;
-        Ok(ArenaView {
-            ptr: self.region_ptr + offset,
-            len,
-            stream: &self.stream,
-            _elems: PhantomData,
-        })
-    }
-
     /// A set of views for work on registered stream `stream` (see
     /// [`ViewSet`]). Orders nothing by itself: make `stream` wait for the
     /// arena stream first (the arena's `kernel_args` does).
-    pub fn view_set(&self, stream_id: StreamId) -> Result<ViewSet<'_>> {
+    pub(crate) fn view_set(&self, stream_id: StreamId) -> Result<ViewSet<'_>> {
         Ok(ViewSet {
             backend: self,
             stream: &self.registered(stream_id)?.stream,

@@ -116,7 +116,7 @@ fn backend(capacity: u64, options: CudaOptions) -> (CudaBackend, Checker) {
 fn each_kernel(mut test: impl FnMut(CudaOptions)) {
     // Every shape but the default's runs alone (no second shape for large
     // moves), so that every wave of a test takes it.
-    let one = CudaOptions::default().with_large_moves(None);
+    let one = CudaOptions::default().with_large_moves(false);
     let reg = one.with_bulk_stages(0).with_vectors_per_thread(16);
     let small = one.with_threads_per_cta(128).with_vectors_per_thread(4);
     for (name, options) in [
@@ -139,52 +139,15 @@ fn each_kernel(mut test: impl FnMut(CudaOptions)) {
     }
 }
 
-/// The bulk kernel runs with the stages asked for where they fit in shared
-/// memory (2 and 16 here), fewer where they do not, and on Hopper only.
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored"]
-fn bulk_kernel_takes_the_stages_that_fit() {
-    if !gpu_available() {
-        return;
-    }
-    let default = CudaOptions::default();
-    let small = default.with_threads_per_cta(128).with_vectors_per_thread(4);
-    for (options, want) in [
-        (default.with_bulk_stages(2), 2),
-        (small.with_bulk_stages(16), 16),
-        // 64 KiB tiles: three fit in 227 KiB.
-        (default.with_vectors_per_thread(16).with_bulk_stages(16), 3),
-        // One warp: no room for a producer warp.
-        (small.with_threads_per_cta(32).with_bulk_stages(4), 0),
-    ] {
-        let (b, _) = backend(64 * MIB, options);
-        let hopper = b
-            .arch()
-            .trim_start_matches("sm_")
-            .trim_end_matches(|c: char| !c.is_ascii_digit())
-            .parse::<u32>()
-            .is_ok_and(|cc| cc >= 90);
-        let got = b.move_kernel_info().bulk_stages;
-        println!("{options:?}: {} stages on {}", got, b.arch());
-        assert_eq!(got, if hopper { want } else { 0 }, "{options:?}");
-        // The default's kernel for large moves: 2 stages of 64 KiB.
-        let large = b
-            .large_move_kernel_info()
-            .expect("a second shape by default");
-        assert_eq!(large.tile_bytes, 64 * KIB);
-        assert_eq!(large.bulk_stages, if hopper { 2 } else { 0 });
-    }
-}
-
 /// Runs `plan` (waves in order) on a host copy.
 fn host_execute(bytes: &mut [u8], plan: &Plan) {
-    for wave in &plan.waves {
+    for wave in plan.waves() {
         let saved: Vec<Vec<u8>> = wave
-            .moves
+            .moves()
             .iter()
             .map(|m| bytes[m.src as usize..(m.src + m.len) as usize].to_vec())
             .collect();
-        for (m, s) in wave.moves.iter().zip(saved) {
+        for (m, s) in wave.moves().iter().zip(saved) {
             bytes[m.dst as usize..(m.dst + m.len) as usize].copy_from_slice(&s);
         }
     }

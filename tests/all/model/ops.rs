@@ -85,8 +85,9 @@ pub(crate) enum Op {
         to: u64,
         extra: bool,
     },
-    /// Fills elements `a..b`; `width % 7`: a 1/2/4/8/16-byte pattern, a
-    /// 3-byte one (invalid), or `fill_bytes`.
+    /// Fills elements `a..b`; `width % 7`: a 1/2/4/8-byte value (of the
+    /// range's dtype or not), or one byte over the range reinterpreted as
+    /// bytes (`as_dtype(U8)`).
     FillRange {
         idx: usize,
         a: u64,

@@ -8,6 +8,7 @@ use cuarena::{Arena, AsRange, Error, Handle, Storage, StorageSlice};
 
 use super::driver::{pattern, Model};
 use super::ops::Op;
+use cuarena::DType;
 
 /// What a storage holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +75,8 @@ pub(super) fn read_bytes<B: Backend>(
 ) -> cuarena::Result<Vec<u8>> {
     Ok(match kind {
         Kind::Bytes => a.read_bytes(r)?,
-        Kind::U32 => bytemuck::cast_slice(&a.read_range::<u32>(r)?).to_vec(),
-        Kind::F32 => bytemuck::cast_slice(&a.read_range::<f32>(r)?).to_vec(),
+        Kind::U32 => bytemuck::cast_slice(&a.read::<u32>(r)?).to_vec(),
+        Kind::F32 => bytemuck::cast_slice(&a.read::<f32>(r)?).to_vec(),
     })
 }
 
@@ -94,8 +95,8 @@ fn write_bytes<B: Backend>(
 ) -> cuarena::Result<()> {
     match kind {
         Kind::Bytes => a.write_bytes(r, data),
-        Kind::U32 => a.write_range(r, &collect::<u32>(data)),
-        Kind::F32 => a.write_range(r, &collect::<f32>(data)),
+        Kind::U32 => a.write(r, &collect::<u32>(data)),
+        Kind::F32 => a.write(r, &collect::<f32>(data)),
     }
 }
 
@@ -109,7 +110,7 @@ impl<B: Backend> Model<'_, B> {
         st: &cuarena::Stats,
     ) {
         let n = self.storages.len();
-        let pending = self.arena.pending_reclaim();
+        let pending = self.arena.stats().pending_reclaim;
         let stores = self.arena.backend().stores_bytes();
         match *op {
             Op::AllocStorage { kind, len } => {
@@ -121,9 +122,12 @@ impl<B: Backend> Model<'_, B> {
                 };
                 let r = match (kind, zeroed) {
                     (Kind::Bytes, _) => self.arena.alloc_storage(len),
-                    (Kind::U32, false) => self.arena.alloc_storage_elems::<u32>(len),
-                    (Kind::U32, true) => self.arena.alloc_storage_zeroed::<u32>(len),
-                    (Kind::F32, _) => self.arena.alloc_storage_elems::<f32>(len),
+                    (Kind::U32, false) => self.arena.alloc_storage_dtype(DType::U32, len),
+                    (Kind::U32, true) => self
+                        .arena
+                        .alloc_storage_dtype(DType::U32, len)
+                        .and_then(|s| self.arena.fill(&s, 0u32).map(|()| s)),
+                    (Kind::F32, _) => self.arena.alloc_storage_dtype(DType::F32, len),
                 };
                 let size = len * kind.elem();
                 let align = kind.elem().max(self.granule);
@@ -202,7 +206,7 @@ impl<B: Backend> Model<'_, B> {
                     assert_eq!(s.storage().owners(), s.owners.len() as u64, "step {step}");
                 }
                 assert_eq!(
-                    self.arena.pending_reclaim(),
+                    self.arena.stats().pending_reclaim,
                     self.pending.len() as u64,
                     "step {step}"
                 );
@@ -211,7 +215,7 @@ impl<B: Backend> Model<'_, B> {
                 let freed = self.arena.reclaim().expect("reclaim");
                 assert_eq!(freed, self.pending.len() as u64, "step {step}");
                 self.drained();
-                assert_eq!(self.arena.pending_reclaim(), 0);
+                assert_eq!(self.arena.stats().pending_reclaim, 0);
             }
             Op::WriteRange { idx, a, b, seed } if n > 0 => {
                 let s = &self.storages[idx % n];
@@ -325,7 +329,7 @@ impl<B: Backend> Model<'_, B> {
                 let r = s.range(a, b);
                 let (off, len) = (r.offset_bytes() as usize, r.len_bytes());
                 let kind = s.kind;
-                let w: u64 = [1, 2, 4, 8, 16, 3, 1][(width % 7) as usize];
+                let w: u64 = [1, 2, 4, 8, 1, 1, 1][(width % 7) as usize];
                 let p = pattern(seed as u64 + 1, w);
                 let res = match width % 7 {
                     0 => self.arena.fill(&r, p[0]),
@@ -335,8 +339,10 @@ impl<B: Backend> Model<'_, B> {
                     }
                     2 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u32>(&p)),
                     3 => self.arena.fill(&r, bytemuck::pod_read_unaligned::<u64>(&p)),
-                    // Patterns of any dtype: 16 bytes, 3 (refused), 1.
-                    _ => self.arena.fill_bytes(&r, &p),
+                    // Any dtype, reinterpreted as bytes.
+                    _ => r
+                        .as_dtype(DType::U8)
+                        .and_then(|bytes| self.arena.fill(&bytes, p[0])),
                 };
                 let bytes_fill = width % 7 >= 4;
                 let type_ok = bytes_fill || kind == Kind::Bytes || w == 4;
@@ -345,8 +351,6 @@ impl<B: Backend> Model<'_, B> {
                     "type"
                 } else if s.handle.is_none() {
                     "ok"
-                } else if bytes_fill && (w == 3 || len % w != 0) {
-                    "pattern"
                 } else if !bytes_fill && w > 1 && len % w != 0 {
                     "whole"
                 } else {
@@ -360,8 +364,7 @@ impl<B: Backend> Model<'_, B> {
                         }
                     }
                     ("type", Err(Error::TypeMismatch { .. }))
-                    | ("whole", Err(Error::NotWholeElements { .. }))
-                    | ("pattern", Err(Error::InvalidPattern { .. })) => {
+                    | ("whole", Err(Error::NotWholeElements { .. })) => {
                         self.unchanged(step, "a bad fill", before, st, pending);
                     }
                     (want, r) => {
@@ -375,7 +378,7 @@ impl<B: Backend> Model<'_, B> {
                 let r = match self.storages.get(idx % n.max(1)) {
                     Some(s) if idx % 2 == 0 => self
                         .arena
-                        .record_stream(&s.range(idx as u64, idx as u64 / 3), id),
+                        .record_stream(s.range(idx as u64, idx as u64 / 3), id),
                     Some(s) => self.arena.record_stream(s.storage(), id),
                     None => return,
                 };

@@ -88,7 +88,7 @@ fn four_threads_at_full_fill_on_cuda() {
 fn register_stream(arena: &SharedArena<CudaBackend>) -> StreamId {
     arena
         .with_mut(|a| {
-            let stream = a.stream().context().new_stream().expect("stream");
+            let stream = a.backend().stream().context().new_stream().expect("stream");
             a.register_stream(stream)
         })
         .expect("lock")

@@ -46,7 +46,7 @@ fn tensor_calls_inside_the_arenas_own_closure_are_errors_not_hangs() {
             .with(|a| {
                 // The closure's arena works; the tensor's calls would wait
                 // on this thread's own lock, and say so instead.
-                assert_eq!(a.read_range::<u32>(&t2).expect("read"), [1, 2, 3]);
+                assert_eq!(a.read::<u32>(&t2).expect("read"), [1, 2, 3]);
                 let read = t2.to_vec::<u32>();
                 let alloc = Tensor::zeros(&inner, DType::U8, &[4]).map(drop);
                 drop(t2); // a drop never takes the lock
@@ -252,7 +252,7 @@ pub fn host_launch<B: Backend>(arena: &SharedArena<B>, _: &(), t: &Tensor<B>, wa
                 .collect();
             let got: Vec<u32> = t.layout().offsets().map(|o| words[o]).collect();
             assert!(got == want, "a launch saw the wrong elements");
-            assert_eq!(a.read_range::<u32>(t).expect("typed read"), words);
+            assert_eq!(a.read::<u32>(t).expect("typed read"), words);
             assert_eq!(arena.stats().moves, moves, "a block moved under a launch");
         })
         .expect("with");

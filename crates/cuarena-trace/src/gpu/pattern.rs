@@ -145,13 +145,13 @@ impl PatternKernels {
     /// The address and size of live block `h` of `arena`, which must be the
     /// arena these kernels were loaded for.
     fn block(&self, arena: &Arena<CudaBackend>, h: Handle) -> Result<(u64, u64)> {
-        if !Arc::ptr_eq(arena.stream(), &self.stream) {
+        if !Arc::ptr_eq(arena.backend().stream(), &self.stream) {
             return Err(ToolError::Usage {
                 reason: "pattern kernels used with an arena they were not loaded for".to_owned(),
             });
         }
         let offset = arena.resolve(h)?;
-        let len = arena.size_bytes(h)?;
+        let len = arena.info(h)?.size_bytes;
         Ok((arena.backend().region_ptr() + offset, len))
     }
 

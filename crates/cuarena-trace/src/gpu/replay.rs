@@ -69,9 +69,9 @@ use crate::gpu::pattern::PatternKernels;
 use crate::trace::{round_up, Allocator, Op, Ops, Outcome};
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::cudarc::driver::{sys, CudaEvent};
-use cuarena::backend::cuda::CudaBackend;
-use cuarena::config::ArenaConfig;
+use cuarena::backend::cuda::{CudaBackend, CudaCapacity};
 use cuarena::Arena;
+use cuarena::ArenaConfig;
 use cuarena::Error;
 use cuarena::Handle;
 use cuarena::Stats;
@@ -149,7 +149,7 @@ impl Run<'_> {
                     self.kernels.delay(ns)?;
                     self.pass.delay_time += self.delay;
                     let e = self.timing_event()?;
-                    e.record(self.arena.stream())
+                    e.record(self.arena.backend().stream())
                         .map_err(driver_err("cuEventRecord"))?;
                     Some(e)
                 } else {
@@ -173,7 +173,7 @@ impl Run<'_> {
                 let full = after.full_compactions - before.full_compactions;
                 if let Some(start) = start {
                     let end = self.timing_event()?;
-                    end.record(self.arena.stream())
+                    end.record(self.arena.backend().stream())
                         .map_err(driver_err("cuEventRecord"))?;
                     if targeted + full > 0 {
                         // Still pending: the moves were queued before the
@@ -252,7 +252,7 @@ impl Run<'_> {
     fn check(&mut self, h: Handle, id: u32, tag: u32) -> Result<()> {
         let moved = self.arena.resolve(h)? != self.offsets[id as usize];
         let range = self.sampling.range(id, moved);
-        let len = self.arena.size_bytes(h)?;
+        let len = self.arena.info(h)?.size_bytes;
         self.kernels.check(&self.arena, h, id, range, tag)?;
         self.pass.bytes_checked += range.bytes_of(len);
         if range.bytes_of(len) == len {
@@ -339,7 +339,7 @@ impl Run<'_> {
 }
 
 /// Whether an allocation of `reserved` bytes (rounded to the alignment, at
-/// the arena's own alignment) compacts under [`cuarena::config::CompactionPolicy::Auto`]
+/// the arena's own alignment) compacts under [`cuarena::CompactionPolicy::Auto`]
 /// without pins or spilling: it fits in the free bytes but in no hole.
 /// Exact, since the free-space index fails only when no hole can hold a
 /// request.
@@ -367,7 +367,12 @@ pub fn replay_gpu(
 ) -> Result<GpuReplayReport> {
     CudaBackend::available().map_err(|reason| Error::NoDevice { reason })?;
     let config = config.clone().with_compaction(options.allocator.policy());
-    let arena = Arena::cuda_with_options(config.clone(), options.ordinal, options.cuda_options)?;
+    let backend = CudaBackend::with_options(
+        options.ordinal,
+        CudaCapacity::Bytes(config.capacity_bytes),
+        options.cuda_options,
+    )?;
+    let arena = Arena::with_backend(config.clone(), backend)?;
     let kernels = PatternKernels::load(arena.backend())?;
     let device_name = arena.backend().device_name().to_owned();
     let mut run = Run {
@@ -446,7 +451,7 @@ pub fn replay_gpu(
 mod tests {
     use super::*;
     use crate::gpu::pattern::CheckRange;
-    use cuarena::config::CompactionPolicy;
+    use cuarena::CompactionPolicy;
 
     #[test]
     fn sampling_picks_ranges() {
@@ -479,7 +484,7 @@ mod tests {
     /// metadata arena replaying a real trace at its smallest capacity, an
     /// allocation compacts if and only if it was predicted to. Under the
     /// targeted policy: `Auto` also runs deferred moves at allocations that
-    /// fit in a hole (`cuarena::plan::lag`), which this prediction does not
+    /// fit in a hole (deferred moves), which this prediction does not
     /// see (the replay counts them as untimed compactions).
     #[test]
     fn compaction_prediction_is_exact_on_a_real_trace() {

@@ -17,17 +17,17 @@ use super::ops::{round_up, Op, Ops};
 use crate::viz::{Sample, Timeline};
 use crate::{Result, ToolError};
 use cuarena::backend::MetaBackend;
-use cuarena::config::{ArenaConfig, CompactionPolicy};
 use cuarena::Arena;
 use cuarena::Error;
 use cuarena::Handle;
+use cuarena::{ArenaConfig, CompactionPolicy};
 
 /// Which allocator a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Allocator {
     /// The arena with [`CompactionPolicy::Auto`]: a compaction when a
     /// request fits in the free bytes but in no hole, targeted or full as
-    /// [`cuarena::plan::policy`] decides.
+    /// the policy decides.
     #[default]
     Compacting,
     /// [`CompactionPolicy::Manual`]; on out-of-memory, one full compaction
@@ -457,7 +457,7 @@ pub fn find_min_capacity_observed(
     if !align.is_power_of_two() {
         return Err(Error::InvalidAlignment {
             align_bytes: align,
-            max_align_bytes: cuarena::config::MAX_ALIGN,
+            max_align_bytes: cuarena::ArenaConfig::MAX_ALIGN,
         }
         .into());
     }

@@ -44,7 +44,7 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
     // The default kernels, and registers with no side buffer.
     let default = CudaOptions::default();
     let registers = default
-        .with_large_moves(None)
+        .with_large_moves(false)
         .with_bulk_stages(0)
         .with_vectors_per_thread(16);
     // (The other kernels without the warm-up pass: the test's time goes to

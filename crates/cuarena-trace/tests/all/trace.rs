@@ -281,7 +281,7 @@ fn all_traces() -> Vec<(String, Ops)> {
 /// Fragmentation shapes, under both compacting policies: every allocation
 /// succeeds at a capacity of peak live, the compactions are the same at
 /// every number of blocks (under the targeted policy a burst of at most
-/// [`BURST_PLANS`] targeted ones, then a full one; under `Auto` the part of
+/// `BURST_PLANS` targeted ones, then a full one; under `Auto` the part of
 /// naive's full compaction the first request needs, then the rest), and planning
 /// work (block visits, deterministic) per op stays within the pacer's
 /// budget: each doubling of n doubles the visits, up to the few blocks
@@ -289,11 +289,12 @@ fn all_traces() -> Vec<(String, Ops)> {
 /// the times themselves are measured by `cargo bench -p cuarena-trace --bench
 /// fragmentation`, not asserted here, since timed tests flake on shared
 /// machines.
-///
-/// [`BURST_PLANS`]: cuarena::plan::policy::BURST_PLANS
 #[test]
 fn fragmentation_compactions_do_not_grow_with_size() {
-    use cuarena::plan::policy::{BURST_PLANS, WORK_PER_OP};
+    // The pacer's burst cap and planning budget (block visits per op), as
+    // the core's compaction policy sets them (`src/plan/policy.rs`).
+    const BURST_PLANS: u64 = 2;
+    const WORK_PER_OP: u64 = 2;
     use cuarena::CompactionPolicy;
     use cuarena_trace::fragment::{run_with, Shape};
     for (policy, shape) in [CompactionPolicy::Auto, CompactionPolicy::Targeted]

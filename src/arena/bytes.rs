@@ -1,8 +1,9 @@
-//! Device-side operations on byte ranges of blocks (a [`Handle`], a
-//! [`crate::Storage`] or a [`crate::StorageSlice`]): sub-range reads and
-//! writes, copies, fills. They run in arena-stream order after the streams
-//! that used the blocks (see [`crate::stream`]), with the same semantics on
-//! every backend. Every argument is checked before anything changes: a
+//! Bytes in and out of blocks, and on the device between them: writes,
+//! reads, copies and fills of byte ranges of blocks (a [`Handle`], a
+//! [`crate::Storage`] or a [`crate::StorageSlice`]), typed or not. They
+//! run in arena-stream order after the streams that used the blocks (see
+//! [`StreamId`](crate::StreamId)), with the same semantics on every
+//! backend. Every argument is checked before anything changes: a
 //! call that returns an error has moved, spilled and written nothing.
 
 use super::{Arena, Block};
@@ -127,18 +128,21 @@ impl<B: Backend> Arena<B> {
         Ok(self.device_offset(b)? + c.offset)
     }
 
-    /// Writes `data` into the bytes `dst` names (a whole block, a storage or
-    /// a slice of one); `data` must be exactly that long
-    /// ([`Error::LengthMismatch`]) and `T` the range's dtype, unless it is
-    /// untyped ([`Error::TypeMismatch`]). A spilled block is brought back.
-    pub fn write_range<T: Element>(&mut self, dst: &impl AsRange, data: &[T]) -> Result<()> {
-        self.write_checked(dst, bytemuck::cast_slice(data), Some(T::DTYPE))
+    /// Writes `data` into the bytes `dst` names (a block through its
+    /// handle, a storage, a slice of one): `data` must be exactly that long
+    /// ([`Error::LengthMismatch`]) and `T` the range's dtype, unless the
+    /// range is untyped ([`Error::TypeMismatch`]; any dtype's bytes:
+    /// [`write_bytes`](Arena::write_bytes)). A spilled block is brought
+    /// back first; the arguments are checked before that, so a wrong type
+    /// or length changes nothing.
+    pub fn write<T: Element>(&mut self, dst: impl AsRange, data: &[T]) -> Result<()> {
+        self.write_checked(&dst, bytemuck::cast_slice(data), Some(T::DTYPE))
     }
 
     /// Writes `data` into the bytes `dst` names, whatever their dtype;
     /// `data` must be exactly that long ([`Error::LengthMismatch`]).
-    pub fn write_bytes(&mut self, dst: &impl AsRange, data: &[u8]) -> Result<()> {
-        self.write_checked(dst, data, None)
+    pub fn write_bytes(&mut self, dst: impl AsRange, data: &[u8]) -> Result<()> {
+        self.write_checked(&dst, data, None)
     }
 
     fn write_checked(
@@ -159,42 +163,37 @@ impl<B: Backend> Arena<B> {
         self.sticky(r)
     }
 
-    /// Reads the bytes `src` names into `out`, which must be exactly that
-    /// long, `T` being the range's dtype unless it is untyped. Needs no
-    /// exclusive access (a shared arena reads under its shared lock); a
-    /// spilled block is [`Error::NotResident`] here (bring it back with
-    /// [`make_resident`](Arena::make_resident); `SharedArena`'s reads do).
+    /// The bytes `src` names as a `Vec<T>`, `T` being the range's dtype
+    /// unless it is untyped ([`Error::TypeMismatch`]; any dtype's bytes:
+    /// [`read_bytes`](Arena::read_bytes)). Needs no exclusive access (a
+    /// shared arena reads under its shared lock): a spilled block is
+    /// [`Error::NotResident`] here (bring it back with
+    /// [`make_resident`](Arena::make_resident); `SharedArena::read` does).
     /// The host waits for the arena stream and for the streams that used
     /// the block.
-    pub fn read_range_into<T: Element>(&self, src: &impl AsRange, out: &mut [T]) -> Result<()> {
-        self.read_checked(src, bytemuck::cast_slice_mut(out), Some(T::DTYPE))
-    }
-
-    /// The bytes `src` names as a `Vec<T>` (see
-    /// [`read_range_into`](Arena::read_range_into)).
-    pub fn read_range<T: Element>(&self, src: &impl AsRange) -> Result<Vec<T>> {
+    pub fn read<T: Element>(&self, src: impl AsRange) -> Result<Vec<T>> {
         let len = self
             .check_range(&src.block_range(), Some(T::DTYPE))?
             .map_or(0, |c| c.len);
-        let mut out = host_vec::<T>(len, "the Vec that Arena::read_range returns")?;
-        self.read_range_into(src, &mut out)?;
+        let mut out = host_vec::<T>(len, "the Vec that Arena::read returns")?;
+        self.read_checked(&src, bytemuck::cast_slice_mut(&mut out), Some(T::DTYPE))?;
         Ok(out)
     }
 
-    /// Reads the bytes `src` names into `out`, whatever their dtype (see
-    /// [`read_range_into`](Arena::read_range_into)).
-    pub fn read_bytes_into(&self, src: &impl AsRange, out: &mut [u8]) -> Result<()> {
-        self.read_checked(src, out, None)
+    /// Reads the bytes `src` names into `out`, which must be exactly that
+    /// long ([`Error::LengthMismatch`]); otherwise as [`read`](Arena::read).
+    pub fn read_into<T: Element>(&self, src: impl AsRange, out: &mut [T]) -> Result<()> {
+        self.read_checked(&src, bytemuck::cast_slice_mut(out), Some(T::DTYPE))
     }
 
-    /// The bytes `src` names, whatever their dtype (see
-    /// [`read_range_into`](Arena::read_range_into)).
-    pub fn read_bytes(&self, src: &impl AsRange) -> Result<Vec<u8>> {
+    /// The bytes `src` names, whatever their dtype (otherwise as
+    /// [`read`](Arena::read)).
+    pub fn read_bytes(&self, src: impl AsRange) -> Result<Vec<u8>> {
         let len = self
             .check_range(&src.block_range(), None)?
             .map_or(0, |c| c.len);
         let mut out = host_vec::<u8>(len, "the Vec that Arena::read_bytes returns")?;
-        self.read_checked(src, &mut out, None)?;
+        self.read_checked(&src, &mut out, None)?;
         Ok(out)
     }
 
@@ -218,8 +217,9 @@ impl<B: Backend> Arena<B> {
     /// in arena-stream order. Same length ([`Error::LengthMismatch`]), same
     /// dtype when both are typed ([`Error::TypeMismatch`]: reinterpret one
     /// with `as_dtype` to copy across dtypes); within one block the ranges
-    /// must not overlap ([`Error::OverlappingRanges`]).
-    pub fn copy(&mut self, src: &impl AsRange, dst: &impl AsRange) -> Result<()> {
+    /// must not overlap ([`Error::OverlappingRanges`]). Spilled blocks are
+    /// brought back.
+    pub fn copy(&mut self, src: impl AsRange, dst: impl AsRange) -> Result<()> {
         let s = self.check_range(&src.block_range(), None)?;
         let d = self.check_range(&dst.block_range(), None)?;
         let (s, d) = match (s, d) {
@@ -258,29 +258,15 @@ impl<B: Backend> Arena<B> {
 
     /// Fills the bytes `dst` names with `value` repeated, on the device in
     /// arena-stream order; `T` must be the range's dtype unless it is
-    /// untyped.
-    pub fn fill<T: Element>(&mut self, dst: &impl AsRange, value: T) -> Result<()> {
+    /// untyped ([`Error::TypeMismatch`]). To fill a range of another dtype
+    /// with a bit pattern (a `bool` or fp8 range, zeros of any dtype),
+    /// reinterpret it (`as_dtype(DType::U8)`) or allocate it untyped. A
+    /// spilled block is brought back.
+    pub fn fill<T: Element>(&mut self, dst: impl AsRange, value: T) -> Result<()> {
         let pattern = bytemuck::bytes_of(&value);
         let Some(c) = self.check_range(&dst.block_range(), Some(T::DTYPE))? else {
             return Ok(());
         };
-        crate::backend::check_pattern(c.len, pattern)?;
-        self.fill_checked(c, pattern)
-    }
-
-    /// Fills the bytes `dst` names with `pattern` repeated, whatever their
-    /// dtype (`&[0]` for zeros): 1, 2, 4, 8 or 16 bytes that divide the
-    /// range ([`Error::InvalidPattern`]).
-    pub fn fill_bytes(&mut self, dst: &impl AsRange, pattern: &[u8]) -> Result<()> {
-        let r = dst.block_range();
-        let Some(c) = self.check_range(&r, None)? else {
-            return Ok(());
-        };
-        crate::backend::check_pattern(c.len, pattern)?;
-        self.fill_checked(c, pattern)
-    }
-
-    fn fill_checked(&mut self, c: Checked, pattern: &[u8]) -> Result<()> {
         self.make_resident(&[c.handle])?;
         let offset = self.region_offset(c)?;
         self.wait_uses(c.handle.key)?;

@@ -1,0 +1,171 @@
+//! A block's records: where its bytes are ([`Place`]), what the arena knows
+//! of it ([`Block`]), the owner of each placement node ([`Owner`]), which
+//! streams used it ([`StreamUses`]), and the arena's counters.
+
+use std::sync::atomic::AtomicU64;
+
+use crate::dtype::DType;
+use crate::handle::BlockKey;
+use crate::placement::Allocation;
+
+/// The block on a used placement node, with what compaction planning needs
+/// of it. Kept beside the nodes (indexed like them, so in address order
+/// after a compaction) that collecting the live blocks reads two dense
+/// tables and never the block table: at ~100 bytes a block, reading that
+/// once per block per compaction made replays slow down per op as it
+/// outgrew the caches.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Owner {
+    pub(super) key: BlockKey,
+    /// Bytes to copy when it moves (its size).
+    pub(super) size: u64,
+    pub(super) align: u32,
+    pub(super) pinned: bool,
+}
+
+impl Owner {
+    pub(super) const NONE: Owner = Owner {
+        key: BlockKey::NULL,
+        size: 0,
+        align: 1,
+        pinned: false,
+    };
+}
+
+/// Records `owner` as the block on placement node `slot` in `owners`.
+pub(super) fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
+    let i = slot as usize;
+    if owners.len() <= i {
+        owners.resize(i + 1, Owner::NONE);
+    }
+    owners[i] = owner;
+}
+
+/// Where a block's bytes are.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// In the region: the placement allocation holds the offset (nowhere
+    /// else does).
+    Device(Allocation),
+    /// Spilled to the host tier: the allocation of the tier's own index.
+    Host(Allocation),
+}
+
+/// A live block's metadata: one entry of the slot table per live block,
+/// touched by every alloc and free and by every compaction's passes over
+/// the live blocks. Kept small (rarely used state lives behind pointers)
+/// so that a table of hundreds of thousands of blocks stays in cache and
+/// takes few fresh pages: at ~200 bytes an entry, replay time per op grew
+/// by 40 % from 80k to 160k blocks.
+#[derive(Debug)]
+pub(super) struct Block {
+    pub(super) place: Place,
+    pub(super) size: u64,
+    /// The dtype it was allocated for (`None`: untyped bytes).
+    pub(super) dtype: Option<DType>,
+    /// Streams that used the block; `None` until kernel arguments or
+    /// [`Arena::record_stream`] name it (one small allocation then, beside
+    /// a kernel launch; plain alloc and free never make one). Behind a
+    /// mutex of its own so that kernel arguments, taken under a shared
+    /// arena's shared lock by several threads, record uses; under `&mut`
+    /// (compaction, free) it is reached without locking.
+    pub(super) streams: std::sync::Mutex<Option<Box<StreamUses>>>,
+    /// `Counters::allocs` when it was allocated: its lifetime at free, in
+    /// allocation ticks, feeds `Arena::lifetimes`.
+    pub(super) born: u64,
+    /// Tick of the last use (resolved for a kernel, a transfer or a pin):
+    /// the spill policy evicts the least recently used block first.
+    pub(super) last_use: AtomicU64,
+    /// Alignment of the offset (a power of two up to
+    /// [`crate::config::MAX_ALIGN`], so it fits).
+    pub(super) align: u32,
+    pub(super) pins: u32,
+    /// Where the bytes of a resident block are when they have not followed
+    /// its placement yet (a deferred move, `src/plan/lag.rs`): always
+    /// above the placement's offset, so never 0. `None`: at the placement.
+    pub(super) lag: Option<std::num::NonZeroU64>,
+}
+
+impl Block {
+    /// Bytes reserved: the size rounded up to the arena's alignment, which
+    /// is what its placement (in the region or the host tier) holds.
+    pub(super) fn reserved(&self) -> u64 {
+        match &self.place {
+            Place::Device(a) | Place::Host(a) => a.size(),
+        }
+    }
+
+    /// Alignment of the offset in bytes.
+    pub(super) fn align(&self) -> u64 {
+        u64::from(self.align)
+    }
+
+    /// Where the block's bytes are in the region: its placement's offset,
+    /// or where they lag ([`Block::lag`]); `None` when spilled.
+    pub(super) fn real_offset(&self) -> Option<u64> {
+        match &self.place {
+            Place::Device(a) => Some(self.lag.map_or(a.offset(), |at| at.get())),
+            Place::Host(_) => None,
+        }
+    }
+
+    /// The streams that used the block since it was allocated.
+    pub(super) fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
+        self.with_streams(|s| s.as_ref().map(|s| s.uses.clone()).unwrap_or_default())
+    }
+
+    /// Runs `f` on the stream-use records (`None` before the first use),
+    /// under their lock. Nothing in `f` panics, so a poisoned lock (it
+    /// cannot be) would hold consistent records.
+    pub(super) fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
+        let mut s = self
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut s)
+    }
+}
+
+/// Which streams used a block (see [`StreamId`](crate::StreamId)).
+#[derive(Debug, Default)]
+pub(super) struct StreamUses {
+    /// Registered streams other than the arena's that used the block since
+    /// it was allocated.
+    pub(super) uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
+    /// The stream whose kernel arguments last wrote the block, and the
+    /// streams that read it since: what later work on another stream must
+    /// wait for (read after write, write after read or write).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) writer: Option<crate::stream::StreamId>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct Counters {
+    pub(super) requested_bytes: u64,
+    pub(super) pinned_blocks: usize,
+    pub(super) peak_allocated_bytes: u64,
+    pub(super) evictions: u64,
+    pub(super) restores: u64,
+    pub(super) bytes_evicted: u64,
+    pub(super) bytes_restored: u64,
+    pub(super) allocs: u64,
+    pub(super) frees: u64,
+    pub(super) failed_allocs: u64,
+    pub(super) targeted: u64,
+    pub(super) full: u64,
+    pub(super) moves: u64,
+    pub(super) bytes_moved: u64,
+    /// Bytes naive compact-on-failure moved on the same requests (the
+    /// plans applied to the index under `Auto`, and explicit compactions).
+    pub(super) naive_bytes_moved: u64,
+    /// Requests naive would have failed (see `Stats::naive_failures`).
+    pub(super) naive_failures: u64,
+    /// Bytes of the handover to naive's layout (see `Stats::handover_bytes`).
+    pub(super) handover_bytes: u64,
+    /// Bytes moved past the budget (see `Stats::overrun_bytes`).
+    pub(super) overrun_bytes: u64,
+    pub(super) planning: std::time::Duration,
+    pub(super) compaction: std::time::Duration,
+}

@@ -1,0 +1,85 @@
+//! Relocation: compaction (blocks moved within the region) and spilling
+//! (blocks moved to the host tier and back). The mechanics are in the
+//! private modules beside this one: `compaction` (plans checked, executed,
+//! the index rebuilt), `place` (the policies' slow path), `defer` (moves
+//! `Auto` defers), `shadow` (naive's layout under `Budgeted`) and `spill`.
+
+use std::time::Instant;
+
+use super::{compaction, Arena, CompactionReport, Place};
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::handle::{BlockKey, Handle};
+use crate::plan::planner;
+use crate::storage::AsRange;
+
+impl<B: Backend> Arena<B> {
+    /// Compacts fully: afterwards the free space between pinned blocks is one
+    /// region per gap (one region in all without pins). Blocks whose moves
+    /// were deferred go home first (a separate plan); naive, asked for the
+    /// same compaction, would run the full plan itself, so it counts in
+    /// `Stats::naive_bytes_moved` too.
+    pub fn compact(&mut self) -> Result<CompactionReport> {
+        self.check_usable()?;
+        self.drain_reclaim()?;
+        if let Some(report) = super::shadow::compact(self)? {
+            return Ok(report);
+        }
+        super::defer::settle(self)?;
+        let t0 = Instant::now();
+        compaction::collect_live(self);
+        let plan = planner::plan_full(&self.live, self.config.capacity_bytes);
+        self.counters.naive_bytes_moved = self
+            .counters
+            .naive_bytes_moved
+            .saturating_add(plan.bytes_moved());
+        self.counters.planning += t0.elapsed();
+        self.pacer
+            .full_ran(plan.move_count(), self.live.len() as u64);
+        super::compaction::execute(self, plan, t0)
+    }
+
+    /// Brings every handle in `handles` onto the device together, spilling
+    /// others (never these) if needed, and counts them as used.
+    ///
+    /// All or nothing: a bad handle, or blocks that cannot be resident
+    /// together ([`Error::WorkingSetTooLarge`](crate::Error::WorkingSetTooLarge),
+    /// [`Error::HostTierFull`](crate::Error::HostTierFull)),
+    /// fail before anything changes. Several spilled blocks are placed
+    /// together: in the holes as they are if they all fit there, else after
+    /// the evictions (least recently used first) and the full compaction
+    /// that make room for all of them, checked on a copy of the placement
+    /// index before the first eviction.
+    ///
+    /// Takes anything that names blocks: handles, storages, slices
+    /// (`&[h]`, `&[&x, &y]`, or `&[&x as &dyn AsRange, &slice]` to mix);
+    /// empty storages name none.
+    pub fn make_resident<R: AsRange>(&mut self, ranges: &[R]) -> Result<()> {
+        // A poisoned arena's layout is not trusted: placing may compact.
+        self.check_usable()?;
+        let handles: smallvec::SmallVec<[Handle; 8]> = ranges
+            .iter()
+            .filter_map(|r| r.block_range().handle)
+            .collect();
+        let handles = &handles[..];
+        let mut keep = smallvec::SmallVec::<[BlockKey; 8]>::new();
+        for &h in handles {
+            self.block(h)?;
+            keep.push(h.key);
+        }
+        let mut spilled: smallvec::SmallVec<[Handle; 8]> = smallvec::SmallVec::new();
+        for &h in handles {
+            let out = self
+                .blocks
+                .get(h.key)
+                .is_some_and(|b| matches!(b.place, Place::Host(_)));
+            if out && !spilled.contains(&h) {
+                spilled.push(h);
+            }
+        }
+        if spilled.len() > 1 {
+            super::spill::make_room_for_all(self, &spilled, &keep)?;
+        }
+        super::spill::restore_each(self, handles, &keep)
+    }
+}
