@@ -6,7 +6,7 @@
 #                                 executable and the `cuarena` command in
 #                                 release mode, strip debug
 #                                 info, stage them into .gpu-stage/ and print
-#                                 what to pass to the device tool
+#                                 how to run them on the CUDA machine
 #   scripts/gpu-suite.sh run      (on the GPU machine) run the GPU tests, the
 #                                 GPU benches (moves, handles, spill), the
 #                                 examples (demo, train_mlp), the GPU trace
@@ -97,9 +97,8 @@ build() {
     du -sh "$stage" >&2
     cat <<EOF
 
-Run it on the GPU machine with the device tool:
-  command: bash scripts/gpu-suite.sh run
-  carry:   [".gpu-stage"]
+On the CUDA machine, in a copy of this repository with .gpu-stage/ in it:
+  bash scripts/gpu-suite.sh run
 EOF
 }
 
@@ -206,7 +205,7 @@ run() {
     [ -e "$out/replay.log" ] && { echo "-- cuarena replay --gpu"; tail -n 25 "$out/replay.log"; }
     echo
     cat "$summary"
-    # At most a few files come back from the device tool: pack the logs.
+    # Pack the logs into one archive, beside the summary.
     if [ -n "${OUT:-}" ]; then
         (cd "$out" && tar czf all-logs.tgz ./*.log && rm -f ./*.log)
     fi

@@ -24,6 +24,18 @@ mod slots;
 mod storage;
 mod stream;
 
+/// The guide: the model, threads, errors, spilling, kernels on arena
+/// tensors, streams, several GPUs, the GPU suite and safety, in detail
+/// (`docs/guide.md`; its examples run as doc tests, and its CUDA examples
+/// need the `cuda` feature).
+#[cfg(feature = "cuda")]
+#[doc = include_str!("../docs/guide.md")]
+pub mod guide {
+    // The names the guide links to.
+    #[allow(unused_imports)]
+    use crate::*;
+}
+
 #[cfg(feature = "cuda")]
 pub use arena::cuda::graph;
 pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 
 /// The device header of kernels that take handles, `cuarena.cuh`: the
 /// handle table's entry and argument (`CuarenaEntry`, `CuarenaTable`, the
-/// layout of [`HandleArgs`](super::HandleArgs)), the decoding of a
+/// layout of [`HandleArgs`](crate::graph::HandleArgs)), the decoding of a
 /// handle's bits and the resolves (`cuarena_at`, `cuarena_at_checked`).
 ///
 /// Sources compiled with [`compile`] `#include "cuarena.cuh"` as it is;
@@ -95,8 +95,8 @@ pub(crate) fn build(
 /// device. Each image is compiled once per process (for
 /// its source, options and architecture); later calls return a copy. Load
 /// it with `context.load_module(image)`, then launch its kernels with
-/// [`launch_with_handles`](super::launch_with_handles) or a
-/// [`PreparedLaunch`](super::PreparedLaunch).
+/// [`launch_with_handles`](crate::graph::launch_with_handles) or a
+/// [`PreparedLaunch`](crate::graph::PreparedLaunch).
 ///
 /// ```no_run
 /// use cuarena::backend::cuda::{compile, CudaBackend};
