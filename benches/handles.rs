@@ -40,6 +40,7 @@ use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::{Backend, MetaBackend, TableEntry};
 use cuarena::graph::{self, DeviceHandle, HandleArgs};
 use cuarena::plan::{Plan, PlanKind};
+use cuarena::BackendError;
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Result};
 
@@ -47,10 +48,7 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 fn drv(call: &'static str) -> impl Fn(result::DriverError) -> Error {
-    move |e| Error::Driver {
-        call,
-        source: cuarena::DriverError::from(e),
-    }
+    move |e| cuarena::Error::from(cuarena::BackendError::driver(call, e))
 }
 
 /// splitmix64: a small deterministic generator (no dependency).
@@ -91,9 +89,11 @@ fn load_module(backend: &CudaBackend) -> Result<Arc<CudaModule>> {
         include_str!("../kernels/cuarena.cuh"),
         1,
     );
-    let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::Nvrtc {
-        source_name: "kernels/graph_test.cu",
-        log: format!("{e:?}"),
+    let ptx = compile_ptx_with_opts(src, opts).map_err(|e| {
+        Error::Backend(BackendError::Nvrtc {
+            source_name: "kernels/graph_test.cu",
+            log: format!("{e:?}"),
+        })
     })?;
     backend
         .context()
@@ -283,7 +283,8 @@ fn resolve_bench(reps: usize) -> Result<()> {
         unsafe { k.launch(stride) }.map_err(drv("cuLaunchKernel"))?;
         let wrong = arena.read::<u32>(bad)?[0];
         if wrong != 0 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
+                input: "config",
                 reason: format!("{} ({}): {wrong} wrong elements", v.name, v.shape),
             });
         }

@@ -86,10 +86,7 @@ impl Timer {
     fn new(backend: &CudaBackend, reps: usize) -> Result<Self> {
         let ctx = backend.context();
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let err = |e| cuarena::Error::Driver {
-            call: "cuEventCreate",
-            source: cuarena::DriverError::from(e),
-        };
+        let err = |e| cuarena::Error::from(cuarena::BackendError::driver("cuEventCreate", e));
         Ok(Self {
             stream: backend.stream().clone(),
             start: ctx.new_event(flags).map_err(err)?,
@@ -100,10 +97,7 @@ impl Timer {
 
     /// Median milliseconds of `f` (after one warm-up call).
     fn median_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-        let drv = |e| cuarena::Error::Driver {
-            call: "event",
-            source: cuarena::DriverError::from(e),
-        };
+        let drv = |e| cuarena::Error::from(cuarena::BackendError::driver("event", e));
         f()?;
         self.stream.synchronize().map_err(drv)?;
         let mut times = Vec::with_capacity(self.reps);
@@ -126,10 +120,7 @@ impl Timer {
         mut block: impl FnMut() -> Result<()>,
         mut f: impl FnMut() -> Result<()>,
     ) -> Result<(f64, f64)> {
-        let drv = |e| cuarena::Error::Driver {
-            call: "event",
-            source: cuarena::DriverError::from(e),
-        };
+        let drv = |e| cuarena::Error::from(cuarena::BackendError::driver("event", e));
         f()?;
         self.stream.synchronize().map_err(drv)?;
         let (mut dev, mut host) = (Vec::new(), Vec::new());
@@ -162,10 +153,7 @@ fn blocker(region_ptr: u64, stream: &CudaStream) -> Result<()> {
         )
     }
     .result()
-    .map_err(|e| cuarena::Error::Driver {
-        call: "cuMemsetD32Async",
-        source: cuarena::DriverError::from(e),
-    })
+    .map_err(|e| cuarena::Error::from(cuarena::BackendError::driver("cuMemsetD32Async", e)))
 }
 
 /// `cuMemcpyDtoDAsync` of each (src, dst, len) on the arena stream.
@@ -176,10 +164,7 @@ fn memcpy_each(backend: &CudaBackend, copies: &[(u64, u64, u64)]) -> Result<()> 
         // SAFETY: every range lies in the region (built that way below), the
         // ranges of one copy do not overlap, and the stream keeps order.
         unsafe { result::memcpy_dtod_async(base + d, base + s, n as usize, stream) }.map_err(
-            |e| cuarena::Error::Driver {
-                call: "cuMemcpyDtoDAsync",
-                source: cuarena::DriverError::from(e),
-            },
+            |e| cuarena::Error::from(cuarena::BackendError::driver("cuMemcpyDtoDAsync", e)),
         )?;
     }
     Ok(())
@@ -522,10 +507,7 @@ fn main() -> Result<()> {
             )
         }
         .result()
-        .map_err(|e| cuarena::Error::Driver {
-            call: "cuMemsetD32Async",
-            source: cuarena::DriverError::from(e),
-        })?;
+        .map_err(|e| cuarena::Error::from(cuarena::BackendError::driver("cuMemsetD32Async", e)))?;
         let timer = Timer::new(&backend, reps)?;
         all.extend(run_cases(&mut backend, &timer, &label)?);
     }

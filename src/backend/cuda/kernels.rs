@@ -14,9 +14,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 
 use super::{driver_err, CudaOptions, MoveKernelInfo};
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 
-/// Name used in [`Error::Nvrtc`] for the move kernels.
+/// Name used in [`BackendError::Nvrtc`] for the move kernels.
 pub(crate) const MOVES_SOURCE_NAME: &str = "kernels/moves.cu";
 const MOVES_HEADER: &str = include_str!("../../../kernels/moves.h");
 const MOVES_SOURCE: &str = include_str!("../../../kernels/moves.cu");
@@ -56,10 +56,10 @@ fn image_cache() -> &'static ImageCache {
 }
 
 fn nvrtc_error(log: String) -> Error {
-    Error::Nvrtc {
+    Error::Backend(BackendError::Nvrtc {
         source_name: MOVES_SOURCE_NAME,
         log,
-    }
+    })
 }
 
 /// Compiles `source` with `options` to a CUBIN image.

@@ -24,10 +24,10 @@ use super::driver_err;
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::Arena;
-use cuarena::Error;
 use cuarena::Handle;
+use cuarena::{BackendError, Error};
 
-/// Name used in [`Error::Nvrtc`] for these kernels.
+/// Name used in [`BackendError::Nvrtc`] for these kernels.
 pub const PATTERN_SOURCE_NAME: &str = "kernels/pattern.cu";
 const PATTERN_SOURCE: &str = include_str!("../../kernels/pattern.cu");
 
@@ -72,10 +72,10 @@ fn ptx_cache() -> &'static PtxCache {
 }
 
 fn nvrtc_error(log: String) -> Error {
-    Error::Nvrtc {
+    Error::Backend(BackendError::Nvrtc {
         source_name: PATTERN_SOURCE_NAME,
         log,
-    }
+    })
 }
 
 /// Compiles `kernels/pattern.cu` for `arch` (`sm_90`) to PTX, or takes it
