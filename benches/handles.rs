@@ -238,7 +238,8 @@ fn resolve_bench(reps: usize) -> Result<()> {
         unsafe { k.launch(stride) }.map_err(drv("cuLaunchKernel"))?;
         let wrong = arena.read::<u32>(bad)?[0];
         if wrong != 0 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
+                input: "config",
                 reason: format!("{} ({}): {wrong} wrong elements", v.name, v.shape),
             });
         }

@@ -196,7 +196,8 @@ impl ArenaConfig {
             });
         }
         if self.capacity_bytes == 0 || self.capacity_bytes % self.alignment_bytes != 0 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
+                input: "config",
                 reason: format!(
                     "capacity {} B must be non-zero and a multiple of the alignment {} B",
                     self.capacity_bytes, self.alignment_bytes
@@ -210,7 +211,8 @@ impl ArenaConfig {
             .checked_add(self.spill_host_bytes)
             .is_none()
         {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
+                input: "config",
                 reason: format!(
                     "capacity {} B plus host tier {} B exceed u64::MAX B",
                     self.capacity_bytes, self.spill_host_bytes

@@ -25,7 +25,7 @@ use std::fmt;
 /// metadata arena models regions larger than this machine's), and counts
 /// multiply into byte sizes, which are `u64` throughout. Host buffers
 /// (`&[T]`, `Vec<T>`) keep `usize`; a size that does not fit in one is
-/// [`crate::Error::ExceedsAddressSpace`].
+/// [`crate::Error::HostMemory`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DType {

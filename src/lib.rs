@@ -41,7 +41,7 @@ pub use arena::cuda::graph;
 pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use dtype::{DType, Element};
-pub use error::{DriverError, Error, Result};
+pub use error::{BackendError, Error, Result};
 pub use handle::{BlockInfo, Handle};
 pub use storage::{AsRange, BlockRange, Storage, StorageSlice};
 pub use stream::StreamId;

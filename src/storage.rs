@@ -236,36 +236,19 @@ impl StorageSlice {
     }
 
     /// Elements `start..end` of this slice, in its dtype (bytes when
-    /// untyped). [`Error::RangeOutOfBounds`] past its end,
-    /// [`Error::ReversedRange`] when `end < start`.
+    /// untyped). [`Error::OutOfBounds`] (in bytes) past its end or when
+    /// `end < start`.
     pub fn slice(&self, range: Range<u64>) -> Result<StorageSlice> {
         let e = elem_bytes(self.dtype);
-        if range.start > range.end {
-            return Err(Error::ReversedRange {
-                start: range.start,
-                end: range.end,
-            });
-        }
-        let out = || Error::RangeOutOfBounds {
-            offset_bytes: range.start.saturating_mul(e),
-            len_bytes: (range.end - range.start).saturating_mul(e),
-            available_bytes: self.len_bytes,
-        };
-        let start = range.start.checked_mul(e).ok_or_else(out)?;
-        let end = range.end.checked_mul(e).ok_or_else(out)?;
-        self.sub(start, end)
+        // Saturated: a byte offset past u64::MAX is past any end.
+        self.sub(range.start.saturating_mul(e), range.end.saturating_mul(e))
     }
 
     /// Bytes `start..end` of this slice, keeping its dtype: both ends must
-    /// fall on element boundaries ([`Error::MisalignedView`],
-    /// [`Error::NotWholeElements`]); any byte range of an untyped slice.
+    /// fall on element boundaries ([`Error::Misaligned`]); any byte range
+    /// of an untyped slice. [`Error::OutOfBounds`] past its end or when
+    /// `end < start`.
     pub fn slice_bytes(&self, range: Range<u64>) -> Result<StorageSlice> {
-        if range.start > range.end {
-            return Err(Error::ReversedRange {
-                start: range.start,
-                end: range.end,
-            });
-        }
         let s = self.sub(range.start, range.end)?;
         if let Some(d) = self.dtype {
             check_bitcast(s.offset_bytes, s.len_bytes, d)?;
@@ -275,8 +258,8 @@ impl StorageSlice {
 
     /// The same bytes read as `dtype`, without a copy (a bitcast, as a
     /// framework's `view(dtype)`): the length must be a whole number of
-    /// `dtype`'s elements ([`Error::NotWholeElements`]) and the offset in
-    /// the storage a multiple of its size ([`Error::MisalignedView`]).
+    /// `dtype`'s elements and the offset in the storage a multiple of its
+    /// size ([`Error::Misaligned`]).
     /// Typed calls on the result check against `dtype`; the block's own
     /// alignment is checked when a kernel view is taken.
     pub fn as_dtype(&self, dtype: DType) -> Result<StorageSlice> {
@@ -287,12 +270,13 @@ impl StorageSlice {
         })
     }
 
-    /// Bytes `start..end` of this slice (`start <= end`), in bounds.
+    /// Bytes `start..end` of this slice: [`Error::OutOfBounds`] unless
+    /// `start <= end <= len`.
     fn sub(&self, start: u64, end: u64) -> Result<StorageSlice> {
-        if end > self.len_bytes {
-            return Err(Error::RangeOutOfBounds {
-                offset_bytes: start,
-                len_bytes: end - start,
+        if start > end || end > self.len_bytes {
+            return Err(Error::OutOfBounds {
+                start_bytes: start,
+                end_bytes: end,
                 available_bytes: self.len_bytes,
             });
         }
@@ -309,17 +293,12 @@ impl StorageSlice {
 /// elements of `dtype`.
 fn check_bitcast(offset: u64, len: u64, dtype: DType) -> Result<()> {
     let e = dtype.size_bytes();
-    if len % e != 0 {
-        return Err(Error::NotWholeElements {
-            block_bytes: len,
+    if len % e != 0 || offset % e != 0 {
+        return Err(Error::Misaligned {
+            offset_bytes: offset,
+            len_bytes: len,
+            elem_type: dtype.name(),
             elem_bytes: e,
-        });
-    }
-    if offset % e != 0 {
-        return Err(Error::MisalignedView {
-            offset,
-            requested_type: dtype.name(),
-            elem_align_bytes: e,
         });
     }
     Ok(())
@@ -423,9 +402,9 @@ mod tests {
         );
         assert!(matches!(
             s.slice(5..11),
-            Err(Error::RangeOutOfBounds {
-                offset_bytes: 20,
-                len_bytes: 24,
+            Err(Error::OutOfBounds {
+                start_bytes: 20,
+                end_bytes: 44,
                 available_bytes: 40
             })
         ));
@@ -434,7 +413,11 @@ mod tests {
         let backwards = s.slice(3..2);
         assert_eq!(
             backwards.err(),
-            Some(Error::ReversedRange { start: 3, end: 2 })
+            Some(Error::OutOfBounds {
+                start_bytes: 12,
+                end_bytes: 8,
+                available_bytes: 40
+            })
         );
         drop(s);
         // The slice keeps the storage alive.
@@ -475,7 +458,7 @@ mod tests {
             assert!(
                 matches!(
                     e,
-                    Error::OverlappingRanges { .. }
+                    Error::Overlap { .. }
                         | Error::LengthMismatch { .. }
                         | Error::TypeMismatch { .. }
                 ),
@@ -510,7 +493,7 @@ mod tests {
         assert_eq!(sb.index(), s.index());
         assert!(matches!(
             a.record_stream(&x, sb),
-            Err(Error::UnknownStream { .. })
+            Err(Error::Foreign { kind: "stream", .. })
         ));
         assert!(a.wait_on_arena(sb).is_err());
         a.record_stream(&x, crate::StreamId::ARENA).unwrap();
@@ -534,7 +517,7 @@ mod tests {
         assert!(matches!(
             a.read::<u8>(&x),
             Err(Error::TypeMismatch {
-                block_type: "f32",
+                range_type: "f32",
                 requested_type: "u8"
             })
         ));
@@ -548,16 +531,19 @@ mod tests {
         let odd = x.as_dtype(DType::U8).unwrap().slice(1..7).unwrap();
         assert_eq!(
             odd.as_dtype(DType::I16).err(),
-            Some(Error::MisalignedView {
-                offset: 1,
-                requested_type: "i16",
-                elem_align_bytes: 2
+            Some(Error::Misaligned {
+                offset_bytes: 1,
+                len_bytes: 6,
+                elem_type: "i16",
+                elem_bytes: 2
             })
         );
         assert_eq!(
             odd.slice(1..4).unwrap().as_dtype(DType::I16).err(),
-            Some(Error::NotWholeElements {
-                block_bytes: 3,
+            Some(Error::Misaligned {
+                offset_bytes: 2,
+                len_bytes: 3,
+                elem_type: "i16",
                 elem_bytes: 2
             })
         );
@@ -581,9 +567,10 @@ mod tests {
         // Element counts that overflow say so.
         assert_eq!(
             a.alloc_storage_dtype(DType::F64, u64::MAX / 2).err(),
-            Some(Error::ElemCountOverflow {
-                numel: u64::MAX / 2,
-                elem_bytes: 8
+            Some(Error::LimitReached {
+                what: "elements of this dtype in one block (its bytes must fit in u64)",
+                requested: u64::MAX / 2,
+                limit: u64::MAX / 8
             })
         );
     }

@@ -60,10 +60,7 @@ struct Events {
 const MAX_PENDING: usize = 4096;
 
 fn drv(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
-    move |e| cuarena::Error::Driver {
-        call,
-        source: cuarena::DriverError::from(e),
-    }
+    move |e| cuarena::Error::from(cuarena::BackendError::driver(call, e))
 }
 
 impl Events {

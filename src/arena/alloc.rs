@@ -35,9 +35,10 @@ impl<B: Backend> Arena<B> {
     /// Bytes and alignment of `numel` elements of `dtype` in this arena.
     pub(super) fn typed_layout(&self, dtype: DType, numel: u64) -> Result<(u64, u64)> {
         let elem = dtype.size_bytes();
-        let bytes = numel.checked_mul(elem).ok_or(Error::ElemCountOverflow {
-            numel,
-            elem_bytes: elem,
+        let bytes = numel.checked_mul(elem).ok_or(Error::LimitReached {
+            what: "elements of this dtype in one block (its bytes must fit in u64)",
+            requested: numel,
+            limit: u64::MAX / elem,
         })?;
         Ok((bytes, elem.max(self.config.alignment_bytes)))
     }
@@ -63,9 +64,10 @@ impl<B: Backend> Arena<B> {
         let reserved = bytes
             .checked_add(granule - 1)
             .map(|b| b & !(granule - 1))
-            .ok_or(Error::SizeOverflow {
+            // Past u64::MAX once rounded: larger than any region.
+            .ok_or(Error::TooLarge {
                 requested_bytes: bytes,
-                align_bytes: granule,
+                capacity_bytes: self.config.capacity_bytes,
             })?;
         if reserved > self.config.capacity_bytes {
             return Err(Error::TooLarge {
@@ -119,11 +121,14 @@ impl<B: Backend> Arena<B> {
                 // space back, unchanged.
                 super::shadow::abandon(self);
                 if let Place::Device(node) = block.place {
-                    self.index.free(node)?;
+                    if let Err(e) = self.index.free(node) {
+                        return Err(self.broken("giving a placement back failed", e));
+                    }
                 }
-                return Err(Error::TableOverflow {
-                    requested_slots: self.blocks.slot_count() as u64 + 1,
-                    max_slots: 1 << 32,
+                return Err(Error::LimitReached {
+                    what: "handle table slots (blocks live at once)",
+                    requested: self.blocks.slot_count() as u64 + 1,
+                    limit: 1 << 32,
                 });
             }
         };
@@ -172,13 +177,11 @@ impl<B: Backend> Arena<B> {
         };
         if let Err(e) = freed {
             // Unreachable: the arena only holds allocations of its own indexes.
-            self.poison(format!("freeing a block's placement failed: {e}"));
-            return Err(e);
+            return Err(self.broken("freeing a block's placement failed", e));
         }
         if let Err(e) = super::shadow::free(self, h.key) {
             // Unreachable: the shadow holds one node per live block.
-            self.poison(format!("freeing a block in naive's shadow failed: {e}"));
-            return Err(e);
+            return Err(self.broken("freeing a block in naive's shadow failed", e));
         }
         self.set_entry(h.key, None);
         self.counters.frees += 1;
@@ -194,16 +197,13 @@ impl<B: Backend> Arena<B> {
         let pins = self.block(h)?.pins;
         if pins == u32::MAX {
             // Before any residency change.
-            return Err(Error::PinOverflow { pins });
+            return Err(pin_limit());
         }
         self.make_resident(&[h])?;
         // A pinned block cannot go home later: it goes now.
         super::defer::bring_home(self, h.key)?;
         let b = self.block_mut(h)?;
-        b.pins = b
-            .pins
-            .checked_add(1)
-            .ok_or(Error::PinOverflow { pins: b.pins })?;
+        b.pins = b.pins.checked_add(1).ok_or_else(pin_limit)?;
         let pins = b.pins;
         if pins == 1 {
             self.counters.pinned_blocks += 1;
@@ -216,7 +216,7 @@ impl<B: Backend> Arena<B> {
     pub fn unpin(&mut self, h: Handle) -> Result<u32> {
         let b = self.block_mut(h)?;
         if b.pins == 0 {
-            return Err(Error::NotPinned);
+            return Err(Error::Pinned { pins: 0 });
         }
         b.pins -= 1;
         let pins = b.pins;
@@ -286,5 +286,14 @@ impl<B: Backend> Arena<B> {
             }
         }
         Ok(freed)
+    }
+}
+
+/// [`Error::LimitReached`] for a pin past the most a block can hold.
+fn pin_limit() -> Error {
+    Error::LimitReached {
+        what: "pins on one block",
+        requested: u64::from(u32::MAX) + 1,
+        limit: u64::from(u32::MAX),
     }
 }

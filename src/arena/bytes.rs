@@ -39,9 +39,9 @@ pub(super) fn check_block_range(
     let Some(handle) = r.handle else {
         let len = r.len_bytes.unwrap_or(0);
         if r.offset_bytes != 0 || len != 0 {
-            return Err(Error::RangeOutOfBounds {
-                offset_bytes: r.offset_bytes,
-                len_bytes: len,
+            return Err(Error::OutOfBounds {
+                start_bytes: r.offset_bytes,
+                end_bytes: r.offset_bytes.saturating_add(len),
                 available_bytes: 0,
             });
         }
@@ -51,8 +51,9 @@ pub(super) fn check_block_range(
         return Ok(None);
     };
     if handle.arena != arena_id {
-        return Err(Error::ForeignHandle {
-            handle_arena: handle.arena,
+        return Err(Error::Foreign {
+            kind: "handle",
+            owner: handle.arena,
             arena: arena_id,
         });
     }
@@ -64,17 +65,18 @@ pub(super) fn check_block_range(
     let len = r.len_bytes.unwrap_or(b.size.saturating_sub(r.offset_bytes));
     let fits = r.offset_bytes.checked_add(len).is_some_and(|e| e <= b.size);
     if !fits {
-        return Err(Error::RangeOutOfBounds {
-            offset_bytes: r.offset_bytes,
-            len_bytes: len,
+        return Err(Error::OutOfBounds {
+            start_bytes: r.offset_bytes,
+            end_bytes: r.offset_bytes.saturating_add(len),
             available_bytes: b.size,
         });
     }
-    let elem = want.map_or(1, DType::size_bytes);
-    if len % elem != 0 {
-        return Err(Error::NotWholeElements {
-            block_bytes: len,
-            elem_bytes: elem,
+    if let Some(want) = want.filter(|w| len % w.size_bytes() != 0) {
+        return Err(Error::Misaligned {
+            offset_bytes: r.offset_bytes,
+            len_bytes: len,
+            elem_type: want.name(),
+            elem_bytes: want.size_bytes(),
         });
     }
     Ok(Some(Checked {
@@ -90,7 +92,7 @@ pub(super) fn check_block_range(
 pub(super) fn check_dtype(have: Option<DType>, want: DType) -> Result<()> {
     match have {
         Some(h) if h != want => Err(Error::TypeMismatch {
-            block_type: name_of(have),
+            range_type: name_of(have),
             requested_type: want.name(),
         }),
         _ => Ok(()),
@@ -102,9 +104,10 @@ pub(super) fn check_dtype(have: Option<DType>, want: DType) -> Result<()> {
 /// abort.
 pub(super) fn host_vec<T: bytemuck::Pod>(bytes: u64, what: &'static str) -> Result<Vec<T>> {
     let elem = (std::mem::size_of::<T>() as u64).max(1);
-    let n = usize::try_from(bytes / elem).map_err(|_| Error::ExceedsAddressSpace {
+    // More than the address space holds: no allocator could give it.
+    let n = usize::try_from(bytes / elem).map_err(|_| Error::HostMemory {
         requested_bytes: bytes,
-        max_bytes: usize::MAX as u64,
+        what,
     })?;
     let mut out = Vec::new();
     out.try_reserve_exact(n).map_err(|_| Error::HostMemory {
@@ -217,7 +220,7 @@ impl<B: Backend> Arena<B> {
     /// in arena-stream order. Same length ([`Error::LengthMismatch`]), same
     /// dtype when both are typed ([`Error::TypeMismatch`]: reinterpret one
     /// with `as_dtype` to copy across dtypes); within one block the ranges
-    /// must not overlap ([`Error::OverlappingRanges`]). Spilled blocks are
+    /// must not overlap ([`Error::Overlap`]). Spilled blocks are
     /// brought back.
     pub fn copy(&mut self, src: impl AsRange, dst: impl AsRange) -> Result<()> {
         let s = self.check_range(&src.block_range(), None)?;
@@ -232,7 +235,7 @@ impl<B: Backend> Arena<B> {
         if let (Some(se), Some(de)) = (s.dtype, d.dtype) {
             if se != de {
                 return Err(Error::TypeMismatch {
-                    block_type: de.name(),
+                    range_type: de.name(),
                     requested_type: se.name(),
                 });
             }
@@ -240,10 +243,11 @@ impl<B: Backend> Arena<B> {
         if s.handle == d.handle {
             let apart = s.offset + s.len <= d.offset || d.offset + d.len <= s.offset;
             if !apart && s.len > 0 {
-                return Err(Error::OverlappingRanges {
-                    src_offset: s.offset,
-                    dst_offset: d.offset,
-                    len_bytes: s.len,
+                return Err(Error::Overlap {
+                    first_offset: s.offset,
+                    first_bytes: s.len,
+                    second_offset: d.offset,
+                    second_bytes: d.len,
                 });
             }
         }
@@ -283,8 +287,8 @@ fn expect_len(range: u64, slice: u64) -> Result<()> {
         Ok(())
     } else {
         Err(Error::LengthMismatch {
-            block_bytes: range,
-            slice_bytes: slice,
+            range_bytes: range,
+            given_bytes: slice,
         })
     }
 }

@@ -48,7 +48,7 @@ pub(super) fn collect_live<B: Backend>(arena: &mut Arena<B>) {
 /// The plan's final layout is checked first (every move names a live,
 /// unpinned block where it is, keeps its alignment, and the blocks end
 /// disjoint and inside the region): a plan that fails the check is
-/// refused with [`Error::InvalidPlan`] and nothing changes.
+/// refused with [`Error::InvalidInput`] and nothing changes.
 pub(super) fn execute<B: Backend>(
     arena: &mut Arena<B>,
     plan: Plan,
@@ -135,10 +135,7 @@ pub(super) fn rebuild_index<B: Backend>(arena: &mut Arena<B>) -> Result<()> {
     });
     if let Err(e) = rebuilt {
         // Unreachable: the layout was checked before.
-        arena.poison(format!(
-            "rebuilding the index after a compaction failed: {e}"
-        ));
-        return Err(e);
+        return Err(arena.broken("rebuilding the index after a compaction failed", e));
     }
     Ok(())
 }
@@ -149,7 +146,12 @@ pub(super) fn rebuild_index<B: Backend>(arena: &mut Arena<B>) -> Result<()> {
 /// a moved block was used on other streams (so that execution reads
 /// each moved block's records once, here, in the common case).
 pub(super) fn check_final_layout<B: Backend>(arena: &mut Arena<B>, plan: &Plan) -> Result<bool> {
-    let invalid = |reason: String| Err(Error::InvalidPlan { reason });
+    let invalid = |reason: String| {
+        Err(Error::InvalidInput {
+            input: "plan",
+            reason,
+        })
+    };
     let mut used_on_streams = false;
     arena.moved.0.clear();
     for m in plan.moves() {

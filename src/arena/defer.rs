@@ -134,7 +134,8 @@ pub(super) fn send_home<B: Backend>(
             .overlapping(l.home, l.home.saturating_add(l.len))
             .any(|o| blocks.binary_search_by_key(&o.at, |x| x.at).is_err());
         if !matches || in_way {
-            return Err(Error::InvalidPlan {
+            return Err(Error::InvalidInput {
+                input: "plan",
                 reason: format!("a deferred move does not match its block: {l:?}"),
             });
         }

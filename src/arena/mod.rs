@@ -46,7 +46,7 @@ pub use stats::{fmt_bytes, CompactionReport, Stats};
 
 use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::handle::{BlockInfo, BlockKey, Handle, TableEntry};
 use crate::placement::{FreeIndex, Lifetimes};
 use crate::plan::lag::Lag;
@@ -66,6 +66,7 @@ fn take_arena_id(counter: &AtomicU64) -> Result<u64> {
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
         .map_err(|_| Error::LimitReached {
             what: "arena ids in this process",
+            requested: u64::MAX,
             limit: u64::MAX - 1,
         })
 }
@@ -197,9 +198,13 @@ impl<B: Backend> Arena<B> {
             None
         };
         if backend.capacity_bytes() < config.capacity_bytes {
-            return Err(Error::BackendTooSmall {
-                backend_bytes: backend.capacity_bytes(),
-                capacity_bytes: config.capacity_bytes,
+            return Err(Error::InvalidInput {
+                input: "backend",
+                reason: format!(
+                    "its region of {} B is smaller than the configured capacity of {} B",
+                    backend.capacity_bytes(),
+                    config.capacity_bytes
+                ),
             });
         }
         // Spilling changes residency where naive has none: no budget then.
@@ -287,10 +292,21 @@ impl<B: Backend> Arena<B> {
         let _ = self.poisoned.set(reason);
     }
 
+    /// Poisons the arena for a failure that leaves its records in doubt
+    /// (`what` failed with `e`: the placement index or the planner refused
+    /// the arena's own input, which is a bug) and returns the error that
+    /// every later call reports.
+    fn broken(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        self.poison(format!("{what}: {e}"));
+        Error::Poisoned {
+            reason: self.poisoned.get().cloned().unwrap_or_default(),
+        }
+    }
+
     /// Passes `r` through, poisoning the arena on a fault the device
     /// reported: its bytes are undefined from then on.
     fn sticky<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(Error::DeviceFault { reason }) = &r {
+        if let Err(Error::Backend(BackendError::DeviceFault { reason })) = &r {
             self.poison(format!("device fault: {reason}"));
         }
         r
@@ -299,8 +315,9 @@ impl<B: Backend> Arena<B> {
     fn block(&self, h: Handle) -> Result<&Block> {
         self.check_usable()?;
         if h.arena != self.id {
-            return Err(Error::ForeignHandle {
-                handle_arena: h.arena,
+            return Err(Error::Foreign {
+                kind: "handle",
+                owner: h.arena,
                 arena: self.id,
             });
         }

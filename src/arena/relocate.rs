@@ -43,7 +43,7 @@ impl<B: Backend> Arena<B> {
     /// others (never these) if needed, and counts them as used.
     ///
     /// All or nothing: a bad handle, or blocks that cannot be resident
-    /// together ([`Error::WorkingSetTooLarge`](crate::Error::WorkingSetTooLarge),
+    /// together ([`Error::OutOfMemory`](crate::Error::OutOfMemory),
     /// [`Error::HostTierFull`](crate::Error::HostTierFull)),
     /// fail before anything changes. Several spilled blocks are placed
     /// together: in the holes as they are if they all fit there, else after

@@ -19,6 +19,7 @@ use super::{set_owner, Arena, CompactionReport, Owner, Place};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::handle::BlockKey;
+use crate::placement::PlacementError;
 use crate::placement::{Allocation, FreeIndex};
 use crate::plan::planner::{self, LiveBlock};
 use crate::plan::relayout::plan_relayout;
@@ -73,7 +74,12 @@ impl Shadow {
     /// Naive's full compaction, applied to the shadow (nothing to copy):
     /// its bytes moved. `None` if it would leave no hole for `reserved` at
     /// `align` (naive fails the request).
-    fn compact_for(&mut self, reserved: u64, align: u64, capacity: u64) -> Result<Option<u64>> {
+    fn compact_for(
+        &mut self,
+        reserved: u64,
+        align: u64,
+        capacity: u64,
+    ) -> std::result::Result<Option<u64>, PlacementError> {
         self.collect_live();
         if planner::largest_hole_after_full(&self.live, capacity, align) < reserved {
             return Ok(None);
@@ -148,7 +154,10 @@ pub(super) fn place<B: Backend>(arena: &mut Arena<B>, reserved: u64, align: u64)
         return Ok(());
     }
     let moved = if reserved <= s.index.free_bytes() {
-        s.compact_for(reserved, align, capacity)?
+        match s.compact_for(reserved, align, capacity) {
+            Ok(moved) => moved,
+            Err(e) => return Err(arena.broken("naive's compaction in the shadow failed", e)),
+        }
     } else {
         None
     };
@@ -200,7 +209,10 @@ pub(super) fn abandon<B: Backend>(arena: &mut Arena<B>) {
 }
 
 /// Frees block `key` in the shadow.
-pub(super) fn free<B: Backend>(arena: &mut Arena<B>, key: BlockKey) -> Result<()> {
+pub(super) fn free<B: Backend>(
+    arena: &mut Arena<B>,
+    key: BlockKey,
+) -> std::result::Result<(), PlacementError> {
     let Some(s) = arena.shadow.as_mut() else {
         return Ok(());
     };
@@ -303,7 +315,10 @@ pub(super) fn compact<B: Backend>(arena: &mut Arena<B>) -> Result<Option<Compact
     let Some(s) = arena.shadow.as_mut() else {
         return Ok(None);
     };
-    let moved = s.compact_for(0, 1, capacity)?.unwrap_or(0);
+    let moved = match s.compact_for(0, 1, capacity) {
+        Ok(moved) => moved.unwrap_or(0),
+        Err(e) => return Err(arena.broken("naive's compaction in the shadow failed", e)),
+    };
     arena.counters.naive_bytes_moved = arena.counters.naive_bytes_moved.saturating_add(moved);
     match handover(arena)? {
         Handover::Done { report, .. } => Ok(Some(report.unwrap_or(CompactionReport {

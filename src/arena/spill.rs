@@ -14,7 +14,7 @@
 //! range, pattern) are checked before any residency change, and the
 //! evictions a request needs are planned, with their host-tier space
 //! reserved, before the first one runs. A request that fails with
-//! [`Error::WorkingSetTooLarge`] or [`Error::HostTierFull`] has spilled,
+//! [`Error::OutOfMemory`] or [`Error::HostTierFull`] has spilled,
 //! moved and written nothing (see [`Arena::make_resident`] for several
 //! handles at once).
 
@@ -62,8 +62,7 @@ pub(super) fn restore_each<B: Backend>(
         if let (Place::Host(t), Some(tier)) = (old, arena.tier.as_mut()) {
             if let Err(e) = tier.free(t) {
                 // Unreachable: the tier's allocations are its own.
-                arena.poison(format!("freeing a host-tier block failed: {e}"));
-                return Err(e);
+                return Err(arena.broken("freeing a host-tier block failed", e));
             }
         }
         arena.set_owner(slot, h.key);
@@ -134,8 +133,10 @@ pub(super) fn make_room_for_all<B: Backend>(
                 .chain(sizes.iter().map(|s| s.0))
                 .fold(0, u64::saturating_add);
             let align = sizes.iter().map(|s| s.1).max().unwrap_or(1);
-            return Err(Error::WorkingSetTooLarge {
-                needed_bytes: needed,
+            return Err(Error::OutOfMemory {
+                requested_bytes: needed,
+                free_bytes: arena.index.free_bytes(),
+                largest_free_bytes: arena.index.largest_free(),
                 reachable_bytes: planner::largest_hole_after_full(&live, capacity, align),
             });
         };
@@ -197,7 +198,7 @@ pub(super) fn make_room_for_all<B: Backend>(
 ///
 /// The evictions are decided and their host-tier space reserved before
 /// anything moves: when the request cannot be met
-/// ([`Error::WorkingSetTooLarge`], [`Error::HostTierFull`]), nothing has
+/// ([`Error::OutOfMemory`], [`Error::HostTierFull`]), nothing has
 /// been spilled, moved or written.
 pub(super) fn alloc_by_spilling<B: Backend>(
     arena: &mut Arena<B>,
@@ -301,16 +302,16 @@ pub(super) fn plan_evictions<B: Backend>(
                         .map(|b| b.reserved()),
                 )
                 .fold(reserved, u64::saturating_add);
-            break Err(Error::WorkingSetTooLarge {
-                needed_bytes: needed,
+            break Err(Error::OutOfMemory {
+                requested_bytes: needed,
+                free_bytes: arena.index.free_bytes(),
+                largest_free_bytes: arena.index.largest_free(),
                 reachable_bytes: reachable,
             });
         };
         tier_needed = tier_needed.saturating_add(victim_reserved);
         let Some(tier) = arena.tier.as_mut() else {
-            break Err(Error::NoHostTier {
-                requested_bytes: reserved,
-            });
+            break Err(crate::backend::no_host_tier(reserved));
         };
         let Some(node) = tier.alloc(victim_reserved, 1) else {
             break Err(Error::HostTierFull {
@@ -398,8 +399,7 @@ pub(super) fn spill_to<B: Backend>(
     if let Place::Device(node) = old {
         if let Err(e) = arena.index.free(node) {
             // Unreachable: the arena holds only its index's allocations.
-            arena.poison(format!("freeing a spilled block's space failed: {e}"));
-            return Err(e);
+            return Err(arena.broken("freeing a spilled block's space failed", e));
         }
     }
     arena.set_entry(key, None);

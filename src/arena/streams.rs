@@ -18,7 +18,7 @@ impl<B: Backend> Arena<B> {
     /// which must belong to the arena's context (the device's primary
     /// context: `arena.backend().stream().context().new_stream()`, or a
     /// stream of `CudaContext::new` for the same device; another context's
-    /// stream is [`Error::ForeignStream`]); `()` on the host and metadata
+    /// stream is [`BackendError::ForeignStream`](crate::BackendError::ForeignStream)); `()` on the host and metadata
     /// backends, whose work is synchronous and whose streams are ids only,
     /// so that programs recording uses and waiting on streams run the same
     /// there. At most 65,536 streams per arena, its own included
@@ -82,9 +82,10 @@ impl<B: Backend> Arena<B> {
     /// Checks that `stream` is registered with this arena (not another's).
     pub(crate) fn check_own_stream(&self, stream: StreamId) -> Result<()> {
         if stream.1 != 0 && stream.1 != self.id {
-            return Err(Error::UnknownStream {
-                stream: stream.0,
-                registered: self.backend.stream_count(),
+            return Err(Error::Foreign {
+                kind: "stream",
+                owner: stream.1,
+                arena: self.id,
             });
         }
         check_stream(stream, self.backend.stream_count())

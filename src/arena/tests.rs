@@ -18,6 +18,7 @@ fn arena_ids_are_refused_past_the_last_never_reused() {
             take_arena_id(&counter),
             Err(Error::LimitReached {
                 what: "arena ids in this process",
+                requested: u64::MAX,
                 limit: u64::MAX - 1,
             })
         );
@@ -56,7 +57,10 @@ fn requested_bytes_stay_exact_up_to_u64_max() {
     let over = ArenaConfig::new(1 << 63).with_spill_host_bytes(1 << 63);
     assert!(matches!(
         Arena::metadata(over),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::InvalidInput {
+            input: "config",
+            ..
+        })
     ));
     // Just within: four blocks, two resident and two spilled, request
     // 2^64 - 1024 B in all, counted exactly.

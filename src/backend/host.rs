@@ -212,7 +212,7 @@ impl Backend for HostBackend {
 
     fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
         check_range(offset, len, self.capacity_bytes())?;
-        check_pattern(len, pattern)?;
+        check_pattern(offset, len, pattern)?;
         let o = offset as usize;
         for chunk in self.mem[o..o + len as usize].chunks_exact_mut(pattern.len()) {
             chunk.copy_from_slice(pattern);
@@ -274,6 +274,7 @@ pub(super) fn next_stream(streams: &mut u32) -> Result<StreamId> {
     if *streams >= MAX_STREAMS {
         return Err(Error::LimitReached {
             what: "streams registered with one arena (its own included)",
+            requested: u64::from(*streams) + 1,
             limit: u64::from(MAX_STREAMS),
         });
     }

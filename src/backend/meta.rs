@@ -78,7 +78,7 @@ impl Backend for MetaBackend {
 
     fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
         check_range(offset, len, self.capacity_bytes)?;
-        check_pattern(len, pattern)
+        check_pattern(offset, len, pattern)
     }
 
     fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {

@@ -29,7 +29,8 @@ use crate::stream::StreamId;
 /// Storage for one arena's region.
 ///
 /// Every method checks that ranges lie inside the region and returns
-/// [`Error::OutOfBounds`] otherwise; none may panic on any input.
+/// [`Error::OutOfBounds`] otherwise; none may panic on any input. Failures
+/// of the device itself are [`Error::Backend`].
 pub trait Backend {
     /// What registers as a stream ([`crate::Arena::register_stream`]): a
     /// CUDA stream on the CUDA backend; `()` on backends whose work is
@@ -53,12 +54,12 @@ pub trait Backend {
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<()>;
 
     /// Copies `len` bytes from region offset `src` to `dst`, in arena-stream
-    /// order. The ranges must not overlap ([`Error::OverlappingRanges`]).
+    /// order. The ranges must not overlap ([`Error::Overlap`]).
     fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()>;
 
     /// Fills `len` bytes at `offset` with `pattern` repeated, in arena-stream
     /// order. `pattern` holds 1, 2, 4, 8 or 16 bytes and `len` is a multiple
-    /// of its length ([`Error::InvalidPattern`] otherwise).
+    /// of its length ([`Error::Misaligned`] otherwise).
     fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()>;
 
     /// Streams this backend knows: ids `0..stream_count()` are valid, and 0
@@ -76,12 +77,13 @@ pub trait Backend {
         let _ = stream;
         Err(Error::LimitReached {
             what: "streams of this backend (its own included)",
+            requested: 2,
             limit: 1,
         })
     }
 
     /// Waits for the work enqueued on the arena stream and reports a fault
-    /// the device found in it ([`Error::DeviceFault`]). The default has
+    /// the device found in it ([`BackendError::DeviceFault`](crate::BackendError::DeviceFault)). The default has
     /// nothing to wait for.
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
@@ -119,27 +121,33 @@ pub trait Backend {
     /// Sets up a host tier of `bytes` for spilling (page-locked memory on
     /// the CUDA backend). The default has none.
     fn reserve_host_tier(&mut self, bytes: u64) -> Result<()> {
-        Err(Error::NoHostTier {
-            requested_bytes: bytes,
-        })
+        Err(no_host_tier(bytes))
     }
 
     /// Copies `len` bytes at region offset `offset` to host-tier offset
     /// `host_offset` (in stream order on the CUDA backend).
     fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
         let _ = (offset, host_offset);
-        Err(Error::NoHostTier {
-            requested_bytes: len,
-        })
+        Err(no_host_tier(len))
     }
 
     /// Copies `len` bytes at host-tier offset `host_offset` back to region
     /// offset `offset`.
     fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
         let _ = (host_offset, offset);
-        Err(Error::NoHostTier {
-            requested_bytes: len,
-        })
+        Err(no_host_tier(len))
+    }
+}
+
+/// [`Error::HostTierFull`] of a backend without a host tier (one of 0
+/// bytes), asked for `bytes`.
+pub(crate) fn no_host_tier(bytes: u64) -> Error {
+    Error::HostTierFull {
+        requested_bytes: bytes,
+        needed_bytes: bytes,
+        host_tier_bytes: 0,
+        host_free_bytes: 0,
+        host_largest_free_bytes: 0,
     }
 }
 
@@ -156,14 +164,16 @@ pub(crate) fn check_stream(stream: StreamId, count: u32) -> Result<()> {
 }
 
 /// Checks a fill pattern: 1, 2, 4, 8 or 16 bytes, `len` a multiple of it.
-pub(crate) fn check_pattern(len: u64, pattern: &[u8]) -> Result<()> {
+pub(crate) fn check_pattern(offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
     let p = pattern.len() as u64;
     if matches!(p, 1 | 2 | 4 | 8 | 16) && len % p == 0 {
         Ok(())
     } else {
-        Err(Error::InvalidPattern {
-            pattern_bytes: p,
+        Err(Error::Misaligned {
+            offset_bytes: offset,
             len_bytes: len,
+            elem_type: "fill pattern (1, 2, 4, 8 or 16 B)",
+            elem_bytes: p,
         })
     }
 }
@@ -174,10 +184,11 @@ pub(crate) fn check_disjoint(src: u64, dst: u64, len: u64) -> Result<()> {
     if apart || len == 0 {
         Ok(())
     } else {
-        Err(Error::OverlappingRanges {
-            src_offset: src,
-            dst_offset: dst,
-            len_bytes: len,
+        Err(Error::Overlap {
+            first_offset: src,
+            first_bytes: len,
+            second_offset: dst,
+            second_bytes: len,
         })
     }
 }
@@ -187,9 +198,9 @@ pub(crate) fn check_range(offset: u64, len: u64, capacity_bytes: u64) -> Result<
     match offset.checked_add(len) {
         Some(end) if end <= capacity_bytes => Ok(()),
         _ => Err(Error::OutOfBounds {
-            offset,
-            len,
-            capacity_bytes,
+            start_bytes: offset,
+            end_bytes: offset.saturating_add(len),
+            available_bytes: capacity_bytes,
         }),
     }
 }

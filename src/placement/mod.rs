@@ -77,7 +77,26 @@ use bins::{bin_round_down, bin_round_up};
 pub use lifetime::Lifetimes;
 use nodes::{fit, is_free_at, release, Classes, Node, MAX_NODES, NIL, USED};
 
-use crate::error::{Error, Result};
+/// What the placement index refuses. The arena never gives it such input:
+/// either is a bug there, which poisons the arena.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// An allocation of another index, or made before this one was rebuilt.
+    #[error("allocation at offset {offset} does not belong to this index (another index, or one since rebuilt)")]
+    ForeignAllocation {
+        /// The allocation's offset.
+        offset: u64,
+    },
+    /// A layout to rebuild from that breaks the index's rules (blocks out
+    /// of order, overlapping, empty, out of bounds).
+    #[error("invalid layout: {reason}")]
+    InvalidLayout {
+        /// Which rule, and which blocks.
+        reason: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, PlacementError>;
 
 /// Source of epochs: every index layout (each [`FreeIndex::new`] and
 /// [`FreeIndex::rebuild`]) gets a fresh one, so an [`Allocation`] names the
@@ -89,7 +108,7 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 /// [`FreeIndex::rebuild`] make one, it cannot be cloned, and
 /// [`FreeIndex::free`] consumes it, so a block cannot be freed twice; an
 /// allocation from another index, or from before a rebuild, is refused
-/// ([`Error::ForeignAllocation`]), never corrupts the index.
+/// ([`PlacementError::ForeignAllocation`]), never corrupts the index.
 #[derive(Debug, PartialEq, Eq, Hash)]
 #[must_use = "an allocation that is dropped can never be freed"]
 pub struct Allocation {
@@ -323,7 +342,7 @@ impl FreeIndex {
     ///
     /// # Errors
     ///
-    /// [`Error::ForeignAllocation`] for an allocation that another index
+    /// [`PlacementError::ForeignAllocation`] for an allocation that another index
     /// made, or this one before its last [`rebuild`](Self::rebuild); the
     /// index is unchanged then.
     pub fn free(&mut self, a: Allocation) -> Result<()> {
@@ -333,7 +352,7 @@ impl FreeIndex {
                 .get(a.node as usize)
                 .is_some_and(|n| n.bin_prev == USED && n.offset == a.offset && n.size == a.size);
         if !owned {
-            return Err(Error::ForeignAllocation { offset: a.offset });
+            return Err(PlacementError::ForeignAllocation { offset: a.offset });
         }
         self.free_node(a.node);
         Ok(())
@@ -470,11 +489,11 @@ impl FreeIndex {
     /// are the used blocks and the space between them is free. Clears `out`
     /// and pushes each block's new [`Allocation`], in the order of `used`.
     /// Every allocation made before is void afterwards (freeing one is
-    /// [`Error::ForeignAllocation`]). O(n); reuses the index's allocations.
+    /// [`PlacementError::ForeignAllocation`]). O(n); reuses the index's allocations.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidLayout`], leaving the index (and `out`) unchanged,
+    /// [`PlacementError::InvalidLayout`], leaving the index (and `out`) unchanged,
     /// unless the blocks ascend, do not overlap, lie in `[0, capacity)` and
     /// have sizes > 0, and there are few enough to name (below ~2^31).
     pub fn rebuild(&mut self, used: &[(u64, u64)], out: &mut Vec<Allocation>) -> Result<()> {
@@ -533,7 +552,7 @@ impl FreeIndex {
 
     /// The checks of [`rebuild`](Self::rebuild).
     fn check_layout(&self, used: &[(u64, u64)]) -> Result<()> {
-        let invalid = |reason: String| Err(Error::InvalidLayout { reason });
+        let invalid = |reason: String| Err(PlacementError::InvalidLayout { reason });
         if used.len() >= MAX_NODES / 2 {
             return invalid(format!(
                 "{} blocks exceed the index's node id space ({} blocks)",

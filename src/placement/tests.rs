@@ -507,14 +507,20 @@ fn foreign_and_stale_allocations_are_refused() {
     // Same offset, same slot, another index: refused, `b` unchanged.
     assert_eq!((x.offset(), x.slot()), (y.offset(), y.slot()));
     let before = b.report();
-    assert_eq!(b.free(x), Err(Error::ForeignAllocation { offset: 0 }));
+    assert_eq!(
+        b.free(x),
+        Err(PlacementError::ForeignAllocation { offset: 0 })
+    );
     assert_eq!(b.report(), before);
     check(&b);
     // An allocation made before a rebuild is void after it.
     let mut out = Vec::new();
     b.rebuild(&[(0, 100)], &mut out).expect("valid layout");
     let before = b.report();
-    assert!(matches!(b.free(y), Err(Error::ForeignAllocation { .. })));
+    assert!(matches!(
+        b.free(y),
+        Err(PlacementError::ForeignAllocation { .. })
+    ));
     assert_eq!(b.report(), before);
     check(&b);
     let fresh = out.pop().expect("one block");
@@ -540,7 +546,7 @@ fn invalid_rebuild_layouts_change_nothing() {
         assert!(
             matches!(
                 index.rebuild(bad, &mut out),
-                Err(Error::InvalidLayout { .. })
+                Err(PlacementError::InvalidLayout { .. })
             ),
             "{bad:?}"
         );

@@ -43,7 +43,36 @@ pub(crate) mod relayout;
 
 use smallvec::SmallVec;
 
-use crate::error::{Error, Result};
+use crate::error::Error;
+
+/// What the planner's checks refuse: a plan that breaks the wave rule, or
+/// a layout of live blocks that breaks the planner's rules (its own
+/// input). A public plan's failures are [`Error::InvalidInput`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PlanError {
+    /// A plan that breaks the wave rule or leaves an invalid layout.
+    #[error("invalid plan: {0}")]
+    Plan(String),
+    /// Live blocks out of order, overlapping, empty, misaligned or out of
+    /// bounds.
+    #[error("invalid layout: {0}")]
+    Layout(String),
+}
+
+impl From<PlanError> for Error {
+    fn from(e: PlanError) -> Self {
+        match e {
+            PlanError::Plan(reason) => Error::InvalidInput {
+                input: "plan",
+                reason,
+            },
+            PlanError::Layout(reason) => Error::InvalidInput {
+                input: "layout of live blocks",
+                reason,
+            },
+        }
+    }
+}
 
 /// One relocation: `len` bytes of one block from `src` to `dst` (offsets in
 /// the arena's region). `key` names the block; the planner carries it
@@ -165,8 +194,15 @@ impl Plan {
     }
 
     /// Checks rules 1–3 of the wave rule and that every range lies within
-    /// `capacity_bytes`. Rule 4 needs the live set; the arena checks it.
-    pub fn validate(&self, capacity_bytes: u64) -> Result<()> {
+    /// `capacity_bytes`: [`Error::InvalidInput`] (`input: "plan"`) naming
+    /// the rule and the moves otherwise. Rule 4 needs the live set; the
+    /// arena checks it.
+    pub fn validate(&self, capacity_bytes: u64) -> Result<(), Error> {
+        Ok(self.check(capacity_bytes)?)
+    }
+
+    /// [`validate`](Self::validate), with the planner's error.
+    pub(crate) fn check(&self, capacity_bytes: u64) -> Result<(), PlanError> {
         for (w, wave) in self.waves.iter().enumerate() {
             validate_wave(w, wave, capacity_bytes)?;
         }
@@ -184,22 +220,23 @@ impl Plan {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidLayout`] for bad input, [`Error::InvalidPlan`] for
-    /// a plan that breaks a rule.
+    /// [`PlanError::Layout`] for bad input, [`PlanError::Plan`] for a
+    /// plan that breaks a rule.
     pub(crate) fn validate_against(
         &self,
         live: &[planner::LiveBlock],
         capacity_bytes: u64,
-    ) -> Result<()> {
+    ) -> Result<(), PlanError> {
         planner::check_live(live, capacity_bytes)?;
-        self.validate(capacity_bytes)?;
+        self.check(capacity_bytes)?;
         let mut by_key: Vec<(u64, usize)> =
             live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
         by_key.sort_unstable();
         if let Some(w) = by_key.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(Error::InvalidLayout {
-                reason: format!("two live blocks share key {}", w[0].0),
-            });
+            return Err(PlanError::Layout(format!(
+                "two live blocks share key {}",
+                w[0].0
+            )));
         }
         let mut at: Vec<u64> = live.iter().map(|l| l.offset).collect();
         let mut layout: Vec<(u64, u64)> = Vec::with_capacity(live.len());
@@ -239,11 +276,11 @@ impl Plan {
     }
 }
 
-fn invalid(reason: String) -> Error {
-    Error::InvalidPlan { reason }
+fn invalid(reason: String) -> PlanError {
+    PlanError::Plan(reason)
 }
 
-fn validate_wave(w: usize, wave: &Wave, capacity_bytes: u64) -> Result<()> {
+fn validate_wave(w: usize, wave: &Wave, capacity_bytes: u64) -> Result<(), PlanError> {
     let moves = &wave.moves;
     for (i, m) in moves.iter().enumerate() {
         let in_bounds = |start: u64| {
@@ -331,19 +368,28 @@ pub(crate) mod tests {
     #[test]
     fn writing_over_a_later_source_is_rejected() {
         let p = plan(vec![mv(0, 150, 100), mv(200, 300, 100)]);
-        assert!(matches!(p.validate(1000), Err(Error::InvalidPlan { .. })));
+        assert!(matches!(
+            p.validate(1000),
+            Err(Error::InvalidInput { input: "plan", .. })
+        ));
     }
 
     #[test]
     fn overlapping_destinations_are_rejected() {
         let p = plan(vec![mv(0, 500, 100), mv(200, 550, 100)]);
-        assert!(matches!(p.validate(1000), Err(Error::InvalidPlan { .. })));
+        assert!(matches!(
+            p.validate(1000),
+            Err(Error::InvalidInput { input: "plan", .. })
+        ));
     }
 
     #[test]
     fn sliding_up_over_itself_is_rejected() {
         let p = plan(vec![mv(0, 10, 100)]);
-        assert!(matches!(p.validate(1000), Err(Error::InvalidPlan { .. })));
+        assert!(matches!(
+            p.validate(1000),
+            Err(Error::InvalidInput { input: "plan", .. })
+        ));
     }
 
     #[test]
@@ -379,7 +425,7 @@ pub(crate) mod tests {
         assert_eq!(p.validate(1000), Ok(()));
         assert!(matches!(
             p.validate_against(&blocks, 1000),
-            Err(Error::InvalidPlan { .. })
+            Err(PlanError::Plan(_))
         ));
         assert_eq!(
             plan(vec![mv(0, 150, 100)]).validate_against(&blocks, 1000),
@@ -402,7 +448,7 @@ pub(crate) mod tests {
         let overlapping = [live(0, 0, 100, false), live(50, 50, 100, false)];
         assert!(matches!(
             Plan::empty(PlanKind::Full).validate_against(&overlapping, 1000),
-            Err(Error::InvalidLayout { .. })
+            Err(PlanError::Layout(_))
         ));
     }
 }

@@ -3,6 +3,7 @@
 
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::plan::{Move, Plan, PlanKind};
+use cuarena::BackendError;
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, BlockInfo, CompactionPolicy, Error, Result};
 
@@ -62,15 +63,13 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
             ..
         })
     ));
-    assert!(matches!(
-        a.alloc(u64::MAX - 3),
-        Err(Error::SizeOverflow { .. })
-    ));
+    assert!(matches!(a.alloc(u64::MAX - 3), Err(Error::TooLarge { .. })));
     assert!(matches!(
         a.alloc_dtype(DType::U64, u64::MAX / 4),
-        Err(Error::ElemCountOverflow {
-            numel: 4_611_686_018_427_387_903,
-            elem_bytes: 8
+        Err(Error::LimitReached {
+            requested: 4_611_686_018_427_387_903,
+            limit: 2_305_843_009_213_693_951,
+            ..
         })
     ));
     assert_eq!(
@@ -82,26 +81,28 @@ fn bad_input_gets_its_own_error_and_changes_nothing() {
     assert_eq!(
         a.read_into(h, &mut short),
         Err(Error::LengthMismatch {
-            block_bytes: 1000,
-            slice_bytes: 999
+            range_bytes: 1000,
+            given_bytes: 999
         })
     );
     assert!(matches!(a.read::<u32>(t), Err(Error::TypeMismatch { .. })));
     assert!(matches!(
         a.read::<u64>(odd),
-        Err(Error::NotWholeElements {
-            block_bytes: 1001,
+        Err(Error::Misaligned {
+            offset_bytes: 0,
+            len_bytes: 1001,
+            elem_type: "u64",
             elem_bytes: 8
         })
     ));
-    assert_eq!(a.unpin(h), Err(Error::NotPinned));
+    assert_eq!(a.unpin(h), Err(Error::Pinned { pins: 0 }));
     a.pin(h).expect("pin");
     assert_eq!(a.free(h), Err(Error::Pinned { pins: 1 }));
     a.unpin(h).expect("unpin");
 
     let mut other = arena(4 * KIB);
     let foreign = other.alloc(16).expect("alloc");
-    assert!(matches!(a.free(foreign), Err(Error::ForeignHandle { .. })));
+    assert!(matches!(a.free(foreign), Err(Error::Foreign { .. })));
     assert_eq!(state(&a), before);
     assert_eq!(a.stats().allocs, stats.allocs);
     assert_eq!(a.stats().free_bytes, stats.free_bytes);
@@ -276,7 +277,7 @@ fn a_wrong_plan_is_caught_by_the_host_backend() {
     let mut strict = HostBackend::new(cap).expect("backend");
     assert!(matches!(
         strict.execute(&plan),
-        Err(Error::InvalidPlan { .. })
+        Err(Error::InvalidInput { input: "plan", .. })
     ));
     // Without validation the interleaved schedule corrupts move 1's bytes.
     let mut corrupted = 0;
@@ -333,10 +334,11 @@ impl Backend for Failing {
         self.0.fill(o, n, p)
     }
     fn execute(&mut self, _: &Plan) -> Result<()> {
-        Err(Error::Driver {
+        Err(Error::Backend(BackendError::Driver {
             call: "test",
-            source: cuarena::DriverError::new(999, "injected"),
-        })
+            code: 999,
+            name: "injected".into(),
+        }))
     }
 }
 
@@ -349,7 +351,10 @@ fn a_failed_compaction_poisons_the_arena() {
     )
     .expect("arena");
     fragment(&mut a, 16, 4 * KIB);
-    assert!(matches!(a.alloc(16 * KIB), Err(Error::Driver { .. })));
+    assert!(matches!(
+        a.alloc(16 * KIB),
+        Err(Error::Backend(BackendError::Driver { .. }))
+    ));
     assert!(matches!(a.alloc(256), Err(Error::Poisoned { .. })));
     assert!(matches!(a.compact(), Err(Error::Poisoned { .. })));
 }
@@ -358,7 +363,10 @@ fn a_failed_compaction_poisons_the_arena() {
 fn config_is_validated() {
     assert!(matches!(
         Arena::host(ArenaConfig::new(1000)),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::InvalidInput {
+            input: "config",
+            ..
+        })
     ));
     assert!(matches!(
         Arena::host(ArenaConfig::new(4096).with_alignment_bytes(100)),
@@ -366,7 +374,10 @@ fn config_is_validated() {
     ));
     assert!(matches!(
         Arena::host(ArenaConfig::new(0)),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::InvalidInput {
+            input: "config",
+            ..
+        })
     ));
 }
 
@@ -379,7 +390,8 @@ fn dedicated_errors_name_what_was_asked() {
     );
     assert!(matches!(
         r,
-        Err(Error::NoHostTier { requested_bytes }) if requested_bytes == 8 * KIB
+        Err(Error::HostTierFull { requested_bytes, host_tier_bytes: 0, .. })
+            if requested_bytes == 8 * KIB
     ));
     // A backend smaller than the config.
     let r = Arena::with_backend(
@@ -388,9 +400,9 @@ fn dedicated_errors_name_what_was_asked() {
     );
     assert_eq!(
         r.err(),
-        Some(Error::BackendTooSmall {
-            backend_bytes: 4 * KIB,
-            capacity_bytes: 8 * KIB
+        Some(Error::InvalidInput {
+            input: "backend",
+            reason: "its region of 4096 B is smaller than the configured capacity of 8192 B".into()
         })
     );
 }

@@ -202,7 +202,7 @@ fn evict_overwrite_restore<B: Backend>(
     // Both at once cannot fit: nothing is lost.
     assert!(matches!(
         a.make_resident(&[x, y]),
-        Err(Error::WorkingSetTooLarge { .. })
+        Err(Error::OutOfMemory { .. })
     ));
     a.free(x).expect("free x");
     a.make_resident(&[y]).expect("y");

@@ -8,6 +8,7 @@
 mod abi;
 mod arena;
 mod bound;
+mod errors;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]

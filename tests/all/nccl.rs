@@ -14,6 +14,7 @@ use cuarena::backend::cuda::nccl::{self, Communicator, ReduceOp, UniqueId};
 use cuarena::Error;
 
 use crate::gpu_skip::gpu_available;
+use cuarena::BackendError;
 use cuarena::DType;
 
 /// GPUs visible, or `None` (after printing why) when NCCL tests cannot run.
@@ -160,7 +161,10 @@ fn collectives_on_plain_buffers_are_exact_on_every_visible_device() {
     }
     assert!(matches!(
         comms[0].broadcast(&mut rx[0], n),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::InvalidInput {
+            input: "config",
+            ..
+        })
     ));
     // Lengths that do not match are errors before anything is enqueued.
     let short = comms[0]
@@ -188,7 +192,7 @@ fn a_rank_whose_peer_never_joins_fails_within_its_timeout() {
     let r = Communicator::init_with_timeout(stream, id, 0, 2, timeout);
     let waited = t0.elapsed();
     match r {
-        Err(Error::Nccl { reason, .. }) => {
+        Err(Error::Backend(BackendError::Nccl { reason, .. })) => {
             println!("rank 0 alone: {reason} after {waited:?}");
             assert!(waited < timeout + Duration::from_secs(10), "{waited:?}");
         }
@@ -330,7 +334,9 @@ fn rank_that_dies_or_survives(rank: usize, id: UniqueId) {
     let r = enqueued.and_then(|()| comm.synchronize());
     let waited = t0.elapsed();
     match &r {
-        Err(Error::Nccl { reason, .. }) => println!("rank 0: {reason} after {waited:?}"),
+        Err(Error::Backend(BackendError::Nccl { reason, .. })) => {
+            println!("rank 0: {reason} after {waited:?}")
+        }
         other => panic!("rank 0: expected an NCCL error, got {other:?}"),
     }
     assert!(comm.is_aborted());

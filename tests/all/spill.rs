@@ -30,7 +30,7 @@ pub(crate) fn run_spill_program<B: Backend>(
                         arena.write(h, &data).expect("write");
                         live.push((h, data, 0));
                     }
-                    Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {}
+                    Err(Error::HostTierFull { .. } | Error::OutOfMemory { .. }) => {}
                     Err(e) => panic!("step {step}: {e}"),
                 }
             }
@@ -50,7 +50,7 @@ pub(crate) fn run_spill_program<B: Backend>(
                         got == live[i].1,
                         "step {step}: a spilled block lost its bytes"
                     ),
-                    Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {}
+                    Err(Error::HostTierFull { .. } | Error::OutOfMemory { .. }) => {}
                     Err(e) => panic!("step {step}: {e}"),
                 }
             }
@@ -62,7 +62,7 @@ pub(crate) fn run_spill_program<B: Backend>(
                 } else if live.iter().filter(|l| l.2 > 0).count() < 2 {
                     match arena.pin(live[i].0) {
                         Ok(_) => live[i].2 += 1,
-                        Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {}
+                        Err(Error::HostTierFull { .. } | Error::OutOfMemory { .. }) => {}
                         Err(e) => panic!("step {step}: {e}"),
                     }
                 }
@@ -79,7 +79,7 @@ pub(crate) fn run_spill_program<B: Backend>(
                         assert!(arena.info(live[i].0).expect("info").resident, "step {step}");
                         assert!(arena.info(live[j].0).expect("info").resident, "step {step}");
                     }
-                    Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {
+                    Err(Error::HostTierFull { .. } | Error::OutOfMemory { .. }) => {
                         let mut after = arena.stats();
                         after.failed_allocs = before.1.failed_allocs;
                         assert_eq!((arena.blocks(), after), before, "step {step}");
@@ -149,11 +149,12 @@ fn spilled_handles_stay_valid_and_views_need_residency() {
     assert!(a.resolve(y).is_ok());
     // Both at once cannot fit: the error says so and loses nothing.
     match a.make_resident(&[x, y]) {
-        Err(Error::WorkingSetTooLarge {
-            needed_bytes,
+        Err(Error::OutOfMemory {
+            requested_bytes,
             reachable_bytes,
+            ..
         }) => {
-            assert!(needed_bytes > reachable_bytes);
+            assert!(requested_bytes > reachable_bytes);
         }
         other => panic!("{other:?}"),
     }
@@ -186,10 +187,7 @@ fn a_full_host_tier_is_reported_with_its_numbers() {
     let mut b = Arena::host(ArenaConfig::new(cap).with_spill_host_bytes(cap)).expect("arena");
     let p = b.alloc(40 << 10).expect("p");
     b.pin(p).expect("pin");
-    assert!(matches!(
-        b.alloc(40 << 10),
-        Err(Error::WorkingSetTooLarge { .. })
-    ));
+    assert!(matches!(b.alloc(40 << 10), Err(Error::OutOfMemory { .. })));
 }
 
 /// Residency of every block, in handle order: what a failed call must leave
@@ -265,9 +263,10 @@ fn working_set_too_large_evicts_nothing() {
     let before = residency(&a, &hs);
     assert!(matches!(
         a.alloc(768),
-        Err(Error::WorkingSetTooLarge {
-            needed_bytes: 1280,
-            reachable_bytes: 512
+        Err(Error::OutOfMemory {
+            requested_bytes: 1280,
+            reachable_bytes: 512,
+            ..
         })
     ));
     assert_eq!(residency(&a, &hs), before);
@@ -352,7 +351,7 @@ fn failed_spilling_allocs_change_nothing_in_random_programs() {
                     a.write(h, &data).expect("write");
                     live.push((h, data));
                 }
-                Err(Error::HostTierFull { .. } | Error::WorkingSetTooLarge { .. }) => {
+                Err(Error::HostTierFull { .. } | Error::OutOfMemory { .. }) => {
                     failures += 1;
                     assert_eq!(residency(&a, &hs), before, "seed {seed} step {step}");
                     assert_eq!(a.stats().evictions, ev);
@@ -389,10 +388,7 @@ fn a_failing_copy_between_spilled_blocks_changes_nothing() {
     a.write(z, &vec![3u8; 40 << 10]).expect("write z");
     assert!(!a.info(x).expect("x").resident && !a.info(y).expect("y").resident);
     let before = (a.blocks(), a.stats());
-    assert!(matches!(
-        a.copy(x, y),
-        Err(Error::WorkingSetTooLarge { .. })
-    ));
+    assert!(matches!(a.copy(x, y), Err(Error::OutOfMemory { .. })));
     // The same state; only the failure is counted.
     let mut after = a.stats();
     after.failed_allocs -= 1;

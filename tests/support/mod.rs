@@ -111,12 +111,9 @@ mod cuda {
         Some(usize::try_from(reps).unwrap_or(usize::MAX).max(1))
     }
 
-    /// [`Error::Driver`] naming `call`.
+    /// A driver error naming `call`.
     pub fn driver_err(call: &'static str) -> impl Fn(DriverError) -> Error {
-        move |e| Error::Driver {
-            call,
-            source: e.into(),
-        }
+        move |e| Error::from(cuarena::BackendError::driver(call, e))
     }
 
     /// `source` (which may include `cuarena.cuh`) compiled for `backend`'s

@@ -21,7 +21,7 @@ use crate::stream::StreamId;
 /// [`Arena::kernel_args`](crate::Arena::kernel_args). Each [`input`](KernelArgs::input) and
 /// [`output`](KernelArgs::output) checks its range (alive, this arena's,
 /// in bounds, element type, alignment), refuses outputs that alias
-/// ([`Error::AliasedViews`]), records the block as used on the stream and
+/// ([`Error::Overlap`]), records the block as used on the stream and
 /// returns a view that borrows the arena: no compaction, allocation, free
 /// or spill can happen until every view is dropped. Taken from `&Arena`,
 /// so threads sharing an arena take theirs at once under its shared lock.
@@ -111,11 +111,11 @@ impl<'a> KernelArgs<'a> {
         let Some(at) = b.real_offset() else {
             return Err(Error::NotResident);
         };
-        let n = usize::try_from(len / T::DTYPE.size_bytes()).map_err(|_| {
-            Error::ExceedsAddressSpace {
-                requested_bytes: len,
-                max_bytes: usize::MAX as u64,
-            }
+        let n = len / T::DTYPE.size_bytes();
+        let n = usize::try_from(n).map_err(|_| Error::LimitReached {
+            what: "elements of one view (usize)",
+            requested: n,
+            limit: usize::MAX as u64,
         })?;
         Ok((Some(handle.key), at + offset, n))
     }
@@ -168,8 +168,8 @@ impl<'a> KernelArgs<'a> {
     /// A read-only view of the bytes `r` names (a block, a storage, a slice
     /// of one) as `T`s. [`Error::TypeMismatch`] unless `T` is the range's
     /// dtype (or it is untyped; reinterpret a range with `as_dtype`),
-    /// [`Error::NotWholeElements`], [`Error::MisalignedView`],
-    /// [`Error::AliasedViews`] over an earlier output,
+    /// [`Error::Misaligned`], [`Error::Misaligned`],
+    /// [`Error::Overlap`] over an earlier output,
     /// [`Error::NotResident`] for a spilled block (call
     /// [`Arena::make_resident`](crate::Arena::make_resident) before taking the arguments). An empty
     /// storage gives a view of no elements.
@@ -181,7 +181,7 @@ impl<'a> KernelArgs<'a> {
     }
 
     /// A mutable view of the bytes `r` names as `T`s (the checks of
-    /// [`input`](KernelArgs::input)); [`Error::AliasedViews`] when it
+    /// [`input`](KernelArgs::input)); [`Error::Overlap`] when it
     /// overlaps any view taken before from these arguments.
     pub fn output<T: Element>(&mut self, r: impl AsRange) -> Result<ArenaViewMut<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;

@@ -83,7 +83,7 @@ pub use crate::backend::cuda::launch::{
 };
 use crate::backend::cuda::{driver_err, CudaBackend};
 use crate::backend::Backend as _;
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::handle::Handle;
 use crate::stream::StreamId;
 
@@ -106,9 +106,10 @@ fn current_args(arena: &Arena<CudaBackend>) -> Result<HandleArgs> {
     Ok(HandleArgs {
         base: arena.backend().region_ptr(),
         table: arena.backend().table_ptr(),
-        slots: u32::try_from(slots).map_err(|_| Error::TableOverflow {
-            requested_slots: slots as u64,
-            max_slots: u64::from(u32::MAX),
+        slots: u32::try_from(slots).map_err(|_| Error::LimitReached {
+            what: "handle table slots a kernel can address",
+            requested: slots as u64,
+            limit: u64::from(u32::MAX),
         })?,
         pad: 0,
     })
@@ -347,7 +348,7 @@ impl ArenaGraph {
         recorded?;
         let graph = ended
             .map_err(driver_err("cuStreamEndCapture / cuGraphInstantiate"))?
-            .ok_or(Error::EmptyCapture)?;
+            .ok_or(Error::Backend(BackendError::EmptyCapture))?;
         Ok(Self {
             graph,
             arena_id: arena.id(),
@@ -367,8 +368,9 @@ impl ArenaGraph {
     /// [`reserve_handle_table`] and capture again).
     pub fn launch(&self, arena: &mut Arena<CudaBackend>) -> Result<()> {
         if arena.id() != self.arena_id {
-            return Err(Error::ForeignHandle {
-                handle_arena: self.arena_id,
+            return Err(Error::Foreign {
+                kind: "handle",
+                owner: self.arena_id,
                 arena: arena.id(),
             });
         }

@@ -76,7 +76,7 @@
 //! never lets a tile wait for a later one (so a bad plan cannot hang the
 //! GPU), and over a whole wave of several chunks by `cuarena_check`. A
 //! violation, or a wait that the watchdog gave up on (the tile then stores
-//! nothing), is reported as [`Error::DeviceFault`] at the next
+//! nothing), is reported as [`BackendError::DeviceFault`] at the next
 //! synchronisation point ([`Backend::read`](crate::backend::Backend::read), [`CudaBackend::synchronize`]),
 //! or at the next call when the GPU has already finished, and at every
 //! check after that: faults are sticky (the arena poisons itself). Rules 2 and 4 are
@@ -127,27 +127,17 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DriverError};
 
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::handle::TableEntry;
 
 use buffers::DeviceBuf;
 use kernels::KernelSet;
 use scratch::{Scratch, CTL_WORDS};
 
-/// Maps a cudarc driver error to [`Error::Driver`] naming `call`, keeping
-/// the driver's result code.
+/// Maps a cudarc driver error to [`BackendError::Driver`] naming `call`,
+/// keeping the driver's result code.
 pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> Error {
-    move |e| Error::Driver {
-        call,
-        source: e.into(),
-    }
-}
-
-impl From<DriverError> for crate::error::DriverError {
-    /// Keeps the `CUresult` code and its name (no driver call needed).
-    fn from(e: DriverError) -> Self {
-        crate::error::DriverError::new(e.0 as u32, format!("{:?}", e.0))
-    }
+    move |e| BackendError::driver(call, e).into()
 }
 
 /// What [`Backend::execute`](crate::backend::Backend::execute) and
@@ -276,12 +266,12 @@ impl CudaBackend {
         options: CudaOptions,
     ) -> Result<Self> {
         options.validate()?;
-        Self::available().map_err(|reason| Error::NoDevice { reason })?;
+        Self::available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
         let count = result::device::get_count().map_err(driver_err("cuDeviceGetCount"))?;
         if ordinal >= usize::try_from(count).unwrap_or(0) {
-            return Err(Error::NoDevice {
+            return Err(Error::Backend(BackendError::NoDevice {
                 reason: format!("device ordinal {ordinal} requested, {count} present"),
-            });
+            }));
         }
         let ctx = CudaContext::new(ordinal).map_err(driver_err("cuDevicePrimaryCtxRetain"))?;
         let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
@@ -310,7 +300,8 @@ impl CudaBackend {
             } => {
                 let in_range = fraction > 0.0 && fraction <= 1.0; // false for NaN
                 if !in_range || !multiple_of_bytes.is_power_of_two() {
-                    return Err(Error::InvalidConfig {
+                    return Err(Error::InvalidInput {
+                        input: "CUDA capacity",
                         reason: format!(
                             "free fraction {fraction} must be in (0, 1] and {multiple_of_bytes} a power of two"
                         ),
@@ -320,17 +311,20 @@ impl CudaBackend {
                 let bytes = (free as f64 * fraction) as u64;
                 let rounded = bytes / multiple_of_bytes * multiple_of_bytes;
                 if rounded == 0 {
-                    return Err(Error::EmptyRegion {
-                        requested_bytes: bytes,
-                        free_device_bytes: free as u64,
-                        multiple_of_bytes,
+                    return Err(Error::InvalidInput {
+                        input: "CUDA capacity",
+                        reason: format!(
+                            "a region of {bytes} B (of {free} B free on the device, rounded down \
+                             to a multiple of {multiple_of_bytes} B) holds nothing"
+                        ),
                     });
                 }
                 rounded
             }
         };
         if capacity_bytes == 0 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
+                input: "CUDA capacity",
                 reason: "the CUDA region must hold at least one byte (CudaCapacity::Bytes(0))"
                     .to_string(),
             });
@@ -347,9 +341,10 @@ impl CudaBackend {
             .checked_add(16)
             .map(|b| b.next_multiple_of(256))
             .and_then(|b| usize::try_from(b).ok())
-            .ok_or(Error::ExceedsAddressSpace {
-                requested_bytes: capacity_bytes,
-                max_bytes: usize::MAX as u64 - 271,
+            .ok_or(Error::LimitReached {
+                what: "bytes of a CUDA region (this machine's address space)",
+                requested: capacity_bytes,
+                limit: usize::MAX as u64 - 271,
             })?;
         // SAFETY: a plain allocation in the context bound by
         // CudaContext::new; its bytes are uninitialised, which the arena
@@ -514,9 +509,10 @@ impl CudaBackend {
         let entry = std::mem::size_of::<TableEntry>();
         let need = slots
             .checked_mul(entry)
-            .ok_or_else(|| Error::TableOverflow {
-                requested_slots: slots as u64,
-                max_slots: (usize::MAX / entry) as u64,
+            .ok_or_else(|| Error::LimitReached {
+                what: "handle table slots (this machine's address space)",
+                requested: slots as u64,
+                limit: (usize::MAX / entry) as u64,
             })?;
         let old_bytes = self.scratch.table.bytes;
         if old_bytes < need {

@@ -13,7 +13,7 @@ use super::pool::Pool;
 use super::scratch::Staging;
 use super::wave::WaveArgs;
 use super::{driver_err, stage, CudaBackend, CTL_WORDS};
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::plan::Plan;
 
 /// Bit of the kernels' error word (`kernels/moves.h`) for a wait that timed
@@ -105,19 +105,19 @@ impl CudaBackend {
             return Ok(());
         }
         if bits & ERR_TIMEOUT != 0 {
-            return Err(Error::DeviceFault {
+            return Err(Error::Backend(BackendError::DeviceFault {
                 reason: format!(
                     "the move kernel's watchdog fired: a tile waited too long for an earlier \
                      tile (error bits {bits:#x}); the region's contents are undefined"
                 ),
-            });
+            }));
         }
-        Err(Error::DeviceFault {
+        Err(Error::Backend(BackendError::DeviceFault {
             reason: format!(
                 "the move kernel found a destination over the source of a later move in its \
                  wave (rule 3 of the plan; error bits {bits:#x}); the region's contents are undefined"
             ),
-        })
+        }))
     }
 
     /// Orders the arena stream after everything enqueued on the upload

@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::nvrtc::{result as nvrtc, sys, Ptx};
 
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 
 /// The device header of kernels that take handles, `cuarena.cuh`: the
 /// handle table's entry and argument (`CuarenaEntry`, `CuarenaTable`, the
@@ -140,9 +140,11 @@ fn compile_cubin(
     headers: &[Header],
     options: &[String],
 ) -> Result<Vec<u8>> {
-    let fail = |log: String| Error::Nvrtc {
-        source_name: name,
-        log,
+    let fail = |log: String| {
+        Error::Backend(BackendError::Nvrtc {
+            source_name: name,
+            log,
+        })
     };
     let c = |text: &str, what: &str| {
         CString::new(text).map_err(|_| fail(format!("{what} holds a NUL byte")))
@@ -227,7 +229,9 @@ mod tests {
         // SAFETY: only tries to open the NVRTC library.
         if !unsafe { sys::is_culib_present() } {
             match compile("k.cu", "", "sm_80", &[]) {
-                Err(Error::Nvrtc { log, .. }) => assert!(log.contains("no NVRTC"), "{log}"),
+                Err(Error::Backend(BackendError::Nvrtc { log, .. })) => {
+                    assert!(log.contains("no NVRTC"), "{log}")
+                }
                 other => panic!("{other:?}"),
             }
             return;
@@ -248,7 +252,7 @@ mod tests {
             &["-arch=sm_80".into()],
         );
         match missing {
-            Err(Error::Nvrtc { source_name, log }) => {
+            Err(Error::Backend(BackendError::Nvrtc { source_name, log })) => {
                 assert_eq!(source_name, "m.cu");
                 assert!(log.contains("nope.cuh"), "{log}");
             }

@@ -191,7 +191,8 @@ impl CudaOptions {
         if ok {
             Ok(())
         } else {
-            Err(Error::InvalidConfig {
+            Err(Error::InvalidInput {
+                input: "config",
                 reason: format!(
                     "CUDA kernel options out of range: {self:?} (threads_per_cta a power of two \
                      in 32..=1024, vectors_per_thread a power of two in 1..=16, ctas_per_sm >= 1, \
@@ -234,7 +235,10 @@ mod tests {
         }
         for bad in [1, MAX_BULK_STAGES + 1, u32::MAX] {
             match base.with_bulk_stages(bad).validate() {
-                Err(Error::InvalidConfig { reason }) => {
+                Err(Error::InvalidInput {
+                    input: "config",
+                    reason,
+                }) => {
                     assert!(reason.contains("bulk_stages"), "{reason}")
                 }
                 other => panic!("{bad} stages: {other:?}"),

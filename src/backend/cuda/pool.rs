@@ -301,7 +301,8 @@ mod tests {
         w.record(&mut b, 10);
         pool.put_busy(b);
         let r = pool.take(8, |_| {
-            Err(Error::InvalidConfig {
+            Err(Error::InvalidInput {
+                input: "config",
                 reason: "no memory".to_owned(),
             })
         });

@@ -140,7 +140,8 @@ pub(crate) fn wave_offsets(plan: &Plan) -> (Vec<usize>, usize) {
 pub(crate) fn wave_records(words: &mut [u64], n: usize) -> Result<&mut [MoveRec]> {
     let have = words.len();
     let recs: &mut [MoveRec] = bytemuck::cast_slice_mut(&mut words[..have / REC_WORDS * REC_WORDS]);
-    recs.get_mut(..n).ok_or_else(|| Error::InvalidPlan {
+    recs.get_mut(..n).ok_or_else(|| Error::InvalidInput {
+        input: "plan",
         reason: format!("internal: staging area of {have} words for {n} moves"),
     })
 }
@@ -278,7 +279,8 @@ pub(crate) fn stage_for_kernel(
 fn check_tiles(w: usize, start: usize, tiles: u64, tile_shift: u32) -> Result<u32> {
     match u32::try_from(tiles) {
         Ok(t) if tiles <= MAX_CHUNK_TILES => Ok(t),
-        _ => Err(Error::InvalidPlan {
+        _ => Err(Error::InvalidInput {
+            input: "plan",
             reason: format!(
                 "wave {w}: moves {start}.. hold more than {MAX_CHUNK_TILES} tiles of {} B; \
                  split the wave",
@@ -303,12 +305,14 @@ fn first_error(
             return e;
         }
         if m.len == 0 {
-            return Error::InvalidPlan {
+            return Error::InvalidInput {
+                input: "plan",
                 reason: format!("wave {w} move {} is empty", start + k),
             };
         }
         if prev_end.is_some_and(|e| e > m.src) {
-            return Error::InvalidPlan {
+            return Error::InvalidInput {
+                input: "plan",
                 reason: format!(
                     "wave {w}: move {} source is not after the previous move's source \
                      (sources must ascend and be disjoint)",
@@ -318,7 +322,8 @@ fn first_error(
         }
         prev_end = Some(m.src + m.len);
     }
-    Error::InvalidPlan {
+    Error::InvalidInput {
+        input: "plan",
         reason: format!("internal: wave {w}: a move from {start} was flagged but passes"),
     }
 }
@@ -409,14 +414,17 @@ mod tests {
                 large
             })
         };
-        assert!(matches!(stage(recs, None), Err(Error::InvalidPlan { .. })));
+        assert!(matches!(
+            stage(recs, None),
+            Err(Error::InvalidInput { input: "plan", .. })
+        ));
         let (staged, tiles, large) = stage(recs, Some(16)).expect("fits the large tiles");
         assert_eq!((staged.tiles, tiles, large), (1 << 31, 1 << 31, true));
         // A large kernel with the primary's tiles (no large shape
         // compiled): no retile, and the limit still holds.
         assert!(matches!(
             stage(recs, Some(15)),
-            Err(Error::InvalidPlan { .. })
+            Err(Error::InvalidInput { input: "plan", .. })
         ));
     }
 
@@ -486,7 +494,7 @@ mod tests {
         let unsorted = [mv(200, 0, 10), mv(100, 50, 10)];
         assert!(matches!(
             stage_wave(&unsorted, 1000, 6),
-            Err(Error::InvalidPlan { .. })
+            Err(Error::InvalidInput { input: "plan", .. })
         ));
         let outside = [mv(995, 0, 10)];
         assert!(matches!(
@@ -496,7 +504,7 @@ mod tests {
         let empty = [mv(0, 10, 0)];
         assert!(matches!(
             stage_wave(&empty, 1000, 6),
-            Err(Error::InvalidPlan { .. })
+            Err(Error::InvalidInput { input: "plan", .. })
         ));
         let overflow = [mv(0, u64::MAX - 5, 10)];
         assert!(matches!(
@@ -513,7 +521,7 @@ mod tests {
         moves[FIRST_CHUNK_MOVES].src = 0;
         assert!(matches!(
             stage_wave(&moves, 1 << 20, 6),
-            Err(Error::InvalidPlan { .. })
+            Err(Error::InvalidInput { input: "plan", .. })
         ));
     }
 

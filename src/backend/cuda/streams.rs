@@ -10,7 +10,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::{driver_err, CudaBackend};
 use crate::backend::check_stream;
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::stream::{StreamId, MAX_STREAMS};
 
 /// One registered stream and the two events that order it with the arena
@@ -55,11 +55,11 @@ impl CudaBackend {
     /// belong to the backend's context (the device's primary context, as
     /// [`CudaContext::new`](cudarc::driver::CudaContext::new) makes it):
     /// events cannot order streams of different contexts, so another
-    /// context's stream is refused with [`Error::ForeignStream`]. A stream
+    /// context's stream is refused with [`BackendError::ForeignStream`]. A stream
     /// registered already (the arena stream included) keeps its id.
     pub(super) fn register(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            return Err(Error::ForeignStream {
+            return Err(Error::Backend(BackendError::ForeignStream {
                 reason: format!(
                     "the stream belongs to context {:?} of device {}, the arena to context {:?} \
                      of device {}",
@@ -68,7 +68,7 @@ impl CudaBackend {
                     self.ctx.cu_ctx(),
                     self.ctx.ordinal()
                 ),
-            });
+            }));
         }
         if let Some(i) = self
             .streams
@@ -82,6 +82,7 @@ impl CudaBackend {
             .filter(|&n| n < MAX_STREAMS)
             .ok_or(Error::LimitReached {
                 what: "streams registered with one arena (its own included)",
+                requested: self.streams.len() as u64 + 1,
                 limit: u64::from(MAX_STREAMS),
             })?;
         let r = Registered::new(stream, &self.stream)?;

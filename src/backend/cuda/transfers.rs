@@ -26,7 +26,8 @@ impl Backend for CudaBackend {
     }
 
     /// See [`Arena::register_stream`](crate::Arena::register_stream): a
-    /// stream of another context is [`Error::ForeignStream`].
+    /// stream of another context is
+    /// [`BackendError::ForeignStream`](crate::BackendError::ForeignStream).
     fn register_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId> {
         self.register(stream)
     }
@@ -94,10 +95,7 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let n = usize::try_from(len).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: len,
-            max_bytes: usize::MAX as u64,
-        })?;
+        let n = usize::try_from(len).map_err(|_| address_space(len))?;
         self.ctx
             .bind_to_thread()
             .map_err(driver_err("cuCtxSetCurrent"))?;
@@ -110,15 +108,12 @@ impl Backend for CudaBackend {
 
     fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
         check_range(offset, len, self.capacity_bytes)?;
-        check_pattern(len, pattern)?;
+        check_pattern(offset, len, pattern)?;
         self.check_status(false)?;
         if len == 0 {
             return Ok(());
         }
-        let too_big = |_| Error::ExceedsAddressSpace {
-            requested_bytes: len,
-            max_bytes: usize::MAX as u64,
-        };
+        let too_big = |_| address_space(len);
         // The widest memset whose unit the pattern repeats in, at an
         // address aligned for it; a pattern that repeats in no unit of 4
         // bytes or less goes through `fill_staged`.
@@ -249,9 +244,10 @@ impl CudaBackend {
         }
         let slots = first
             .checked_add(entries.len())
-            .ok_or_else(|| Error::TableOverflow {
-                requested_slots: (first as u64).saturating_add(entries.len() as u64),
-                max_slots: usize::MAX as u64,
+            .ok_or_else(|| Error::LimitReached {
+                what: "handle table slots (this machine's address space)",
+                requested: (first as u64).saturating_add(entries.len() as u64),
+                limit: usize::MAX as u64,
             })?;
         self.reserve_table(slots)?;
         let bytes: &[u8] = bytemuck::cast_slice(entries);
@@ -310,5 +306,15 @@ impl CudaBackend {
             done += n as u64;
         }
         Ok(())
+    }
+}
+
+/// [`Error::LimitReached`] for a copy or fill of `len` bytes, more than
+/// one driver call takes (`usize`).
+fn address_space(len: u64) -> Error {
+    Error::LimitReached {
+        what: "bytes of one copy or fill (this machine's address space)",
+        requested: len,
+        limit: usize::MAX as u64,
     }
 }

@@ -212,7 +212,7 @@ unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<&'b ArenaViewMut<'c, T>> for Launch
 /// Makes the views of one kernel (or of any work on one stream): any number
 /// of inputs and outputs, of any element types. An output that overlaps
 /// another output or an input, or an input that overlaps an earlier output,
-/// is [`Error::AliasedViews`]; inputs may overlap each other.
+/// is [`Error::Overlap`]; inputs may overlap each other.
 ///
 /// A view set borrows the backend (through [`CudaBackend::view_set`]) and
 /// its views keep that borrow, so while any of them lives nothing can
@@ -234,6 +234,16 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
+/// [`Error::Overlap`] of an earlier view's range `first` and `second`.
+fn overlap(first: (u64, u64), second: (u64, u64)) -> Error {
+    Error::Overlap {
+        first_offset: first.0,
+        first_bytes: first.1 - first.0,
+        second_offset: second.0,
+        second_bytes: second.1 - second.0,
+    }
+}
+
 impl<'a> ViewSet<'a> {
     /// Makes the set's stream wait for the work enqueued so far on
     /// `earlier` (an event and a stream wait; nothing when they are one).
@@ -247,13 +257,13 @@ impl<'a> ViewSet<'a> {
     }
 
     /// A read-only view of `len` elements of `T` at region offset `offset`.
-    /// [`Error::OutOfBounds`] outside the region, [`Error::MisalignedView`]
-    /// at an address not aligned for `T`, [`Error::AliasedViews`] over an
-    /// output of this set (`output` is that output's index).
+    /// [`Error::OutOfBounds`] outside the region, [`Error::Misaligned`]
+    /// at an address not aligned for `T`, [`Error::Overlap`] over an
+    /// output of this set.
     pub fn input<T: Pod>(&mut self, offset: u64, len: usize) -> Result<ArenaView<'a, T>> {
         let r = self.backend.typed_bytes::<T>(offset, len)?;
-        if let Some(k) = self.outputs.iter().position(|&o| overlaps(o, r)) {
-            return Err(Error::AliasedViews { output: k });
+        if let Some(&o) = self.outputs.iter().find(|&&o| overlaps(o, r)) {
+            return Err(overlap(o, r));
         }
         self.inputs.push(r);
         Ok(ArenaView {
@@ -265,18 +275,17 @@ impl<'a> ViewSet<'a> {
     }
 
     /// A mutable view of `len` elements of `T` at region offset `offset`
-    /// (same checks as [`input`](ViewSet::input)); [`Error::AliasedViews`]
-    /// (with this output's index) when it overlaps any view of the set.
+    /// (same checks as [`input`](ViewSet::input)); [`Error::Overlap`]
+    /// when it overlaps any view of the set.
     pub fn output<T: Pod>(&mut self, offset: u64, len: usize) -> Result<ArenaViewMut<'a, T>> {
         let r = self.backend.typed_bytes::<T>(offset, len)?;
-        let k = self.outputs.len();
-        if self
+        if let Some(&p) = self
             .outputs
             .iter()
             .chain(&self.inputs)
-            .any(|&p| overlaps(p, r))
+            .find(|&&p| overlaps(p, r))
         {
-            return Err(Error::AliasedViews { output: k });
+            return Err(overlap(p, r));
         }
         self.outputs.push(r);
         Ok(ArenaViewMut {
@@ -294,17 +303,18 @@ impl CudaBackend {
     fn typed_bytes<T>(&self, offset: u64, len: usize) -> Result<(u64, u64)> {
         let size = std::mem::size_of::<T>() as u64;
         let bytes = (len as u64).checked_mul(size).ok_or(Error::OutOfBounds {
-            offset,
-            len: u64::MAX,
-            capacity_bytes: self.capacity_bytes,
+            start_bytes: offset,
+            end_bytes: u64::MAX,
+            available_bytes: self.capacity_bytes,
         })?;
         check_range(offset, bytes, self.capacity_bytes)?;
         let align = std::mem::align_of::<T>() as u64;
         if (self.region_ptr + offset) % align != 0 {
-            return Err(Error::MisalignedView {
-                offset,
-                requested_type: std::any::type_name::<T>(),
-                elem_align_bytes: align,
+            return Err(Error::Misaligned {
+                offset_bytes: offset,
+                len_bytes: bytes,
+                elem_type: std::any::type_name::<T>(),
+                elem_bytes: align,
             });
         }
         Ok((offset, offset + bytes))

@@ -31,8 +31,8 @@ use smallvec::smallvec;
 
 pub use pack::{largest_hole_by_gaps, plan_gap};
 
+use super::PlanError;
 use super::{Move, Plan, PlanKind, Wave};
-use crate::error::{Error, Result};
 
 /// A live block as the planner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,8 +67,8 @@ impl LiveBlock {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidLayout`] naming the first block that breaks a rule.
-pub fn check_live(blocks: &[LiveBlock], capacity: u64) -> Result<()> {
+/// [`PlanError::Layout`] naming the first block that breaks a rule.
+pub fn check_live(blocks: &[LiveBlock], capacity: u64) -> Result<(), PlanError> {
     let mut cursor = 0u64;
     for (i, b) in blocks.iter().enumerate() {
         let end = b.offset.checked_add(b.len).filter(|&e| e <= capacity);
@@ -80,13 +80,11 @@ pub fn check_live(blocks: &[LiveBlock], capacity: u64) -> Result<()> {
         match end {
             Some(end) if ok => cursor = end,
             _ => {
-                return Err(Error::InvalidLayout {
-                    reason: format!(
-                        "live block {i} ({b:?}) is empty, misaligned, copies more than it holds, \
-                         overlaps the block before it (ending at {cursor}) or leaves the region \
-                         of {capacity} B"
-                    ),
-                })
+                return Err(PlanError::Layout(format!(
+                    "live block {i} ({b:?}) is empty, misaligned, copies more than it holds, \
+                     overlaps the block before it (ending at {cursor}) or leaves the region \
+                     of {capacity} B"
+                )))
             }
         }
     }

@@ -96,7 +96,7 @@ pub(crate) enum Op {
         seed: u8,
     },
     /// `record_stream` on a registered stream, the arena's, or (the last
-    /// choice) an id the arena does not know: `UnknownStream`, unchanged.
+    /// choice) another arena's id: `Foreign`, unchanged.
     RecordStream {
         idx: usize,
         stream: u8,

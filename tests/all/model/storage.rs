@@ -189,7 +189,7 @@ impl<B: Backend> Model<'_, B> {
                         );
                         s.owners.push(Owner::Slice(sl));
                     }
-                    Err(Error::RangeOutOfBounds { .. }) => assert!(b > len, "step {step}"),
+                    Err(Error::OutOfBounds { .. }) => assert!(b > len, "step {step}"),
                     Err(e) => panic!("step {step}: {e}"),
                 }
             }
@@ -311,7 +311,7 @@ impl<B: Backend> Model<'_, B> {
                     }
                     ("length", Err(Error::LengthMismatch { .. }))
                     | ("type", Err(Error::TypeMismatch { .. }))
-                    | ("overlap", Err(Error::OverlappingRanges { .. })) => {
+                    | ("overlap", Err(Error::Overlap { .. })) => {
                         self.unchanged(step, "a bad copy", before, st, pending);
                     }
                     (want, r) => panic!("step {step}: copy expected {want}, got {r:?}"),
@@ -364,7 +364,7 @@ impl<B: Backend> Model<'_, B> {
                         }
                     }
                     ("type", Err(Error::TypeMismatch { .. }))
-                    | ("whole", Err(Error::NotWholeElements { .. })) => {
+                    | ("whole", Err(Error::Misaligned { .. })) => {
                         self.unchanged(step, "a bad fill", before, st, pending);
                     }
                     (want, r) => {
@@ -408,9 +408,10 @@ impl<B: Backend> Model<'_, B> {
         } else {
             assert_eq!(
                 r,
-                Err(Error::UnknownStream {
-                    stream: self.bogus_stream.index(),
-                    registered: self.streams.len() as u32,
+                Err(Error::Foreign {
+                    kind: "stream",
+                    owner: self.bogus_stream.arena_id(),
+                    arena: self.arena.id(),
                 }),
                 "step {step}"
             );

@@ -37,7 +37,7 @@ use super::driver_err;
 use crate::trace::{Op, Ops, Outcome};
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::CudaBackend;
-use cuarena::Error;
+use cuarena::{BackendError, Error};
 
 /// Which real allocator a [`BaselineReport`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,14 +139,14 @@ impl PoolOptions {
     }
 }
 
-/// Maps a raw driver result to [`Error::Driver`] naming `call`.
+/// Maps a raw driver result to [`BackendError::Driver`] naming `call`.
 fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
     Ok(r.result().map_err(driver_err(call))?)
 }
 
 /// The primary context of `ordinal`, bound to this thread, and a new stream.
 fn context(ordinal: usize) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
-    CudaBackend::available().map_err(|reason| Error::NoDevice { reason })?;
+    CudaBackend::available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
     let ctx = CudaContext::new(ordinal).map_err(driver_err("cuDevicePrimaryCtxRetain"))?;
     ctx.bind_to_thread()
         .map_err(driver_err("cuCtxSetCurrent"))?;
@@ -155,8 +155,10 @@ fn context(ordinal: usize) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
 }
 
 fn device_location(ordinal: usize) -> Result<sys::CUmemLocation> {
-    let id = i32::try_from(ordinal).map_err(|_| Error::NoDevice {
-        reason: format!("device ordinal {ordinal} out of range"),
+    let id = i32::try_from(ordinal).map_err(|_| {
+        Error::Backend(BackendError::NoDevice {
+            reason: format!("device ordinal {ordinal} out of range"),
+        })
     })?;
     Ok(sys::CUmemLocation {
         type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -206,9 +208,10 @@ struct Pool {
 
 impl Pool {
     fn create(ordinal: usize, max_size: u64) -> Result<Pool> {
-        let max_size = usize::try_from(max_size).map_err(|_| Error::ExceedsAddressSpace {
-            requested_bytes: max_size,
-            max_bytes: usize::MAX as u64,
+        let max_size = usize::try_from(max_size).map_err(|_| Error::LimitReached {
+            what: "bytes of a memory pool (this machine's address space)",
+            requested: max_size,
+            limit: usize::MAX as u64,
         })?;
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -611,15 +614,21 @@ mod tests {
         let ops = Ops::from_ops([Op::Alloc { id: 0, size: 10 }]);
         assert!(matches!(
             replay_pool(&ops, &PoolOptions::default()),
-            Err(ToolError::Arena(Error::NoDevice { .. }))
+            Err(ToolError::Arena(Error::Backend(
+                BackendError::NoDevice { .. }
+            )))
         ));
         assert!(matches!(
             replay_cu_mem_alloc(&ops, 0),
-            Err(ToolError::Arena(Error::NoDevice { .. }))
+            Err(ToolError::Arena(Error::Backend(
+                BackendError::NoDevice { .. }
+            )))
         ));
         assert!(matches!(
             pool_granularity(0),
-            Err(ToolError::Arena(Error::NoDevice { .. }))
+            Err(ToolError::Arena(Error::Backend(
+                BackendError::NoDevice { .. }
+            )))
         ));
     }
 }

@@ -15,11 +15,8 @@ mod report;
 
 use cuarena::backend::cuda::cudarc::driver::DriverError;
 
-/// Maps a failed driver call of the tools to the core's `Error::Driver`
-/// naming `call`; the core's `From` keeps the driver's `CUresult` code.
+/// Maps a failed driver call of the tools to the core's `BackendError::Driver`
+/// naming `call`, with the driver's `CUresult` code.
 pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> cuarena::Error {
-    move |e| cuarena::Error::Driver {
-        call,
-        source: e.into(),
-    }
+    move |e| cuarena::Error::from(cuarena::BackendError::driver(call, e))
 }

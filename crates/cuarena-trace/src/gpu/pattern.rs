@@ -26,7 +26,7 @@ use cuarena::backend::cuda::CudaBackend;
 use cuarena::Arena;
 use cuarena::Handle;
 
-/// Name used in [`cuarena::Error::Nvrtc`] for these kernels.
+/// Name used in [`cuarena::BackendError::Nvrtc`] for these kernels.
 pub const PATTERN_SOURCE_NAME: &str = "kernels/pattern.cu";
 const PATTERN_SOURCE: &str = include_str!("../../kernels/pattern.cu");
 

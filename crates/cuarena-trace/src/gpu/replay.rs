@@ -72,9 +72,9 @@ use cuarena::backend::cuda::cudarc::driver::{sys, CudaEvent};
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity};
 use cuarena::Arena;
 use cuarena::ArenaConfig;
-use cuarena::Error;
 use cuarena::Handle;
 use cuarena::Stats;
+use cuarena::{BackendError, Error};
 
 pub use super::report::{
     trace_wall_time, CheckSampling, CompactionTiming, GpuReplayOptions, GpuReplayReport,
@@ -365,7 +365,7 @@ pub fn replay_gpu(
     config: &ArenaConfig,
     options: &GpuReplayOptions,
 ) -> Result<GpuReplayReport> {
-    CudaBackend::available().map_err(|reason| Error::NoDevice { reason })?;
+    CudaBackend::available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
     let config = config.clone().with_compaction(options.allocator.policy());
     let backend = CudaBackend::with_options(
         options.ordinal,
@@ -537,7 +537,12 @@ mod tests {
             &GpuReplayOptions::default(),
         );
         assert!(
-            matches!(r, Err(ToolError::Arena(Error::NoDevice { .. }))),
+            matches!(
+                r,
+                Err(ToolError::Arena(Error::Backend(
+                    BackendError::NoDevice { .. }
+                )))
+            ),
             "{r:?}"
         );
     }

@@ -185,11 +185,13 @@ impl Communicator {
 
     fn peer(&self, rank: usize) -> Result<i32> {
         if rank >= self.world_size {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
+                input: "config",
                 reason: format!("rank {rank} in a world of {}", self.world_size),
             });
         }
-        i32::try_from(rank).map_err(|_| Error::InvalidConfig {
+        i32::try_from(rank).map_err(|_| Error::InvalidInput {
+            input: "config",
             reason: format!("rank {rank} does not fit NCCL's int"),
         })
     }
@@ -201,8 +203,8 @@ fn expect_len(got: usize, want: usize) -> Result<()> {
         Ok(())
     } else {
         Err(Error::LengthMismatch {
-            block_bytes: want as u64,
-            slice_bytes: got as u64,
+            range_bytes: want as u64,
+            given_bytes: got as u64,
         })
     }
 }

@@ -7,7 +7,7 @@
 //! once, and the host polls `ncclCommGetAsyncError` against a deadline;
 //! past it the communicator is aborted (`ncclCommAbort`, which also ends
 //! its kernels, so the streams that waited on them run again) and the call
-//! returns [`Error::Nccl`] saying so. Collectives take anything that
+//! returns [`BackendError::Nccl`] saying so. Collectives take anything that
 //! implements cudarc's `DevicePtr` / `DevicePtrMut` — arena views and
 //! sub-ranges from the arena's kernel arguments, or plain cudarc buffers —
 //! and run on the communicator's stream.
@@ -36,7 +36,7 @@ use cudarc::nccl::{result, sys};
 mod collectives;
 
 use super::driver_err;
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 
 thread_local! {
     /// True between `ncclGroupStart` and `ncclGroupEnd` on this thread:
@@ -88,7 +88,7 @@ pub struct UniqueId {
 impl UniqueId {
     /// A new id (rank 0 makes it; the call talks to no peer).
     pub fn new() -> Result<Self> {
-        available().map_err(|reason| Error::NoDevice { reason })?;
+        available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
         let raw = result::get_uniqueid().map_err(nccl_err("ncclGetUniqueId"))?;
         Ok(Self { raw })
     }
@@ -104,10 +104,11 @@ impl UniqueId {
 
     /// The id written by [`to_hex`](UniqueId::to_hex). Surrounding
     /// whitespace is ignored; anything else than 256 hex digits is
-    /// [`Error::InvalidConfig`].
+    /// [`Error::InvalidInput`].
     pub fn from_hex(text: &str) -> Result<Self> {
         let text = text.trim();
-        let bad = || Error::InvalidConfig {
+        let bad = || Error::InvalidInput {
+            input: "config",
             reason: format!(
                 "an NCCL unique id is 256 hex digits; got {} characters",
                 text.len()
@@ -137,11 +138,13 @@ pub fn available() -> std::result::Result<(), String> {
     }
 }
 
-/// Maps a cudarc NCCL error to [`Error::Nccl`] naming `call`.
+/// Maps a cudarc NCCL error to [`BackendError::Nccl`] naming `call`.
 fn nccl_err(call: &'static str) -> impl Fn(result::NcclError) -> Error {
-    move |e| Error::Nccl {
-        call,
-        reason: format!("{:?}", e.0),
+    move |e| {
+        Error::Backend(BackendError::Nccl {
+            call,
+            reason: format!("{:?}", e.0),
+        })
     }
 }
 
@@ -168,7 +171,7 @@ unsafe impl Send for Communicator {}
 impl Communicator {
     /// Rank `rank` of `world_size`, on `stream`, joining the communicator
     /// named by `id`. Returns when every rank has joined, or fails with
-    /// [`Error::Nccl`] after [`DEFAULT_TIMEOUT`] (the communicator is
+    /// [`BackendError::Nccl`] after [`DEFAULT_TIMEOUT`] (the communicator is
     /// aborted). Use [`init_with_timeout`](Communicator::init_with_timeout)
     /// for another bound.
     pub fn init(
@@ -247,8 +250,9 @@ impl Communicator {
         rank: usize,
         world_size: usize,
     ) -> Result<sys::ncclComm_t> {
-        available().map_err(|reason| Error::NoDevice { reason })?;
-        let bad = || Error::InvalidConfig {
+        available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
+        let bad = || Error::InvalidInput {
+            input: "config",
             reason: format!("rank {rank} of a world of {world_size}"),
         };
         let n = i32::try_from(world_size).map_err(|_| bad())?;
@@ -270,10 +274,10 @@ impl Communicator {
         let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, n, id.raw, r, &mut config) };
         match r {
             sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(comm),
-            e => Err(Error::Nccl {
+            e => Err(Error::Backend(BackendError::Nccl {
                 call: "ncclCommInitRankConfig",
                 reason: format!("{e:?}"),
-            }),
+            })),
         }
     }
 
@@ -321,10 +325,10 @@ impl Communicator {
 
     fn check_live(&self) -> Result<()> {
         if self.is_aborted() {
-            return Err(Error::Nccl {
+            return Err(Error::Backend(BackendError::Nccl {
                 call: "communicator",
                 reason: "it was aborted after an earlier error or timeout".to_string(),
-            });
+            }));
         }
         Ok(())
     }
@@ -339,10 +343,10 @@ impl Communicator {
             let r = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
             if r != sys::ncclResult_t::ncclSuccess {
                 self.abort();
-                return Err(Error::Nccl {
+                return Err(Error::Backend(BackendError::Nccl {
                     call: "ncclCommGetAsyncError",
                     reason: format!("{r:?}"),
-                });
+                }));
             }
             match state {
                 sys::ncclResult_t::ncclSuccess => return Ok(()),
@@ -351,21 +355,21 @@ impl Communicator {
                 }
                 sys::ncclResult_t::ncclInProgress => {
                     self.abort();
-                    return Err(Error::Nccl {
+                    return Err(Error::Backend(BackendError::Nccl {
                         call,
                         reason: format!(
                             "no progress within {:?}: a peer did not join or died; \
                              the communicator was aborted",
                             self.timeout
                         ),
-                    });
+                    }));
                 }
                 e => {
                     self.abort();
-                    return Err(Error::Nccl {
+                    return Err(Error::Backend(BackendError::Nccl {
                         call,
                         reason: format!("{e:?}; the communicator was aborted"),
-                    });
+                    }));
                 }
             }
         }
@@ -383,10 +387,10 @@ impl Communicator {
             sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => self.settle(call),
             e => {
                 self.abort();
-                Err(Error::Nccl {
+                Err(Error::Backend(BackendError::Nccl {
                     call,
                     reason: format!("{e:?}; the communicator was aborted"),
-                })
+                }))
             }
         }
     }
@@ -413,14 +417,14 @@ impl Communicator {
             self.settle("synchronize")?;
             if Instant::now() >= deadline {
                 self.abort();
-                return Err(Error::Nccl {
+                return Err(Error::Backend(BackendError::Nccl {
                     call: "synchronize",
                     reason: format!(
                         "collectives did not finish within {:?}: a peer stopped; the \
                          communicator was aborted",
                         self.timeout
                     ),
-                });
+                }));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -510,7 +514,13 @@ mod tests {
         assert_eq!(back.raw.internal, internal);
         for bad in ["", "zz", &hex[..254], &format!("{}g", &hex[..255])] {
             assert!(
-                matches!(UniqueId::from_hex(bad), Err(Error::InvalidConfig { .. })),
+                matches!(
+                    UniqueId::from_hex(bad),
+                    Err(Error::InvalidInput {
+                        input: "config",
+                        ..
+                    })
+                ),
                 "{bad}"
             );
         }

@@ -8,6 +8,7 @@ use crate::support::{mv, plan_of};
 use cuarena::backend::cuda::CudaOptions;
 use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan, PlanKind};
+use cuarena::BackendError;
 use cuarena::Error;
 
 #[test]
@@ -29,18 +30,21 @@ fn a_plan_breaking_rule_3_is_reported_and_does_not_hang() {
         let mut out = [0u8; 16];
         assert!(matches!(
             b.read(0, &mut out),
-            Err(Error::DeviceFault { .. })
+            Err(Error::Backend(BackendError::DeviceFault { .. }))
         ));
         // Faults are sticky: every later check reports it again.
         assert!(matches!(
             b.read(0, &mut out),
-            Err(Error::DeviceFault { .. })
+            Err(Error::Backend(BackendError::DeviceFault { .. }))
         ));
         assert!(matches!(
             b.write(0, &[1, 2, 3]),
-            Err(Error::DeviceFault { .. })
+            Err(Error::Backend(BackendError::DeviceFault { .. }))
         ));
-        assert!(matches!(b.synchronize(), Err(Error::DeviceFault { .. })));
+        assert!(matches!(
+            b.synchronize(),
+            Err(Error::Backend(BackendError::DeviceFault { .. }))
+        ));
     });
 }
 
@@ -64,10 +68,13 @@ fn a_plan_breaking_rule_3_across_chunks_is_reported() {
         let mut out = [0u8; 4];
         assert!(matches!(
             b.read(0, &mut out),
-            Err(Error::DeviceFault { .. })
+            Err(Error::Backend(BackendError::DeviceFault { .. }))
         ));
         assert!(
-            matches!(b.read(0, &mut out), Err(Error::DeviceFault { .. })),
+            matches!(
+                b.read(0, &mut out),
+                Err(Error::Backend(BackendError::DeviceFault { .. }))
+            ),
             "sticky"
         );
     });
@@ -96,7 +103,7 @@ fn bad_ranges_are_rejected_before_any_launch() {
     let unsorted = plan_of(vec![vec![mv(500, 0, 10), mv(100, 50, 10)]]);
     assert!(matches!(
         b.execute(&unsorted),
-        Err(Error::InvalidPlan { .. })
+        Err(Error::InvalidInput { input: "plan", .. })
     ));
     b.execute(&Plan::empty(PlanKind::Full)).expect("empty plan");
     b.synchronize().expect("no kernel error");
