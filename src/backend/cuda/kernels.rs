@@ -14,7 +14,7 @@ use super::{driver_err, CudaOptions, MoveKernelInfo};
 use crate::error::Result;
 
 /// Name of the move kernels' program, in NVRTC's log and in
-/// [`Error::Nvrtc`](crate::Error::Nvrtc) (no directory: NVRTC finds the
+/// [`BackendError::Nvrtc`](crate::BackendError::Nvrtc)(crate::Error::Nvrtc) (no directory: NVRTC finds the
 /// files it includes among the headers it is given).
 const MOVES_NAME: &str = "cuarena_moves.cu";
 

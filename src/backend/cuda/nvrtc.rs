@@ -89,9 +89,9 @@ pub(crate) fn build(
 /// for that architecture. `arch` is a real architecture, `sm_90` say: the
 /// backend's own is [`CudaBackend::arch`](super::CudaBackend::arch).
 /// `options` are NVRTC's (`--std=c++17`, `-DTILE=64`, `-lineinfo`); `name`
-/// names the source in NVRTC's log and in [`Error::Nvrtc`].
+/// names the source in NVRTC's log and in [`BackendError::Nvrtc`](crate::BackendError::Nvrtc).
 ///
-/// Needs NVRTC ([`Error::Nvrtc`] says so when it cannot be loaded), no
+/// Needs NVRTC ([`BackendError::Nvrtc`](crate::BackendError::Nvrtc) says so when it cannot be loaded), no
 /// device. Each image is compiled once per process (for
 /// its source, options and architecture); later calls return a copy. Load
 /// it with `context.load_module(image)`, then launch its kernels with
