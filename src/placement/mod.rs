@@ -65,6 +65,7 @@ mod bins;
 mod carve;
 #[cfg(test)]
 mod check;
+mod error;
 pub(crate) mod lifetime;
 mod nodes;
 #[cfg(test)]
@@ -77,24 +78,7 @@ use bins::{bin_round_down, bin_round_up};
 pub use lifetime::Lifetimes;
 use nodes::{fit, is_free_at, release, Classes, Node, MAX_NODES, NIL, USED};
 
-/// What the placement index refuses. The arena never gives it such input:
-/// either is a bug there, which poisons the arena.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlacementError {
-    /// An allocation of another index, or made before this one was rebuilt.
-    #[error("allocation at offset {offset} does not belong to this index (another index, or one since rebuilt)")]
-    ForeignAllocation {
-        /// The allocation's offset.
-        offset: u64,
-    },
-    /// A layout to rebuild from that breaks the index's rules (blocks out
-    /// of order, overlapping, empty, out of bounds).
-    #[error("invalid layout: {reason}")]
-    InvalidLayout {
-        /// Which rule, and which blocks.
-        reason: String,
-    },
-}
+pub(crate) use error::PlacementError;
 
 type Result<T> = std::result::Result<T, PlacementError>;
 
