@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicU64;
 use crate::dtype::DType;
 use crate::handle::BlockKey;
 use crate::placement::Allocation;
+use crate::plan::planner::LiveBlock;
 
 /// The block on a used placement node, with what compaction planning needs
 /// of it. Kept beside the nodes (indexed like them, so in address order
@@ -30,6 +31,31 @@ impl Owner {
         align: 1,
         pinned: false,
     };
+
+    /// The planner's view of this block on the used region at `offset` of
+    /// `len` bytes (its reservation).
+    pub(super) fn live_block(&self, offset: u64, len: u64) -> LiveBlock {
+        LiveBlock {
+            key: self.key.to_bits(),
+            offset,
+            len,
+            copy_len: self.size,
+            align: u64::from(self.align),
+            pinned: self.pinned,
+        }
+    }
+
+    /// The owner a [`LiveBlock`] was collected from (the inverse of
+    /// [`Owner::live_block`]), for the index rebuilt after a plan.
+    pub(super) fn of_live(l: &LiveBlock) -> Owner {
+        Owner {
+            key: BlockKey::from_bits(l.key),
+            size: l.copy_len,
+            // The live list took it from an owner entry: it fits.
+            align: u32::try_from(l.align).unwrap_or(u32::MAX),
+            pinned: l.pinned,
+        }
+    }
 }
 
 /// Records `owner` as the block on placement node `slot` in `owners`.

@@ -33,14 +33,7 @@ pub(super) fn collect_live<B: Backend>(arena: &mut Arena<B>) {
         if let Some(p) = arena.live_pos.get_mut(o.key.slot() as usize) {
             *p = arena.live.len() as u32;
         }
-        arena.live.push(LiveBlock {
-            key: o.key.to_bits(),
-            offset: r.offset,
-            len: r.size,
-            copy_len: o.size,
-            align: u64::from(o.align),
-            pinned: o.pinned,
-        });
+        arena.live.push(o.live_block(r.offset, r.size));
     }
 }
 
@@ -118,15 +111,8 @@ pub(super) fn rebuild_index<B: Backend>(arena: &mut Arena<B>) -> Result<()> {
         ..
     } = arena;
     let rebuilt = index.rebuild_with(spans, |i, a| {
-        let l = &live[i];
-        let key = BlockKey::from_bits(l.key);
-        let owner = Owner {
-            key,
-            size: l.copy_len,
-            // The live list took these from the owner entries.
-            align: u32::try_from(l.align).unwrap_or(u32::MAX),
-            pinned: l.pinned,
-        };
+        let owner = Owner::of_live(&live[i]);
+        let key = owner.key;
         set_owner(owners, a.slot(), owner);
         // Live: the list was collected from the live blocks just now.
         if let Some(b) = blocks.get_mut_live_slot(key) {

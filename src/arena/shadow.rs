@@ -60,14 +60,7 @@ impl Shadow {
             let Some(o) = self.owners.get(slot as usize) else {
                 continue;
             };
-            self.live.push(LiveBlock {
-                key: o.key.to_bits(),
-                offset: r.offset,
-                len: r.size,
-                copy_len: o.size,
-                align: u64::from(o.align),
-                pinned: o.pinned,
-            });
+            self.live.push(o.live_block(r.offset, r.size));
         }
     }
 
@@ -111,16 +104,9 @@ impl Shadow {
             ..
         } = self;
         index.rebuild_with(spans, |i, a| {
-            let l = &live[i];
-            let key = BlockKey::from_bits(l.key);
-            let owner = Owner {
-                key,
-                size: l.copy_len,
-                align: u32::try_from(l.align).unwrap_or(u32::MAX),
-                pinned: l.pinned,
-            };
+            let owner = Owner::of_live(&live[i]);
             set_owner(owners, a.slot(), owner);
-            if let Some(n) = nodes.get_mut(key.slot() as usize) {
+            if let Some(n) = nodes.get_mut(owner.key.slot() as usize) {
                 *n = Some(a);
             }
         })?;
