@@ -1,0 +1,232 @@
+//! GPT-2 small (124M) trained on arena tensors: every weight, gradient,
+//! optimizer moment, activation and temporary is a block of one arena whose
+//! capacity is the run's own peak of live bytes; GEMMs go to cuBLAS, the
+//! rest to our kernels (`gpt2.cu`, compiled with NVRTC). Each step has its
+//! own batch size and sequence length, the shapes that fragment a caching
+//! allocator. The same loop runs on plain cudarc allocations for the speed
+//! comparison, and on a metadata arena (no GPU) for the capacity.
+//!
+//! `cargo run --release -p cuarena-gpt2 -- --help` lists the options.
+
+mod cli;
+mod cuda;
+mod dev;
+mod model;
+mod report;
+mod train;
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cuarena::fmt_bytes;
+
+use cli::{Mem, Settings};
+use dev::{Dev, Dry};
+use model::{Layout, Start};
+use train::{State, Trainer};
+
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let s = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            println!("{}", cli::HELP);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("gpt2: {e}\n(see `--help`)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&s) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpt2: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(s: &Settings) -> Res<()> {
+    let start = match &s.init {
+        Some(path) => model::load(path, s.steps)?,
+        None => model::synthetic(
+            model::Config::GPT2,
+            s.steps.unwrap_or(100),
+            (64, 1024),
+            (4, 16),
+            s.seed,
+        ),
+    };
+    let lay = Layout::new(start.cfg);
+    let steps = start.batches.len();
+    let tokens: usize = start.batches.iter().map(|b| b.b * b.t).sum();
+    println!(
+        "GPT-2: {} layers, d_model {}, {} heads, vocabulary {}, {} parameters; {} steps, batch {}..{}, length {}..{} ({} tokens); {}",
+        start.cfg.layers,
+        start.cfg.c,
+        start.cfg.heads,
+        start.cfg.vocab,
+        lay.total,
+        steps,
+        start.batches.iter().map(|b| b.b).min().unwrap_or(0),
+        start.batches.iter().map(|b| b.b).max().unwrap_or(0),
+        start.batches.iter().map(|b| b.t).min().unwrap_or(0),
+        start.batches.iter().map(|b| b.t).max().unwrap_or(0),
+        tokens,
+        if s.bf16 { "bf16 mixed precision" } else { "fp32" },
+    );
+    // The run's own allocation sequence on a metadata arena: its peak of
+    // live bytes is the arena's capacity (times --headroom).
+    let peak = dry(&lay, &start, s, 1 << 50)?.peak_allocated_bytes;
+    let capacity = ((peak as f64 * s.headroom).ceil() as u64).div_ceil(256) * 256;
+    let t0 = Instant::now();
+    let predicted = dry(&lay, &start, s, capacity)?;
+    println!(
+        "dry run: peak live {}; arena capacity {} ({:.4} x peak); predicted {} compactions ({} targeted, {} full), {} moved ({:.1} ms on the host)",
+        fmt_bytes(peak),
+        fmt_bytes(capacity),
+        capacity as f64 / peak as f64,
+        predicted.targeted_compactions + predicted.full_compactions,
+        predicted.targeted_compactions,
+        predicted.full_compactions,
+        fmt_bytes(predicted.bytes_moved),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    if s.dry {
+        return Ok(());
+    }
+    if let Err(reason) = cuarena::backend::cuda::CudaBackend::available() {
+        println!("gpt2 needs a CUDA GPU: {reason}; skipping (`--dry` runs the allocation sequence without one).");
+        return Ok(());
+    }
+    // Runs alternate (arena, plain, arena, ...): the card's clocks drift
+    // by a few percent from run to run, which one pair would mistake for
+    // the allocator's cost.
+    let mut runs = Vec::new();
+    for _ in 0..s.repeat {
+        for mem in s.mem.list() {
+            let mut d = match mem {
+                Mem::Arena => cuda::Cuda::arena(capacity)?,
+                Mem::Plain => cuda::Cuda::plain()?,
+            };
+            runs.push(train_on(&mut d, mem, &lay, &start, s)?);
+        }
+    }
+    report::finish(s, &start, peak, capacity, &runs)
+}
+
+/// The allocation sequence on a metadata arena of `capacity` bytes.
+fn dry(lay: &Layout, start: &Start, s: &Settings, capacity: u64) -> Res<cuarena::Stats> {
+    let mut d = Dry::new(capacity)?;
+    let st = Trainer::setup(&mut d, lay, None, start.batches.len(), s.bf16)?;
+    let mut tr = Trainer::new(&mut d, lay, &st, start.hyper, s.bf16);
+    for (i, b) in start.batches.iter().enumerate() {
+        tr.step(i, b, &mut |_, _| Ok(()))
+            .map_err(|e| format!("dry run, step {i} (batch {} x {}): {e}", b.b, b.t))?;
+    }
+    Ok(d.arena.stats())
+}
+
+/// One training run on `d`; step 0 is a warm-up, left out of the timing.
+fn train_on(
+    d: &mut cuda::Cuda,
+    mem: Mem,
+    lay: &Layout,
+    start: &Start,
+    s: &Settings,
+) -> Res<report::Run> {
+    let steps = start.batches.len();
+    let st: State = Trainer::setup(d, lay, Some(&start.weights), steps, s.bf16)?;
+    let mut grads_report = None;
+    let mut t0 = Instant::now();
+    let mut timed_tokens = 0usize;
+    for (i, b) in start.batches.iter().enumerate() {
+        let mut check = |dd: &mut cuda::Cuda, st: &State| -> Res<()> {
+            if i == 0 {
+                if let Some(path) = &s.check_grads {
+                    grads_report = Some(report::check_grads(dd, st, lay, path)?);
+                }
+            }
+            Ok(())
+        };
+        Trainer::new(d, lay, &st, start.hyper, s.bf16)
+            .step(i, b, &mut check)
+            .map_err(|e| {
+                format!(
+                    "{} run, step {i} (batch {} x {}): {e}",
+                    mem.name(),
+                    b.b,
+                    b.t
+                )
+            })?;
+        if i == 0 {
+            d.sync()?;
+            d.host = cuda::HostTime::default();
+            t0 = Instant::now();
+        } else {
+            timed_tokens += b.b * b.t;
+        }
+        if (i + 1) % s.every == 0 || i + 1 == steps {
+            let losses = report::f32s(&d.download(st.losses)?);
+            let el = t0.elapsed().as_secs_f64();
+            println!(
+                "[{}] step {:>4}/{steps}  batch {:>2} x {:>4}  loss {:.4}  {:.0} tokens/s",
+                mem.name(),
+                i + 1,
+                b.b,
+                b.t,
+                losses[i],
+                timed_tokens as f64 / el.max(1e-9)
+            );
+        }
+    }
+    d.sync()?;
+    let time = t0.elapsed().as_secs_f64();
+    Ok(report::Run {
+        mem,
+        losses: report::f32s(&d.download(st.losses)?),
+        norms: report::f32s(&d.download(st.norms)?),
+        time_s: time,
+        tokens: timed_tokens,
+        stats: d.stats(),
+        grads: grads_report,
+        host: d.host.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop's allocation sequence on a tiny model: every step frees
+    /// what it allocated, and the run completes in an arena of exactly its
+    /// peak live bytes (the capacity the GPU run is given).
+    #[test]
+    fn dry_run_frees_every_step_and_fits_its_peak() {
+        let cfg = model::Config {
+            vocab: 97,
+            ctx: 48,
+            c: 32,
+            layers: 2,
+            heads: 4,
+        };
+        for bf16 in [false, true] {
+            let start = model::synthetic(cfg, 12, (3, 48), (1, 5), 7);
+            let lay = Layout::new(cfg);
+            let s = cli::parse(Vec::<std::ffi::OsString>::new())
+                .unwrap()
+                .unwrap();
+            let s = Settings { bf16, ..s };
+            let big = dry(&lay, &start, &s, 1 << 40).unwrap();
+            let persistent = if bf16 { 9 } else { 8 }; // with cuBLAS's workspace
+            assert_eq!(big.live_blocks, persistent, "bf16 {bf16}");
+            let fit = dry(&lay, &start, &s, big.peak_allocated_bytes).unwrap();
+            assert_eq!(fit.live_blocks, persistent);
+            assert!(fit.peak_allocated_bytes <= big.peak_allocated_bytes);
+            // One byte less than the peak cannot hold it.
+            assert!(dry(&lay, &start, &s, big.peak_allocated_bytes - 256).is_err());
+        }
+    }
+}

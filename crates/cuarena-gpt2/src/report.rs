@@ -1,0 +1,191 @@
+//! What a run prints and writes: the losses, speed and memory of each run,
+//! the gradient check against PyTorch's, and the JSON that
+//! `scripts/gpt2_reference.py compare` reads.
+
+use cuarena::{fmt_bytes, Stats};
+use safetensors::SafeTensors;
+use serde_json::json;
+
+use crate::cli::{Mem, Settings};
+use crate::cuda::HostTime;
+use crate::dev::Dev;
+use crate::model::{Layout, Start};
+use crate::train::State;
+use crate::Res;
+
+pub struct Run {
+    pub mem: Mem,
+    pub losses: Vec<f32>,
+    pub norms: Vec<f32>,
+    /// Wall time of steps 1.. (step 0 is the warm-up) and their tokens.
+    pub time_s: f64,
+    pub tokens: usize,
+    pub stats: Option<Stats>,
+    pub grads: Option<String>,
+    /// Host time inside the device calls over the timed steps.
+    pub host: HostTime,
+}
+
+impl Run {
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.time_s.max(1e-9)
+    }
+}
+
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+        .collect()
+}
+
+/// The first step's gradients against PyTorch's: relative L2 error per
+/// parameter (|g - r| / |r|), the worst five and the whole.
+pub fn check_grads<D: Dev>(d: &mut D, st: &State, lay: &Layout, path: &str) -> Res<String> {
+    let ours = f32s(&d.download(st.grads)?);
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| format!("{path}: {e}"))?;
+    let theirs = lay.gather(&file, path)?;
+    let mut per: Vec<(f64, &str)> = Vec::new();
+    let (mut num, mut den) = (0f64, 0f64);
+    for (name, shape, at) in &lay.params {
+        let n: usize = shape.iter().product();
+        let (mut e, mut r) = (0f64, 0f64);
+        for (a, b) in ours[*at..at + n].iter().zip(&theirs[*at..at + n]) {
+            e += (f64::from(*a) - f64::from(*b)).powi(2);
+            r += f64::from(*b).powi(2);
+        }
+        num += e;
+        den += r;
+        per.push(((e / r.max(1e-300)).sqrt(), name));
+    }
+    per.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let worst: Vec<String> = per
+        .iter()
+        .take(5)
+        .map(|(e, n)| format!("{n} {e:.2e}"))
+        .collect();
+    let line = format!(
+        "first-step gradients vs PyTorch: relative L2 error {:.2e} over all parameters; worst: {}",
+        (num / den.max(1e-300)).sqrt(),
+        worst.join(", ")
+    );
+    println!("{line}");
+    Ok(line)
+}
+
+/// The median of `x` (the lower middle for an even count).
+fn median(mut x: Vec<f64>) -> Option<f64> {
+    x.sort_by(f64::total_cmp);
+    x.get(x.len().saturating_sub(1) / 2).copied()
+}
+
+pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run]) -> Res<()> {
+    let steps = start.batches.len();
+    println!("\n| run | tokens/s (steps 1..{steps}) | first loss | last loss | memory |");
+    println!("| --- | --- | --- | --- | --- |");
+    for r in runs {
+        let memory = match &r.stats {
+            Some(st) => format!(
+                "arena {} = {:.4} x peak live {}; {} compactions ({} targeted, {} full), {} moved",
+                fmt_bytes(capacity),
+                capacity as f64 / peak as f64,
+                fmt_bytes(peak),
+                st.targeted_compactions + st.full_compactions,
+                st.targeted_compactions,
+                st.full_compactions,
+                fmt_bytes(st.bytes_moved)
+            ),
+            None => "cudarc allocations (cuMemAllocAsync pool)".into(),
+        };
+        println!(
+            "| {} | {:.0} | {:.4} | {:.4} | {memory} |",
+            r.mem.name(),
+            r.tokens_per_s(),
+            r.losses.first().copied().unwrap_or(f32::NAN),
+            r.losses.last().copied().unwrap_or(f32::NAN),
+        );
+    }
+    for r in runs {
+        let parts: Vec<String> = HostTime::KINDS
+            .iter()
+            .zip(&r.host.calls)
+            .map(|(k, (t, n))| {
+                format!(
+                    "{k} {:.0} ms ({n}, {:.1} us each)",
+                    t.as_secs_f64() * 1e3,
+                    t.as_secs_f64() * 1e6 / (*n).max(1) as f64
+                )
+            })
+            .collect();
+        let total: f64 = r.host.calls.iter().map(|c| c.0.as_secs_f64()).sum();
+        println!(
+            "[{}] host time in calls over the timed steps: {:.0} ms of {:.0} ms wall: {}",
+            r.mem.name(),
+            total * 1e3,
+            r.time_s * 1e3,
+            parts.join(", ")
+        );
+    }
+    let med = |m: Mem| {
+        median(
+            runs.iter()
+                .filter(|r| r.mem == m)
+                .map(Run::tokens_per_s)
+                .collect(),
+        )
+    };
+    let first = |m: Mem| runs.iter().find(|r| r.mem == m);
+    if let (Some(a), Some(p), Some(ta), Some(tp)) = (
+        first(Mem::Arena),
+        first(Mem::Plain),
+        med(Mem::Arena),
+        med(Mem::Plain),
+    ) {
+        let diff = a
+            .losses
+            .iter()
+            .zip(&p.losses)
+            .map(|(x, y)| ((x - y) / y).abs())
+            .fold(0f32, f32::max);
+        println!(
+            "arena / plain tokens/s (medians of {} alternating runs each): {:.0} / {:.0} = {:.4}; largest relative loss difference between the two: {diff:.2e}",
+            s.repeat,
+            ta,
+            tp,
+            ta / tp
+        );
+    }
+    if let Some(path) = &s.json {
+        let run_json = |r: &Run| {
+            json!({
+                "mem": r.mem.name(),
+                "losses": r.losses,
+                "grad_norms": r.norms,
+                "tokens_per_s": r.tokens_per_s(),
+                "time_s": r.time_s,
+                "tokens": r.tokens,
+                "bytes_moved": r.stats.as_ref().map(|st| st.bytes_moved),
+                "compactions": r.stats.as_ref().map(|st| st.targeted_compactions + st.full_compactions),
+                "grad_check": r.grads,
+                "host_ms": HostTime::KINDS.iter().zip(&r.host.calls).map(|(k, c)| (k.to_string(), json!({"ms": c.0.as_secs_f64() * 1e3, "calls": c.1}))).collect::<serde_json::Map<_, _>>(),
+            })
+        };
+        let first = runs.first().ok_or("no run")?;
+        let doc = json!({
+            "tokens_per_s_median": { "arena": med(Mem::Arena), "plain": med(Mem::Plain) },
+            "precision": if s.bf16 { "bf16" } else { "fp32" },
+            "steps": steps,
+            "losses": first.losses,
+            "grad_norms": first.norms,
+            "tokens_per_s": first.tokens_per_s(),
+            "peak_live_bytes": peak,
+            "capacity_bytes": capacity,
+            "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
