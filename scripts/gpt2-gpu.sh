@@ -11,7 +11,9 @@
 # give the speed ratio (medians). FIND_CAP=1 also searches PyTorch's smallest
 # memory cap (default allocator and expandable segments) on the same batches;
 # TRAIN=0 skips the training runs (with FIND_CAP=1: the caps only);
-# MEMCHECK=1 runs two steps of the arena run under compute-sanitizer memcheck.
+# MEMCHECK=1 runs two steps of the arena run under compute-sanitizer memcheck;
+# WORLD=2 (on a host with two GPUs) trains the same batches data-parallel
+# after the one-GPU arena run and compares them.
 set -u
 BIN=${1:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
 OUT=${2:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
@@ -49,6 +51,12 @@ for P in ${PRECISIONS:-fp32 bf16}; do
         python3 "$PY" find-cap --init "$INIT" --precision "$P" --json "$OUT/cap_$P.json" || status=1
     fi
 done
+if [ "${WORLD:-1}" -gt 1 ]; then
+    for P in ${PRECISIONS:-fp32 bf16}; do
+        NCCL_NVLS_ENABLE=0 "$BIN" --init "$INIT" --precision "$P" --mem arena --world "$WORLD" \
+            --json "$OUT/world_$P.json" || status=1
+    done
+fi
 if [ "${MEMCHECK:-0}" = 1 ]; then
     timeout 200 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
         "$BIN" --init "$INIT" --steps 2 --mem arena --every 1 > "$OUT/memcheck.txt" 2>&1

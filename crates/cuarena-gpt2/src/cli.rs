@@ -31,6 +31,10 @@ OPTIONS:
                        speed is the median run's; losses the first run's
   --every N            a progress line every N steps (default 10)
   --seed N             seed of the synthetic start (default 0)
+  --world W            after the one-GPU run, the same batches data-parallel
+                       over W GPUs (one thread and arena per GPU, gradient
+                       buckets all-reduced with NCCL during the backward
+                       pass); compares the losses and the speed
   --dry                only the allocation sequence on a metadata arena
                        (no GPU): peak live bytes and predicted compactions
   -h, --help           this text
@@ -78,6 +82,7 @@ pub struct Settings {
     pub check_grads: Option<String>,
     pub every: usize,
     pub repeat: usize,
+    pub world: usize,
     pub seed: u64,
     pub dry: bool,
 }
@@ -104,6 +109,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
         check_grads: None,
         every: 10,
         repeat: 1,
+        world: 1,
         seed: 0,
         dry: false,
     };
@@ -152,6 +158,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
                 s.repeat = num(p.value()?, "--repeat")?;
                 if !(1..=20).contains(&s.repeat) {
                     return Err(format!("--repeat {}: give 1 to 20", s.repeat).into());
+                }
+            }
+            Long("world") => {
+                s.world = num(p.value()?, "--world")?;
+                if !(1..=16).contains(&s.world) {
+                    return Err(format!("--world {}: give 1 to 16", s.world).into());
                 }
             }
             Long("seed") => s.seed = num(p.value()?, "--seed")?,

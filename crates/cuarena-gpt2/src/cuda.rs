@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
+use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
 use cuarena::backend::cuda::{compile, CudaBackend};
-use cuarena::{Arena, ArenaConfig, Handle, Stats, StreamId};
+use cuarena::{Arena, ArenaConfig, AsRange, BlockRange, Handle, Stats, StreamId};
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
 
 use crate::dev::{Ab, Arg, Cfg, Dev, Gemm, Kernel, Ptr, Table, Tid, WORKSPACE};
@@ -37,6 +38,10 @@ pub enum Mem {
 /// before the memory its workspace lives in.
 pub struct Cuda {
     blas: CudaBlas,
+    /// Data parallel: this rank's communicator, its stream registered with
+    /// the arena (gradient buckets are all-reduced there while the backward
+    /// pass goes on on the arena stream).
+    ddp: Option<Ddp>,
     /// Host time spent in each kind of call, and how many calls.
     pub host: HostTime,
     funcs: Vec<CudaFunction>,
@@ -46,9 +51,9 @@ pub struct Cuda {
 }
 
 impl Cuda {
-    /// The arena of `capacity` bytes on device 0.
-    pub fn arena(capacity: u64) -> Res<Self> {
-        let arena = Arena::cuda(ArenaConfig::new(capacity), 0)?;
+    /// The arena of `capacity` bytes on device `ordinal`.
+    pub fn arena(ordinal: usize, capacity: u64) -> Res<Self> {
+        let arena = Arena::cuda(ArenaConfig::new(capacity), ordinal)?;
         let ctx = arena.backend().context().clone();
         let stream = arena.backend().stream().clone();
         let arch = arena.backend().arch().to_owned();
@@ -95,6 +100,7 @@ impl Cuda {
         let blas = CudaBlas::new(stream.clone())?;
         let mut me = Self {
             blas,
+            ddp: None,
             host: HostTime::default(),
             funcs,
             stream,
@@ -123,6 +129,17 @@ impl Cuda {
             return Err(format!("cublasSetWorkspace_v2 failed: {st:?}").into());
         }
         Ok(me)
+    }
+
+    /// Makes this device a rank of `comm` (its stream is on this device).
+    pub fn attach(&mut self, comm: Communicator) -> Res<()> {
+        let Mem::Arena { arena, .. } = &mut self.mem else {
+            return Err("data parallel runs use the arena".into());
+        };
+        let stream = comm.stream().clone();
+        let id = arena.register_stream(stream.clone())?;
+        self.ddp = Some(Ddp { comm, id, stream });
+        Ok(())
     }
 
     /// Device addresses of the distinct buffers in `ptrs` (written ones as
@@ -165,6 +182,30 @@ impl Cuda {
                 let addr = |p: Ptr| base(&distinct, p.t) + p.off;
                 f(&self.stream, &addr)
             }
+        }
+    }
+}
+
+pub struct Ddp {
+    comm: Communicator,
+    id: StreamId,
+    stream: Arc<CudaStream>,
+}
+
+/// `len` bytes at `off` in a block: a gradient bucket in the flat buffer.
+struct Sub {
+    h: Handle,
+    off: u64,
+    len: u64,
+}
+
+impl AsRange for Sub {
+    fn block_range(&self) -> BlockRange {
+        BlockRange {
+            handle: Some(self.h),
+            offset_bytes: self.off,
+            len_bytes: Some(self.len),
+            dtype: None,
         }
     }
 }
@@ -436,5 +477,32 @@ impl Dev for Cuda {
             Mem::Arena { arena, .. } => Some(arena.stats()),
             Mem::Plain { .. } => None,
         }
+    }
+
+    fn reduce(&mut self, p: Ptr, elems: usize) -> Res<()> {
+        let (Some(ddp), Mem::Arena { arena, bufs }) = (&self.ddp, &mut self.mem) else {
+            return Ok(());
+        };
+        // The communication stream waits for the backward pass so far (a
+        // stream wait, not the host); the view for it also waits for the
+        // arena's moves and records the use, so the arena waits for the
+        // all-reduce before it moves or frees the gradients.
+        ddp.stream.join(&self.stream)?;
+        let h = bufs.get(p.t)?.0;
+        let mut args = arena.kernel_args(ddp.id)?;
+        let mut v = args.output::<f32>(Sub {
+            h,
+            off: p.off,
+            len: 4 * elems as u64,
+        })?;
+        ddp.comm.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        Ok(())
+    }
+
+    fn reduce_wait(&mut self) -> Res<()> {
+        if let Some(ddp) = &self.ddp {
+            self.stream.join(&ddp.stream)?;
+        }
+        Ok(())
     }
 }

@@ -159,6 +159,16 @@ pub trait Dev {
     fn sync(&mut self) -> Res<()>;
     /// The arena's statistics (None for plain allocations).
     fn stats(&self) -> Option<Stats>;
+    /// Data parallel: starts summing `elems` f32 at `p` over every rank
+    /// (a gradient bucket, once the backward pass has written it). One
+    /// device alone has nothing to do.
+    fn reduce(&mut self, _p: Ptr, _elems: usize) -> Res<()> {
+        Ok(())
+    }
+    /// Data parallel: later work waits for every bucket started.
+    fn reduce_wait(&mut self) -> Res<()> {
+        Ok(())
+    }
 }
 
 /// A table of buffers: index -> handle, with free slots reused.

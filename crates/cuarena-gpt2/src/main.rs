@@ -10,6 +10,7 @@
 
 mod cli;
 mod cuda;
+mod ddp;
 mod dev;
 mod model;
 mod report;
@@ -22,7 +23,7 @@ use cuarena::fmt_bytes;
 
 use cli::{Mem, Settings};
 use dev::{Dev, Dry};
-use model::{Layout, Start};
+use model::{Batch, Layout, Start};
 use train::{State, Trainer};
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -79,21 +80,8 @@ fn run(s: &Settings) -> Res<()> {
     );
     // The run's own allocation sequence on a metadata arena: its peak of
     // live bytes is the arena's capacity (times --headroom).
-    let peak = dry(&lay, &start, s, 1 << 50)?.peak_allocated_bytes;
-    let capacity = ((peak as f64 * s.headroom).ceil() as u64).div_ceil(256) * 256;
-    let t0 = Instant::now();
-    let predicted = dry(&lay, &start, s, capacity)?;
-    println!(
-        "dry run: peak live {}; arena capacity {} ({:.4} x peak); predicted {} compactions ({} targeted, {} full), {} moved ({:.1} ms on the host)",
-        fmt_bytes(peak),
-        fmt_bytes(capacity),
-        capacity as f64 / peak as f64,
-        predicted.targeted_compactions + predicted.full_compactions,
-        predicted.targeted_compactions,
-        predicted.full_compactions,
-        fmt_bytes(predicted.bytes_moved),
-        t0.elapsed().as_secs_f64() * 1e3
-    );
+    let whole = ddp::shard(&start.batches, 1, 0);
+    let (peak, capacity) = capacity_of(&lay, &start, &whole, s, "dry run")?;
     if s.dry {
         return Ok(());
     }
@@ -108,41 +96,88 @@ fn run(s: &Settings) -> Res<()> {
     for _ in 0..s.repeat {
         for mem in s.mem.list() {
             let mut d = match mem {
-                Mem::Arena => cuda::Cuda::arena(capacity)?,
+                Mem::Arena => cuda::Cuda::arena(0, capacity)?,
                 Mem::Plain => cuda::Cuda::plain()?,
             };
-            runs.push(train_on(&mut d, mem, &lay, &start, s)?);
+            runs.push(train_on(&mut d, mem, mem.name(), &lay, &start, &whole, s)?);
         }
     }
-    report::finish(s, &start, peak, capacity, &runs)
+    report::finish(s, &start, peak, capacity, &runs)?;
+    if s.world > 1 {
+        let single = runs
+            .iter()
+            .find(|r| r.mem == Mem::Arena)
+            .ok_or("--world needs an arena run on one GPU to compare with")?;
+        ddp::run(s, &lay, &start, single)?;
+    }
+    Ok(())
 }
 
-/// The allocation sequence on a metadata arena of `capacity` bytes.
-fn dry(lay: &Layout, start: &Start, s: &Settings, capacity: u64) -> Res<cuarena::Stats> {
+/// Peak live bytes of `steps` on a metadata arena, and the capacity the
+/// arena gets (the peak times --headroom), with the compactions predicted
+/// at that capacity.
+fn capacity_of(
+    lay: &Layout,
+    start: &Start,
+    steps: &[(Batch, usize)],
+    s: &Settings,
+    what: &str,
+) -> Res<(u64, u64)> {
+    let peak = dry(lay, start, steps, s, 1 << 50)?.peak_allocated_bytes;
+    let capacity = ((peak as f64 * s.headroom).ceil() as u64).div_ceil(256) * 256;
+    let t0 = Instant::now();
+    let predicted = dry(lay, start, steps, s, capacity)?;
+    println!(
+        "{what}: peak live {}; arena capacity {} ({:.4} x peak); predicted {} compactions ({} targeted, {} full), {} moved ({:.1} ms on the host)",
+        fmt_bytes(peak),
+        fmt_bytes(capacity),
+        capacity as f64 / peak as f64,
+        predicted.targeted_compactions + predicted.full_compactions,
+        predicted.targeted_compactions,
+        predicted.full_compactions,
+        fmt_bytes(predicted.bytes_moved),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    Ok((peak, capacity))
+}
+
+/// The allocation sequence of `steps` (a batch and its global batch's
+/// rows) on a metadata arena of `capacity` bytes.
+fn dry(
+    lay: &Layout,
+    start: &Start,
+    steps: &[(Batch, usize)],
+    s: &Settings,
+    capacity: u64,
+) -> Res<cuarena::Stats> {
     let mut d = Dry::new(capacity)?;
-    let st = Trainer::setup(&mut d, lay, None, start.batches.len(), s.bf16)?;
+    let st = Trainer::setup(&mut d, lay, None, steps.len(), s.bf16)?;
     let mut tr = Trainer::new(&mut d, lay, &st, start.hyper, s.bf16);
-    for (i, b) in start.batches.iter().enumerate() {
-        tr.step(i, b, &mut |_, _| Ok(()))
+    for (i, (b, rows)) in steps.iter().enumerate() {
+        tr.step(i, b, *rows, &mut |_, _| Ok(()))
             .map_err(|e| format!("dry run, step {i} (batch {} x {}): {e}", b.b, b.t))?;
     }
     Ok(d.arena.stats())
 }
 
-/// One training run on `d`; step 0 is a warm-up, left out of the timing.
-fn train_on(
+/// One training run on `d`; step 0 is a warm-up, left out of the timing
+/// (tokens are counted over the global batches). `label` prefixes the
+/// progress lines; "" prints none.
+pub fn train_on(
     d: &mut cuda::Cuda,
     mem: Mem,
+    label: &str,
     lay: &Layout,
     start: &Start,
+    steps: &[(Batch, usize)],
     s: &Settings,
 ) -> Res<report::Run> {
-    let steps = start.batches.len();
-    let st: State = Trainer::setup(d, lay, Some(&start.weights), steps, s.bf16)?;
+    let n = steps.len();
+    let st: State = Trainer::setup(d, lay, Some(&start.weights), n, s.bf16)?;
     let mut grads_report = None;
     let mut t0 = Instant::now();
     let mut timed_tokens = 0usize;
-    for (i, b) in start.batches.iter().enumerate() {
+    for (i, (b, rows)) in steps.iter().enumerate() {
         let mut check = |dd: &mut cuda::Cuda, st: &State| -> Res<()> {
             if i == 0 {
                 if let Some(path) = &s.check_grads {
@@ -152,30 +187,22 @@ fn train_on(
             Ok(())
         };
         Trainer::new(d, lay, &st, start.hyper, s.bf16)
-            .step(i, b, &mut check)
-            .map_err(|e| {
-                format!(
-                    "{} run, step {i} (batch {} x {}): {e}",
-                    mem.name(),
-                    b.b,
-                    b.t
-                )
-            })?;
+            .step(i, b, *rows, &mut check)
+            .map_err(|e| format!("{label} run, step {i} (batch {} x {}): {e}", b.b, b.t))?;
         if i == 0 {
             d.sync()?;
             d.host = cuda::HostTime::default();
             t0 = Instant::now();
         } else {
-            timed_tokens += b.b * b.t;
+            timed_tokens += rows * b.t;
         }
-        if (i + 1) % s.every == 0 || i + 1 == steps {
+        if !label.is_empty() && ((i + 1) % s.every == 0 || i + 1 == n) {
             let losses = report::f32s(&d.download(st.losses)?);
             let el = t0.elapsed().as_secs_f64();
             println!(
-                "[{}] step {:>4}/{steps}  batch {:>2} x {:>4}  loss {:.4}  {:.0} tokens/s",
-                mem.name(),
+                "[{label}] step {:>4}/{n}  batch {:>2} x {:>4}  loss {:.4}  {:.0} tokens/s",
                 i + 1,
-                b.b,
+                rows,
                 b.t,
                 losses[i],
                 timed_tokens as f64 / el.max(1e-9)
@@ -219,14 +246,15 @@ mod tests {
                 .unwrap()
                 .unwrap();
             let s = Settings { bf16, ..s };
-            let big = dry(&lay, &start, &s, 1 << 40).unwrap();
+            let whole = ddp::shard(&start.batches, 1, 0);
+            let big = dry(&lay, &start, &whole, &s, 1 << 40).unwrap();
             let persistent = if bf16 { 9 } else { 8 }; // with cuBLAS's workspace
             assert_eq!(big.live_blocks, persistent, "bf16 {bf16}");
-            let fit = dry(&lay, &start, &s, big.peak_allocated_bytes).unwrap();
+            let fit = dry(&lay, &start, &whole, &s, big.peak_allocated_bytes).unwrap();
             assert_eq!(fit.live_blocks, persistent);
             assert!(fit.peak_allocated_bytes <= big.peak_allocated_bytes);
             // One byte less than the peak cannot hold it.
-            assert!(dry(&lay, &start, &s, big.peak_allocated_bytes - 256).is_err());
+            assert!(dry(&lay, &start, &whole, &s, big.peak_allocated_bytes - 256).is_err());
         }
     }
 }

@@ -518,14 +518,19 @@ impl<'a, D: Dev> Trainer<'a, D> {
     /// Forward and backward of one batch, then the update: the step's mean
     /// loss and gradient norm land in `losses[step]`, `norms[step]`.
     /// `check` runs between the backward pass and the update (the
-    /// gradients are complete there).
+    /// gradients are complete there). Data parallel: `batch` is this
+    /// rank's rows of a global batch of `global_rows` rows (the loss and its
+    /// gradient are means over the global batch; the gradient buckets are
+    /// summed over the ranks).
     pub fn step(
         &mut self,
         step: usize,
         batch: &Batch,
+        global_rows: usize,
         check: &mut dyn FnMut(&mut D, &State) -> Res<()>,
     ) -> Res<()> {
         let (b, t) = (batch.b, batch.t);
+        let inv = 1.0 / (global_rows * t) as f32;
         let Config { vocab: v, c, .. } = self.cfg;
         let n = b * t;
         let tok = self.d.alloc(4 * batch.tokens.len() as u64)?;
@@ -595,7 +600,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
                 i(b)?,
                 i(t)?,
                 i(v)?,
-                Arg::F(1.0 / n as f32),
+                Arg::F(inv),
             ],
         )?;
         let one = Cfg {
@@ -610,6 +615,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
                 Arg::W(Ptr::of(self.st.losses).at(step)),
                 Arg::R(Ptr::of(row_loss)),
                 i(n)?,
+                Arg::F(inv),
             ],
         )?;
         self.free(&[row_loss])?;
@@ -644,9 +650,14 @@ impl<'a, D: Dev> Trainer<'a, D> {
         self.zero(Ptr::of(dres), n * c)?;
         self.layernorm_bwd(dres, self.lay.lnfw, self.lay.lnfb, dlnf, res, mf, rf, n)?;
         self.free(&[dlnf, lnf, mf, rf, res])?;
+        // Gradient buckets, summed over ranks as soon as they are complete:
+        // ln_f, each layer (last first: its parameters are contiguous), and
+        // the embeddings after the encoder's backward pass.
+        self.d.reduce(self.g(self.lay.lnfw), 2 * c)?;
         for (l, s) in saved.into_iter().enumerate().rev() {
             let at = self.lay.layers[l];
             self.layer_bwd(&at, s, dres, b, t)?;
+            self.d.reduce(self.g(at.ln1w), at.fcprojb + c - at.ln1w)?;
         }
         self.run(
             Kernel::EncoderBwd,
@@ -662,6 +673,11 @@ impl<'a, D: Dev> Trainer<'a, D> {
             ],
         )?;
         self.free(&[dres, tok])?;
+        self.d.reduce(
+            self.g(self.lay.wte),
+            self.lay.wpe + self.cfg.ctx * c - self.lay.wte,
+        )?;
+        self.d.reduce_wait()?;
         check(&mut *self.d, self.st)?;
         self.update(step)
     }

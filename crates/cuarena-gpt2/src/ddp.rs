@@ -1,0 +1,170 @@
+//! Data parallel over the GPUs of one host: one thread, one arena and one
+//! NCCL rank per GPU. Every rank starts from the same weights and takes its
+//! rows of each global batch; the loss and its gradient are means over the
+//! global batch, so the gradient buckets are *summed* over the ranks
+//! (all-reduced on each rank's communication stream, registered with its
+//! arena, while the backward pass of the earlier layers goes on), and every
+//! rank then makes the same update. A rank's loss slot holds its share of
+//! the global mean; the host adds the shares.
+
+use std::time::Duration;
+
+use cuarena::backend::cuda::cudarc::driver::CudaContext;
+use cuarena::backend::cuda::nccl::Communicator;
+
+use crate::cli::{Mem, Settings};
+use crate::model::{Batch, Layout, Start};
+use crate::report::Run;
+use crate::Res;
+
+/// Rank `rank`'s rows of every batch, with the global batch's row count:
+/// rows `rank * b / world .. (rank + 1) * b / world`.
+pub fn shard(batches: &[Batch], world: usize, rank: usize) -> Vec<(Batch, usize)> {
+    batches
+        .iter()
+        .map(|b| {
+            let (r0, r1) = (rank * b.b / world, (rank + 1) * b.b / world);
+            let w = b.t + 1;
+            let part = Batch {
+                b: r1 - r0,
+                t: b.t,
+                tokens: b.tokens[r0 * w..r1 * w].to_vec(),
+            };
+            (part, b.b)
+        })
+        .collect()
+}
+
+pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
+    let world = s.world;
+    let visible = usize::try_from(CudaContext::device_count()?)?;
+    if world > visible {
+        return Err(format!("--world {world}: only {visible} GPUs visible").into());
+    }
+    if let Err(reason) = cuarena::backend::cuda::nccl::available() {
+        return Err(format!("--world {world} needs NCCL: {reason}").into());
+    }
+    if let Some(b) = start.batches.iter().find(|b| b.b < world) {
+        return Err(format!("a batch of {} rows cannot be split over {world} GPUs", b.b).into());
+    }
+    let shards: Vec<_> = (0..world)
+        .map(|r| shard(&start.batches, world, r))
+        .collect();
+    let mut caps = Vec::with_capacity(world);
+    for (r, sh) in shards.iter().enumerate() {
+        caps.push(crate::capacity_of(lay, start, sh, s, &format!("rank {r} dry run"))?.1);
+    }
+    let streams = (0..world)
+        .map(|i| Ok(CudaContext::new(i)?.new_stream()?))
+        .collect::<Res<Vec<_>>>()?;
+    let comms = Communicator::init_all(streams, Duration::from_secs(120))?;
+    let results: Vec<Result<Run, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let (sh, cap) = (&shards[rank], caps[rank]);
+                sc.spawn(move || {
+                    let go = || -> Res<Run> {
+                        let mut d = crate::cuda::Cuda::arena(rank, cap)?;
+                        d.attach(comm)?;
+                        let label = if rank == 0 {
+                            "rank 0 (its share of the loss)"
+                        } else {
+                            ""
+                        };
+                        crate::train_on(&mut d, Mem::Arena, label, lay, start, sh, s)
+                    };
+                    go().map_err(|e| format!("rank {rank}: {e}"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let steps = start.batches.len();
+    let losses: Vec<f32> = (0..steps)
+        .map(|i| runs.iter().map(|r| r.losses[i]).sum())
+        .collect();
+    let diff = |k: usize| {
+        losses
+            .iter()
+            .zip(&single.losses)
+            .take(k)
+            .map(|(a, b)| ((a - b) / b).abs())
+            .fold(0f32, f32::max)
+    };
+    let time = runs.iter().map(|r| r.time_s).fold(0f64, f64::max);
+    let tps = runs[0].tokens as f64 / time.max(1e-9);
+    let one = single.tokens as f64 / single.time_s.max(1e-9);
+    println!(
+        "\ndata parallel over {world} GPUs: {tps:.0} tokens/s against {one:.0} on one GPU: {:.3}x, scaling efficiency {:.1}%",
+        tps / one,
+        100.0 * tps / (world as f64 * one)
+    );
+    println!(
+        "losses against the one-GPU run on the same global batches: largest relative difference {:.2e} over the first 10 steps, {:.2e} over all {steps}; last loss {:.4} (one GPU {:.4})",
+        diff(10),
+        diff(steps),
+        losses.last().copied().unwrap_or(f32::NAN),
+        single.losses.last().copied().unwrap_or(f32::NAN)
+    );
+    for (r, run) in runs.iter().enumerate() {
+        if let Some(st) = &run.stats {
+            println!(
+                "rank {r}: arena {} (1.0000 x its peak live), {} compactions, {} moved",
+                cuarena::fmt_bytes(st.capacity_bytes),
+                st.targeted_compactions + st.full_compactions,
+                cuarena::fmt_bytes(st.bytes_moved)
+            );
+        }
+    }
+    if let Some(path) = &s.json {
+        let ddp_path = format!("{path}.ddp.json");
+        let doc = serde_json::json!({
+            "world": world,
+            "losses": losses,
+            "tokens_per_s": tps,
+            "one_gpu_tokens_per_s": one,
+            "scaling_efficiency": tps / (world as f64 * one),
+            "max_rel_diff_first10": diff(10),
+            "max_rel_diff_all": diff(steps),
+        });
+        std::fs::write(&ddp_path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| format!("cannot write {ddp_path}: {e}"))?;
+        println!("wrote {ddp_path}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_every_row_once_in_order() {
+        let batches: Vec<Batch> = (1..9)
+            .map(|b| Batch {
+                b,
+                t: 3,
+                tokens: (0..b as i32 * 4).collect(),
+            })
+            .collect();
+        for world in 1..=4 {
+            let shards: Vec<_> = (0..world).map(|r| shard(&batches, world, r)).collect();
+            for (i, whole) in batches.iter().enumerate() {
+                let mut tokens = Vec::new();
+                for sh in &shards {
+                    let (part, rows) = &sh[i];
+                    assert_eq!((*rows, part.t), (whole.b, whole.t));
+                    assert_eq!(part.tokens.len(), part.b * (part.t + 1));
+                    tokens.extend_from_slice(&part.tokens);
+                }
+                assert_eq!(tokens, whole.tokens, "world {world}, batch {i}");
+            }
+        }
+    }
+}
