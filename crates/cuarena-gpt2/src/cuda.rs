@@ -10,9 +10,12 @@ use std::time::{Duration, Instant};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
+#[cfg(feature = "nccl")]
 use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
 use cuarena::backend::cuda::{compile, CudaBackend};
-use cuarena::{Arena, ArenaConfig, AsRange, BlockRange, Handle, Stats, StreamId};
+use cuarena::{Arena, ArenaConfig, Handle, Stats, StreamId};
+#[cfg(feature = "nccl")]
+use cuarena::{AsRange, BlockRange};
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
 
 use crate::dev::{Ab, Arg, Cfg, Dev, Gemm, Kernel, Ptr, Table, Tid, WORKSPACE};
@@ -41,6 +44,7 @@ pub struct Cuda {
     /// Data parallel: this rank's communicator, its stream registered with
     /// the arena (gradient buckets are all-reduced there while the backward
     /// pass goes on on the arena stream).
+    #[cfg(feature = "nccl")]
     ddp: Option<Ddp>,
     /// Host time spent in each kind of call, and how many calls.
     pub host: HostTime,
@@ -100,6 +104,7 @@ impl Cuda {
         let blas = CudaBlas::new(stream.clone())?;
         let mut me = Self {
             blas,
+            #[cfg(feature = "nccl")]
             ddp: None,
             host: HostTime::default(),
             funcs,
@@ -132,6 +137,7 @@ impl Cuda {
     }
 
     /// Makes this device a rank of `comm` (its stream is on this device).
+    #[cfg(feature = "nccl")]
     pub fn attach(&mut self, comm: Communicator) -> Res<()> {
         let Mem::Arena { arena, .. } = &mut self.mem else {
             return Err("data parallel runs use the arena".into());
@@ -186,6 +192,7 @@ impl Cuda {
     }
 }
 
+#[cfg(feature = "nccl")]
 pub struct Ddp {
     comm: Communicator,
     id: StreamId,
@@ -193,12 +200,14 @@ pub struct Ddp {
 }
 
 /// `len` bytes at `off` in a block: a gradient bucket in the flat buffer.
+#[cfg(feature = "nccl")]
 struct Sub {
     h: Handle,
     off: u64,
     len: u64,
 }
 
+#[cfg(feature = "nccl")]
 impl AsRange for Sub {
     fn block_range(&self) -> BlockRange {
         BlockRange {
@@ -479,6 +488,7 @@ impl Dev for Cuda {
         }
     }
 
+    #[cfg(feature = "nccl")]
     fn reduce(&mut self, p: Ptr, elems: usize) -> Res<()> {
         let (Some(ddp), Mem::Arena { arena, bufs }) = (&self.ddp, &mut self.mem) else {
             return Ok(());
@@ -499,6 +509,7 @@ impl Dev for Cuda {
         Ok(())
     }
 
+    #[cfg(feature = "nccl")]
     fn reduce_wait(&mut self) -> Res<()> {
         if let Some(ddp) = &self.ddp {
             self.stream.join(&ddp.stream)?;

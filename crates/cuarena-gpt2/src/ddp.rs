@@ -7,12 +7,10 @@
 //! rank then makes the same update. A rank's loss slot holds its share of
 //! the global mean; the host adds the shares.
 
-use std::time::Duration;
+//!
+//! Built with the crate's `nccl` feature; without it `--world` says so.
 
-use cuarena::backend::cuda::cudarc::driver::CudaContext;
-use cuarena::backend::cuda::nccl::Communicator;
-
-use crate::cli::{Mem, Settings};
+use crate::cli::Settings;
 use crate::model::{Batch, Layout, Start};
 use crate::report::Run;
 use crate::Res;
@@ -35,7 +33,22 @@ pub fn shard(batches: &[Batch], world: usize, rank: usize) -> Vec<(Batch, usize)
         .collect()
 }
 
+#[cfg(not(feature = "nccl"))]
+pub fn run(s: &Settings, _: &Layout, _: &Start, _: &Run) -> Res<()> {
+    Err(format!(
+        "--world {}: built without the `nccl` feature (cargo run --release -p cuarena-gpt2 --features nccl)",
+        s.world
+    )
+    .into())
+}
+
+#[cfg(feature = "nccl")]
 pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
+    use crate::cli::Mem;
+    use cuarena::backend::cuda::cudarc::driver::CudaContext;
+    use cuarena::backend::cuda::nccl::Communicator;
+    use std::time::Duration;
+
     let world = s.world;
     let visible = usize::try_from(CudaContext::device_count()?)?;
     if world > visible {
