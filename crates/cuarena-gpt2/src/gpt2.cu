@@ -327,14 +327,14 @@ extern "C" __global__ void cross_entropy(float* logits, float* losses, const int
     }
 }
 
-// out[0] = scale * sum of x[0..n] (one block): the mean loss with scale
-// 1 / rows, or a rank's share of the global batch's mean.
-extern "C" __global__ void mean_into(float* out, const float* x, int n, float scale) {
+// out[0] = sum of x[0..n] / denom (one block): the mean loss with denom =
+// n, or a rank's share of the global batch's mean (denom = global rows).
+extern "C" __global__ void mean_into(float* out, const float* x, int n, float denom) {
     __shared__ float sh[32];
     float s = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) out[0] = s * scale;
+    if (threadIdx.x == 0) out[0] = s / denom;
 }
 
 // acc[0] += sum of x[i]^2 (acc zeroed before).

@@ -530,7 +530,8 @@ impl<'a, D: Dev> Trainer<'a, D> {
         check: &mut dyn FnMut(&mut D, &State) -> Res<()>,
     ) -> Res<()> {
         let (b, t) = (batch.b, batch.t);
-        let inv = 1.0 / (global_rows * t) as f32;
+        let global = (global_rows * t) as f32;
+        let inv = 1.0 / global;
         let Config { vocab: v, c, .. } = self.cfg;
         let n = b * t;
         let tok = self.d.alloc(4 * batch.tokens.len() as u64)?;
@@ -615,7 +616,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
                 Arg::W(Ptr::of(self.st.losses).at(step)),
                 Arg::R(Ptr::of(row_loss)),
                 i(n)?,
-                Arg::F(inv),
+                Arg::F(global),
             ],
         )?;
         self.free(&[row_loss])?;
