@@ -119,8 +119,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
             Long("init") => s.init = Some(text(p.value()?, "--init")?),
             Long("steps") => {
                 let n: usize = num(p.value()?, "--steps")?;
-                if n == 0 || n > 1_000_000 {
-                    return Err(format!("--steps {n}: give 1 to 1000000").into());
+                if n == 0 || n > 10_000 {
+                    return Err(format!("--steps {n}: give 1 to 10000").into());
                 }
                 s.steps = Some(n);
             }

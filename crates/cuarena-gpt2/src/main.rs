@@ -12,6 +12,7 @@ mod cli;
 mod cuda;
 mod ddp;
 mod dev;
+mod layers;
 mod model;
 mod report;
 mod train;

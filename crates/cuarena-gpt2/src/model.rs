@@ -134,8 +134,10 @@ impl Layout {
     /// Reads a flat buffer of this layout from named tensors (`what` says
     /// which file, for errors).
     pub fn gather(&self, st: &SafeTensors, what: &str) -> Res<Vec<f32>> {
-        let mut flat = vec![0f32; self.total];
-        for (name, shape, at) in &self.params {
+        // Every tensor is checked before the buffer is made: its size then
+        // comes from bytes the file really holds, not from its metadata.
+        let mut views = Vec::with_capacity(self.params.len());
+        for (name, shape, _) in &self.params {
             let t = st
                 .tensor(name)
                 .map_err(|e| format!("{what}: tensor {name}: {e}"))?;
@@ -147,6 +149,10 @@ impl Layout {
                 )
                 .into());
             }
+            views.push(t);
+        }
+        let mut flat = vec![0f32; self.total];
+        for ((_, shape, at), t) in self.params.iter().zip(views) {
             let n: usize = shape.iter().product();
             for (dst, src) in flat[*at..at + n].iter_mut().zip(t.data().chunks_exact(4)) {
                 *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
@@ -195,6 +201,16 @@ pub fn load(path: &str, steps: Option<usize>) -> Res<Start> {
         layers: meta(&m, "n_layer", path)?,
         heads: meta(&m, "n_head", path)?,
     };
+    let dims = [
+        (cfg.vocab, 1 << 20),
+        (cfg.ctx, 1 << 16),
+        (cfg.c, 1 << 16),
+        (cfg.layers, 1024),
+        (cfg.heads, 1024),
+    ];
+    if dims.iter().any(|&(x, max)| x == 0 || x > max) {
+        return Err(format!("{path}: model dimensions {cfg:?} out of range").into());
+    }
     if cfg.heads == 0 || cfg.c % cfg.heads != 0 || cfg.c % 4 != 0 {
         return Err(format!(
             "{path}: n_embd {} must be a multiple of 4 and of n_head {}",
