@@ -157,28 +157,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
         c: Ptr,
         ldc: usize,
     ) -> Res<()> {
-        let g = Gemm {
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            a,
-            lda,
-            sa: 0,
-            b,
-            ldb,
-            sb: 0,
-            c,
-            ldc,
-            sc: 0,
-            batch: 1,
-            alpha: 1.0,
-            beta: 0.0,
-            ab: Ab::F32,
-        };
-        let (a_n, b_n) = (m * k, k * n);
-        self.gemm(g, a_n, b_n)
+        self.bmm(ta, tb, (m, n, k), a, lda, 0, b, ldb, 0, c, ldc, 0, 1)
     }
 
     /// Batched: `batch` matrices at strides (in elements) `sa`, `sb`, `sc`.
@@ -219,7 +198,13 @@ impl<'a, D: Dev> Trainer<'a, D> {
             beta: 0.0,
             ab: Ab::F32,
         };
-        self.gemm(g, sa * batch, sb * batch)
+        // Elements of A and B the GEMM reads (what a bf16 copy must hold).
+        let (a_n, b_n) = if batch == 1 {
+            (m * k, k * n)
+        } else {
+            (sa * batch, sb * batch)
+        };
+        self.gemm(g, a_n, b_n)
     }
 
     /// Runs `g`; in mixed precision through bf16 copies of A and B
