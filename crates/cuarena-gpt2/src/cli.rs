@@ -1,6 +1,7 @@
 //! The command line.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use lexopt::prelude::*;
 
@@ -73,13 +74,13 @@ impl Mems {
 
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub init: Option<String>,
+    pub init: Option<PathBuf>,
     pub steps: Option<usize>,
     pub bf16: bool,
     pub mem: Mems,
     pub headroom: f64,
-    pub json: Option<String>,
-    pub check_grads: Option<String>,
+    pub json: Option<PathBuf>,
+    pub check_grads: Option<PathBuf>,
     pub every: usize,
     pub repeat: usize,
     pub world: usize,
@@ -91,6 +92,19 @@ fn num<T: std::str::FromStr>(v: OsString, what: &str) -> Res<T> {
     let s = v.into_string().map_err(|_| format!("{what}: not UTF-8"))?;
     s.parse()
         .map_err(|_| format!("{what}: `{s}` is not a valid number").into())
+}
+
+/// A path: any bytes the OS takes, but not something that looks like an
+/// option (`--json --dry` is a missing value, not a file named `--dry`).
+fn path(v: OsString, what: &str) -> Res<PathBuf> {
+    if v.to_string_lossy().starts_with('-') {
+        return Err(format!(
+            "{what} needs a path; `{}` looks like an option",
+            v.to_string_lossy()
+        )
+        .into());
+    }
+    Ok(PathBuf::from(v))
 }
 
 fn text(v: OsString, what: &str) -> Res<String> {
@@ -116,11 +130,11 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next()? {
         match arg {
-            Long("init") => s.init = Some(text(p.value()?, "--init")?),
+            Long("init") => s.init = Some(path(p.value()?, "--init")?),
             Long("steps") => {
                 let n: usize = num(p.value()?, "--steps")?;
-                if n == 0 || n > 10_000 {
-                    return Err(format!("--steps {n}: give 1 to 10000").into());
+                if n == 0 || n > crate::load::MAX_STEPS {
+                    return Err(format!("--steps {n}: give 1 to {}", crate::load::MAX_STEPS).into());
                 }
                 s.steps = Some(n);
             }
@@ -146,8 +160,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
                 }
                 s.headroom = x;
             }
-            Long("json") => s.json = Some(text(p.value()?, "--json")?),
-            Long("check-grads") => s.check_grads = Some(text(p.value()?, "--check-grads")?),
+            Long("json") => s.json = Some(path(p.value()?, "--json")?),
+            Long("check-grads") => s.check_grads = Some(path(p.value()?, "--check-grads")?),
             Long("every") => {
                 s.every = num(p.value()?, "--every")?;
                 if s.every == 0 {
@@ -172,6 +186,18 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
             _ => return Err(arg.unexpected().into()),
         }
     }
+    if s.world > 1 {
+        if !cfg!(feature = "nccl") {
+            return Err(format!(
+                "--world {}: built without the `nccl` feature (cargo run --release -p cuarena-gpt2 --features nccl)",
+                s.world
+            )
+            .into());
+        }
+        if s.mem == Mems::One(Mem::Plain) {
+            return Err("--world runs on arenas: drop `--mem plain`".into());
+        }
+    }
     Ok(Some(s))
 }
 
@@ -191,6 +217,7 @@ mod tests {
             (&["--mem", "cuda"][..], "arena, plain or both"),
             (&["--headroom", "0.5"][..], "--headroom"),
             (&["--every", "x"][..], "--every"),
+            (&["--json", "--dry"][..], "looks like an option"),
         ] {
             let e = parse(args(a)).unwrap_err().to_string();
             assert!(e.contains(want), "{a:?}: {e}");

@@ -327,7 +327,7 @@ impl Cuda {
                     }
                 }
             }
-            // SAFETY: every launch in `model.rs` passes its kernel's C
+            // SAFETY: every launch in `train.rs` and `layers.rs` passes its kernel's C
             // arguments in order and type (pointers as 64-bit addresses,
             // int as i32, float as f32, sizes as u64), with buffers at
             // least as large as the kernel touches for the dimensions

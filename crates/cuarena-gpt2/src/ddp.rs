@@ -10,9 +10,14 @@
 //!
 //! Built with the crate's `nccl` feature; without it `--world` says so.
 
+#[cfg(feature = "nccl")]
 use crate::cli::Settings;
-use crate::model::{Batch, Layout, Start};
+use crate::model::Batch;
+#[cfg(feature = "nccl")]
+use crate::model::{Layout, Start};
+#[cfg(feature = "nccl")]
 use crate::report::Run;
+#[cfg(feature = "nccl")]
 use crate::Res;
 
 /// Rank `rank`'s rows of every batch, with the global batch's row count:
@@ -33,13 +38,21 @@ pub fn shard(batches: &[Batch], world: usize, rank: usize) -> Vec<(Batch, usize)
         .collect()
 }
 
-#[cfg(not(feature = "nccl"))]
-pub fn run(s: &Settings, _: &Layout, _: &Start, _: &Run) -> Res<()> {
-    Err(format!(
-        "--world {}: built without the `nccl` feature (cargo run --release -p cuarena-gpt2 --features nccl)",
-        s.world
-    )
-    .into())
+/// Enough GPUs and NCCL for `world` ranks, checked before any run.
+#[cfg(feature = "nccl")]
+pub fn check_devices(world: usize) -> Res<()> {
+    if world < 2 {
+        return Ok(());
+    }
+    let visible =
+        usize::try_from(cuarena::backend::cuda::cudarc::driver::CudaContext::device_count()?)?;
+    if world > visible {
+        return Err(format!("--world {world}: only {visible} GPUs visible").into());
+    }
+    if let Err(reason) = cuarena::backend::cuda::nccl::available() {
+        return Err(format!("--world {world} needs NCCL: {reason}").into());
+    }
+    Ok(())
 }
 
 #[cfg(feature = "nccl")]
@@ -50,16 +63,6 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
     use std::time::Duration;
 
     let world = s.world;
-    let visible = usize::try_from(CudaContext::device_count()?)?;
-    if world > visible {
-        return Err(format!("--world {world}: only {visible} GPUs visible").into());
-    }
-    if let Err(reason) = cuarena::backend::cuda::nccl::available() {
-        return Err(format!("--world {world} needs NCCL: {reason}").into());
-    }
-    if let Some(b) = start.batches.iter().find(|b| b.b < world) {
-        return Err(format!("a batch of {} rows cannot be split over {world} GPUs", b.b).into());
-    }
     let shards: Vec<_> = (0..world)
         .map(|r| shard(&start.batches, world, r))
         .collect();
@@ -136,7 +139,7 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
         }
     }
     if let Some(path) = &s.json {
-        let ddp_path = format!("{path}.ddp.json");
+        let ddp_path = format!("{}.ddp.json", path.display());
         let doc = serde_json::json!({
             "world": world,
             "losses": losses,

@@ -273,3 +273,45 @@ impl Dev for Dry {
         Some(self.arena.stats())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Kernel::{self, *};
+
+    /// Every kernel's index names its function in `gpt2.cu`.
+    #[test]
+    fn kernel_indices_match_their_names() {
+        let all = [
+            (FillZero, "fill_zero"),
+            (EncoderFwd, "encoder_fwd"),
+            (EncoderBwd, "encoder_bwd"),
+            (LayernormFwd, "layernorm_fwd"),
+            (LayernormBwd, "layernorm_bwd"),
+            (AddBias, "add_bias"),
+            (BiasGelu, "bias_gelu"),
+            (GeluBwd, "gelu_bwd"),
+            (ResidualBias, "residual_bias"),
+            (ColSum, "col_sum"),
+            (SplitHeads, "split_heads"),
+            (MergeHeads3, "merge_heads3"),
+            (HeadsToRows, "heads_to_rows"),
+            (SoftmaxCausal, "softmax_causal"),
+            (SoftmaxCausalBwd, "softmax_causal_bwd"),
+            (CrossEntropy, "cross_entropy"),
+            (MeanInto, "mean_into"),
+            (SumSquares, "sum_squares"),
+            (StoreNorm, "store_norm"),
+            (Adamw, "adamw"),
+            (ToBf16, "to_bf16"),
+        ];
+        assert_eq!(all.len(), Kernel::NAMES.len());
+        let source = include_str!("gpt2.cu");
+        for (k, name) in all {
+            assert_eq!(Kernel::NAMES[k as usize], name);
+            assert!(
+                source.contains(&format!("void {name}(")),
+                "{name} not in gpt2.cu"
+            );
+        }
+    }
+}

@@ -13,6 +13,7 @@ mod cuda;
 mod ddp;
 mod dev;
 mod layers;
+mod load;
 mod model;
 mod report;
 mod train;
@@ -52,7 +53,7 @@ fn main() -> ExitCode {
 
 fn run(s: &Settings) -> Res<()> {
     let start = match &s.init {
-        Some(path) => model::load(path, s.steps)?,
+        Some(path) => load::load(path, s.steps)?,
         None => model::synthetic(
             model::Config::GPT2,
             s.steps.unwrap_or(100),
@@ -79,6 +80,13 @@ fn run(s: &Settings) -> Res<()> {
         tokens,
         if s.bf16 { "bf16 mixed precision" } else { "fp32" },
     );
+    if let Some(b) = start.batches.iter().find(|b| b.b < s.world) {
+        return Err(format!(
+            "--world {}: a batch of {} rows cannot be split over that many GPUs",
+            s.world, b.b
+        )
+        .into());
+    }
     // The run's own allocation sequence on a metadata arena: its peak of
     // live bytes is the arena's capacity (times --headroom).
     let whole = ddp::shard(&start.batches, 1, 0);
@@ -89,6 +97,11 @@ fn run(s: &Settings) -> Res<()> {
     if let Err(reason) = cuarena::backend::cuda::CudaBackend::available() {
         println!("gpt2 needs a CUDA GPU: {reason}; skipping (`--dry` runs the allocation sequence without one).");
         return Ok(());
+    }
+    #[cfg(feature = "nccl")]
+    ddp::check_devices(s.world)?;
+    if let Some(p) = &s.check_grads {
+        load::read_bounded(p).map(drop)?;
     }
     // Runs alternate (arena, plain, arena, ...): the card's clocks drift
     // by a few percent from run to run, which one pair would mistake for
@@ -104,6 +117,7 @@ fn run(s: &Settings) -> Res<()> {
         }
     }
     report::finish(s, &start, peak, capacity, &runs)?;
+    #[cfg(feature = "nccl")]
     if s.world > 1 {
         let single = runs
             .iter()

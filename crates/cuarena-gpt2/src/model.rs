@@ -1,9 +1,8 @@
 //! GPT-2's shapes, where each parameter sits in the one flat parameter
 //! buffer (gradients and AdamW's moments use the same offsets), and the
 //! run's inputs: initial weights and token batches, read from the
-//! safetensors file `scripts/gpt2_reference.py init` writes or made here.
-
-use std::collections::HashMap;
+//! safetensors file `scripts/gpt2_reference.py init` writes (`load.rs`) or
+//! made here.
 
 use safetensors::{Dtype, SafeTensors};
 
@@ -177,112 +176,6 @@ pub struct Start {
     pub hyper: Hyper,
     pub weights: Vec<f32>,
     pub batches: Vec<Batch>,
-}
-
-fn meta<T: std::str::FromStr>(m: &HashMap<String, String>, key: &str, what: &str) -> Res<T> {
-    m.get(key)
-        .ok_or_else(|| format!("{what}: metadata has no `{key}`"))?
-        .parse()
-        .map_err(|_| format!("{what}: metadata `{key}` is not a number").into())
-}
-
-/// Reads `path` (written by `scripts/gpt2_reference.py init`).
-pub fn load(path: &str, steps: Option<usize>) -> Res<Start> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let (_, md) = SafeTensors::read_metadata(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let m = md
-        .metadata()
-        .clone()
-        .ok_or_else(|| format!("{path}: no metadata"))?;
-    let cfg = Config {
-        vocab: meta(&m, "vocab", path)?,
-        ctx: meta(&m, "n_positions", path)?,
-        c: meta(&m, "n_embd", path)?,
-        layers: meta(&m, "n_layer", path)?,
-        heads: meta(&m, "n_head", path)?,
-    };
-    let dims = [
-        (cfg.vocab, 1 << 20),
-        (cfg.ctx, 1 << 16),
-        (cfg.c, 1 << 16),
-        (cfg.layers, 1024),
-        (cfg.heads, 1024),
-    ];
-    if dims.iter().any(|&(x, max)| x == 0 || x > max) {
-        return Err(format!("{path}: model dimensions {cfg:?} out of range").into());
-    }
-    if cfg.heads == 0 || cfg.c % cfg.heads != 0 || cfg.c % 4 != 0 {
-        return Err(format!(
-            "{path}: n_embd {} must be a multiple of 4 and of n_head {}",
-            cfg.c, cfg.heads
-        )
-        .into());
-    }
-    let hyper = Hyper {
-        lr: meta(&m, "lr", path)?,
-        beta1: meta(&m, "beta1", path)?,
-        beta2: meta(&m, "beta2", path)?,
-        eps: meta(&m, "eps", path)?,
-        weight_decay: meta(&m, "weight_decay", path)?,
-        grad_clip: meta(&m, "grad_clip", path)?,
-    };
-    let have: usize = meta(&m, "steps", path)?;
-    let n = steps.unwrap_or(have);
-    if n > have {
-        return Err(format!("{path} holds {have} batches; {n} steps asked").into());
-    }
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let weights = Layout::new(cfg).gather(&st, path)?;
-    let mut batches = Vec::with_capacity(n);
-    for s in 0..n {
-        let name = format!("tokens.{s}");
-        let t = st
-            .tensor(&name)
-            .map_err(|e| format!("{path}: {name}: {e}"))?;
-        let (b, t1) = match (t.dtype(), t.shape()) {
-            (Dtype::I32, &[b, t1]) if b > 0 && t1 >= 2 => (b, t1),
-            (d, s) => {
-                return Err(
-                    format!("{path}: {name} is {d:?} {s:?}, expected I32 (B, T + 1)").into(),
-                )
-            }
-        };
-        let tokens: Vec<i32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|x| i32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-            .collect();
-        check_batch(&cfg, &tokens, t1 - 1, &name)?;
-        batches.push(Batch {
-            b,
-            t: t1 - 1,
-            tokens,
-        });
-    }
-    Ok(Start {
-        cfg,
-        hyper,
-        weights,
-        batches,
-    })
-}
-
-fn check_batch(cfg: &Config, tokens: &[i32], t: usize, name: &str) -> Res<()> {
-    if t > cfg.ctx {
-        return Err(format!(
-            "{name}: sequence length {t} exceeds the context {}",
-            cfg.ctx
-        )
-        .into());
-    }
-    if let Some(bad) = tokens.iter().find(|&&x| x < 0 || x as usize >= cfg.vocab) {
-        return Err(format!(
-            "{name}: token {bad} outside the vocabulary of {}",
-            cfg.vocab
-        )
-        .into());
-    }
-    Ok(())
 }
 
 /// A small deterministic generator (SplitMix64), for synthetic runs.

@@ -2,6 +2,8 @@
 //! the gradient check against PyTorch's, and the JSON that
 //! `scripts/gpt2_reference.py compare` reads.
 
+use std::path::Path;
+
 use cuarena::{fmt_bytes, Stats};
 use safetensors::SafeTensors;
 use serde_json::json;
@@ -41,11 +43,12 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
 
 /// The first step's gradients against PyTorch's: relative L2 error per
 /// parameter (|g - r| / |r|), the worst five and the whole.
-pub fn check_grads<D: Dev>(d: &mut D, st: &State, lay: &Layout, path: &str) -> Res<String> {
+pub fn check_grads<D: Dev>(d: &mut D, st: &State, lay: &Layout, path: &Path) -> Res<String> {
     let ours = f32s(&d.download(st.grads)?);
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let theirs = lay.gather(&file, path)?;
+    let bytes = crate::load::read_bounded(path)?;
+    let what = path.display().to_string();
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| format!("{what}: {e}"))?;
+    let theirs = lay.gather(&file, &what)?;
     let mut per: Vec<(f64, &str)> = Vec::new();
     let (mut num, mut den) = (0f64, 0f64);
     for (name, shape, at) in &lay.params {
@@ -184,8 +187,8 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
             "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .map_err(|e| format!("cannot write {path}: {e}"))?;
-        println!("wrote {path}");
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

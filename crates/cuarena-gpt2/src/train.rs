@@ -309,7 +309,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
         )?;
         let row_loss = self.alloc(n)?;
         let ce = Cfg {
-            grid: (n as u32, 1, 1),
+            grid: (u32::try_from(n)?, 1, 1),
             block: (512, 1, 1),
             shmem: 0,
         };
