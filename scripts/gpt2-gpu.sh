@@ -12,8 +12,8 @@
 # memory cap (default allocator and expandable segments) on the same batches;
 # TRAIN=0 skips the training runs (with FIND_CAP=1: the caps only);
 # MEMCHECK=1 runs two steps of the arena run under compute-sanitizer memcheck;
-# WORLD=2 (on a host with two GPUs) trains the same batches data-parallel
-# after the one-GPU arena run and compares them.
+# WORLD=2 (on a host with two GPUs, BIN built with `--features nccl`) trains
+# the same batches data-parallel after the one-GPU arena run and compares.
 set -u
 BIN=${1:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
 OUT=${2:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
