@@ -38,6 +38,7 @@ OPTIONS:
                        pass); compares the losses and the speed
   --dry                only the allocation sequence on a metadata arena
                        (no GPU): peak live bytes and predicted compactions
+                       (with --world, each rank's too)
   -h, --help           this text
 
 Without a CUDA GPU the run says so and exits 0.";
@@ -186,7 +187,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
             _ => return Err(arg.unexpected().into()),
         }
     }
-    if s.world > 1 {
+    if s.world > 1 && !s.dry {
         if !cfg!(feature = "nccl") {
             return Err(format!(
                 "--world {}: built without the `nccl` feature (cargo run --release -p cuarena-gpt2 --features nccl)",

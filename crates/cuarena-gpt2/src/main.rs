@@ -92,6 +92,17 @@ fn run(s: &Settings) -> Res<()> {
     let whole = ddp::shard(&start.batches, 1, 0);
     let (peak, capacity) = capacity_of(&lay, &start, &whole, s, "dry run")?;
     if s.dry {
+        // Each rank's own sequence, as `--world` would run it.
+        for r in (0..s.world).filter(|_| s.world > 1) {
+            let sh = ddp::shard(&start.batches, s.world, r);
+            capacity_of(
+                &lay,
+                &start,
+                &sh,
+                s,
+                &format!("rank {r} of {} dry run", s.world),
+            )?;
+        }
         return Ok(());
     }
     if let Err(reason) = cuarena::backend::cuda::CudaBackend::available() {
@@ -255,7 +266,7 @@ mod tests {
             heads: 4,
         };
         for bf16 in [false, true] {
-            let start = model::synthetic(cfg, 12, (3, 48), (1, 5), 7);
+            let start = model::synthetic(cfg, 12, (3, 48), (2, 5), 7);
             let lay = Layout::new(cfg);
             let s = cli::parse(Vec::<std::ffi::OsString>::new())
                 .unwrap()
@@ -268,6 +279,14 @@ mod tests {
             let fit = dry(&lay, &start, &whole, &s, big.peak_allocated_bytes).unwrap();
             assert_eq!(fit.live_blocks, persistent);
             assert!(fit.peak_allocated_bytes <= big.peak_allocated_bytes);
+            // Each rank of two replays its own rows, and fits its own peak.
+            for r in 0..2 {
+                let sh = ddp::shard(&start.batches, 2, r);
+                let own = dry(&lay, &start, &sh, &s, 1 << 40).unwrap();
+                assert_eq!(own.live_blocks, persistent);
+                assert!(own.peak_allocated_bytes <= big.peak_allocated_bytes);
+                dry(&lay, &start, &sh, &s, own.peak_allocated_bytes).unwrap();
+            }
             // One byte less than the peak cannot hold it.
             assert!(dry(&lay, &start, &whole, &s, big.peak_allocated_bytes - 256).is_err());
         }

@@ -161,6 +161,33 @@ impl Layout {
     }
 }
 
+/// Gradient buckets for data parallel runs, each a contiguous (offset,
+/// elements) range of the flat buffer, in the order the backward pass
+/// completes them.
+#[derive(Debug, Clone)]
+pub struct Buckets {
+    pub lnf: (usize, usize),
+    /// One per layer, in layer order.
+    pub layers: Vec<(usize, usize)>,
+    /// wte and wpe (complete after the encoder's backward pass).
+    pub embeddings: (usize, usize),
+}
+
+impl Layout {
+    pub fn buckets(&self) -> Buckets {
+        let c = self.cfg.c;
+        Buckets {
+            lnf: (self.lnfw, self.lnfb + c - self.lnfw),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| (l.ln1w, l.fcprojb + c - l.ln1w))
+                .collect(),
+            embeddings: (self.wte, self.wpe + self.cfg.ctx * c - self.wte),
+        }
+    }
+}
+
 /// One step's tokens: (b, t + 1) row-major; inputs are the first t of a
 /// row, targets the last t.
 #[derive(Debug, Clone)]
@@ -261,5 +288,49 @@ pub fn synthetic(
         hyper: Hyper::default(),
         weights: w,
         batches,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The buckets cover every parameter exactly once: after all of them
+    /// are summed, every gradient is.
+    #[test]
+    fn buckets_partition_the_parameters() {
+        for cfg in [
+            Config::GPT2,
+            Config {
+                vocab: 97,
+                ctx: 48,
+                c: 32,
+                layers: 3,
+                heads: 4,
+            },
+        ] {
+            let lay = Layout::new(cfg);
+            let b = lay.buckets();
+            let mut ranges: Vec<(usize, usize)> = b.layers.clone();
+            ranges.push(b.lnf);
+            ranges.push(b.embeddings);
+            ranges.sort();
+            let mut next = 0;
+            for (at, len) in ranges {
+                assert_eq!(at, next, "{cfg:?}: a gap or an overlap at {at}");
+                assert!(len > 0);
+                next = at + len;
+            }
+            assert_eq!(next, lay.total);
+            // Each parameter falls in one bucket.
+            for (name, shape, at) in &lay.params {
+                let n: usize = shape.iter().product();
+                let inside = |r: &(usize, usize)| r.0 <= *at && at + n <= r.0 + r.1;
+                let hits = b.layers.iter().filter(|r| inside(r)).count()
+                    + usize::from(inside(&b.lnf))
+                    + usize::from(inside(&b.embeddings));
+                assert_eq!(hits, 1, "{name}");
+            }
+        }
     }
 }

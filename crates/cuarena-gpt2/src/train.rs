@@ -376,11 +376,14 @@ impl<'a, D: Dev> Trainer<'a, D> {
         // Gradient buckets, summed over ranks as soon as they are complete:
         // ln_f, each layer (last first: its parameters are contiguous), and
         // the embeddings after the encoder's backward pass.
-        self.d.reduce(self.g(self.lay.lnfw), 2 * c)?;
+        let buckets = self.lay.buckets();
+        let (at, len) = buckets.lnf;
+        self.d.reduce(self.g(at), len)?;
         for (l, s) in saved.into_iter().enumerate().rev() {
-            let at = self.lay.layers[l];
-            self.layer_bwd(&at, s, dres, b, t)?;
-            self.d.reduce(self.g(at.ln1w), at.fcprojb + c - at.ln1w)?;
+            let lat = self.lay.layers[l];
+            self.layer_bwd(&lat, s, dres, b, t)?;
+            let (at, len) = buckets.layers[l];
+            self.d.reduce(self.g(at), len)?;
         }
         self.run(
             Kernel::EncoderBwd,
@@ -396,10 +399,8 @@ impl<'a, D: Dev> Trainer<'a, D> {
             ],
         )?;
         self.free(&[dres, tok])?;
-        self.d.reduce(
-            self.g(self.lay.wte),
-            self.lay.wpe + self.cfg.ctx * c - self.lay.wte,
-        )?;
+        let (at, len) = buckets.embeddings;
+        self.d.reduce(self.g(at), len)?;
         self.d.reduce_wait()?;
         check(&mut *self.d, self.st)?;
         self.update(step)
