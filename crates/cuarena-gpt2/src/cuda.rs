@@ -51,7 +51,6 @@ pub struct Cuda {
     funcs: Vec<CudaFunction>,
     stream: Arc<CudaStream>,
     pub mem: Mem,
-    workspace: Tid,
 }
 
 impl Cuda {
@@ -110,18 +109,17 @@ impl Cuda {
             funcs,
             stream,
             mem,
-            workspace: 0,
         };
-        me.workspace = me.alloc(WORKSPACE)?;
+        let workspace = me.alloc(WORKSPACE)?;
         let addr = match &mut me.mem {
             Mem::Arena { arena, bufs } => {
-                let h = bufs.get(me.workspace)?.0;
+                let h = bufs.get(workspace)?.0;
                 arena.pin(h)?;
                 let mut args = arena.kernel_args(StreamId::ARENA)?;
                 let view = args.output::<u8>(h)?;
                 view.device_address()
             }
-            Mem::Plain { bufs, .. } => bufs.get(me.workspace)?.device_ptr(&me.stream).0,
+            Mem::Plain { bufs, .. } => bufs.get(workspace)?.device_ptr(&me.stream).0,
         };
         // SAFETY: the workspace is WORKSPACE bytes of device memory that
         // stays at this address until `me` is dropped (pinned in the arena,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
 
-use crate::model::{Batch, Config, Hyper, Layout, Start};
+use crate::model::{le_words, Batch, Config, Hyper, Layout, Start};
 use crate::Res;
 
 /// Largest file read: GPT-2 small with its batches is about 0.5 GB.
@@ -136,11 +136,7 @@ pub fn load(path: &Path, steps: Option<usize>) -> Res<Start> {
                 .into())
             }
         };
-        let tokens: Vec<i32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|x| i32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-            .collect();
+        let tokens: Vec<i32> = le_words(t.data(), i32::from_le_bytes).collect();
         if t1 - 1 > cfg.ctx {
             return Err(format!(
                 "{what}: {name}: sequence length {} exceeds the context {}",

@@ -153,8 +153,11 @@ impl Layout {
         let mut flat = vec![0f32; self.total];
         for ((_, shape, at), t) in self.params.iter().zip(views) {
             let n: usize = shape.iter().product();
-            for (dst, src) in flat[*at..at + n].iter_mut().zip(t.data().chunks_exact(4)) {
-                *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+            for (dst, src) in flat[*at..at + n]
+                .iter_mut()
+                .zip(le_words(t.data(), f32::from_le_bytes))
+            {
+                *dst = src;
             }
         }
         Ok(flat)
@@ -186,6 +189,15 @@ impl Layout {
             embeddings: (self.wte, self.wpe + self.cfg.ctx * c - self.wte),
         }
     }
+}
+
+/// Little-endian 4-byte words (safetensors' byte order, and the device's)
+/// read with `f` (`f32::from_le_bytes`, `i32::from_le_bytes`): file data
+/// need not be aligned for a cast.
+pub fn le_words<T: 'static>(bytes: &[u8], f: fn([u8; 4]) -> T) -> impl Iterator<Item = T> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(move |x| f([x[0], x[1], x[2], x[3]]))
 }
 
 /// One step's tokens: (b, t + 1) row-major; inputs are the first t of a

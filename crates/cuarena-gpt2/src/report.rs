@@ -35,10 +35,7 @@ impl Run {
 }
 
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-        .collect()
+    crate::model::le_words(bytes, f32::from_le_bytes).collect()
 }
 
 /// The first step's gradients against PyTorch's: relative L2 error per

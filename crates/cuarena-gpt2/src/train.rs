@@ -22,6 +22,15 @@ pub(crate) fn ew(n: usize) -> Cfg {
     }
 }
 
+/// A single block of `threads`.
+fn one_block(threads: u32) -> Cfg {
+    Cfg {
+        grid: (1, 1, 1),
+        block: (threads, 1, 1),
+        shmem: 0,
+    }
+}
+
 /// One warp per row, 8 rows a block.
 pub(crate) fn rows(n: usize) -> Cfg {
     Cfg {
@@ -53,10 +62,10 @@ pub struct State {
 }
 
 pub struct Trainer<'a, D: Dev> {
-    pub d: &'a mut D,
-    pub lay: &'a Layout,
-    pub st: &'a State,
-    pub bf16: bool,
+    pub(crate) d: &'a mut D,
+    pub(crate) lay: &'a Layout,
+    pub(crate) st: &'a State,
+    pub(crate) bf16: bool,
     hyper: Hyper,
     pub(crate) cfg: Config,
 }
@@ -85,7 +94,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
             None
         };
         if let Some(w) = weights {
-            d.upload(params, bytemuck_f32(w))?;
+            d.upload(params, cuarena::bytemuck::cast_slice(w))?;
         }
         for t in [m, v] {
             d.launch(
@@ -257,7 +266,8 @@ impl<'a, D: Dev> Trainer<'a, D> {
         let Config { vocab: v, c, .. } = self.cfg;
         let n = b * t;
         let tok = self.d.alloc(4 * batch.tokens.len() as u64)?;
-        self.d.upload(tok, bytemuck_i32(&batch.tokens))?;
+        self.d
+            .upload(tok, cuarena::bytemuck::cast_slice(&batch.tokens))?;
         if self.bf16 {
             let p16 = self.st.params16.ok_or("no bf16 parameters")?;
             let total = self.lay.total;
@@ -326,14 +336,9 @@ impl<'a, D: Dev> Trainer<'a, D> {
                 Arg::F(inv),
             ],
         )?;
-        let one = Cfg {
-            grid: (1, 1, 1),
-            block: (1024, 1, 1),
-            shmem: 0,
-        };
         self.run(
             Kernel::MeanInto,
-            one,
+            one_block(1024),
             &[
                 Arg::W(Ptr::of(self.st.losses).at(step)),
                 Arg::R(Ptr::of(row_loss)),
@@ -424,11 +429,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
                 Arg::U(total as u64),
             ],
         )?;
-        let one = Cfg {
-            grid: (1, 1, 1),
-            block: (32, 1, 1),
-            shmem: 0,
-        };
+        let one = one_block(32);
         self.run(
             Kernel::StoreNorm,
             one,
@@ -466,12 +467,4 @@ impl<'a, D: Dev> Trainer<'a, D> {
         ];
         self.run(Kernel::Adamw, ew(total), &args)
     }
-}
-
-pub fn bytemuck_f32(x: &[f32]) -> &[u8] {
-    cuarena::bytemuck::cast_slice(x)
-}
-
-pub fn bytemuck_i32(x: &[i32]) -> &[u8] {
-    cuarena::bytemuck::cast_slice(x)
 }
