@@ -12,7 +12,7 @@ use cuarena::backend::cuda::cudarc::driver::{
 };
 #[cfg(feature = "nccl")]
 use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
-use cuarena::backend::cuda::{compile, CudaBackend};
+use cuarena::backend::cuda::{compile, CudaBackend, HostStats};
 use cuarena::{Arena, ArenaConfig, Handle, Stats, StreamId};
 #[cfg(feature = "nccl")]
 use cuarena::{AsRange, BlockRange};
@@ -132,6 +132,15 @@ impl Cuda {
             return Err(format!("cublasSetWorkspace_v2 failed: {st:?}").into());
         }
         Ok(me)
+    }
+
+    /// What the arena's CUDA backend cost the host since it was made, and
+    /// whether its device scratch had to grow (None on plain allocations).
+    pub fn backend_stats(&self) -> Option<HostStats> {
+        match &self.mem {
+            Mem::Arena { arena, .. } => Some(arena.backend().host_stats()),
+            Mem::Plain { .. } => None,
+        }
     }
 
     /// Makes this device a rank of `comm` (its stream is on this device).

@@ -110,7 +110,9 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
             .iter()
             .zip(&single.losses)
             .take(k)
+            // A NaN loss is no agreement (f32::max would skip it).
             .map(|(a, b)| ((a - b) / b).abs())
+            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
             .fold(0f32, f32::max)
     };
     let time = runs.iter().map(|r| r.time_s).fold(0f64, f64::max);
@@ -127,6 +129,14 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
         diff(steps),
         losses.last().copied().unwrap_or(f32::NAN),
         single.losses.last().copied().unwrap_or(f32::NAN)
+    );
+    // The same tolerances as against PyTorch: the ranks change only the
+    // order of the sums (row split and all-reduce).
+    let (tol_first, tol_all) = if s.bf16 { (2e-2, 2e-2) } else { (1e-4, 1e-2) };
+    let agree = diff(10) <= tol_first && diff(steps) <= tol_all;
+    println!(
+        "data parallel losses within {tol_first:e} (first 10 steps) and {tol_all:e} (all): {}",
+        if agree { "PASS" } else { "FAIL" }
     );
     for (r, run) in runs.iter().enumerate() {
         if let Some(st) = &run.stats {
@@ -148,10 +158,14 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
             "scaling_efficiency": tps / (world as f64 * one),
             "max_rel_diff_first10": diff(10),
             "max_rel_diff_all": diff(steps),
+            "agree": agree,
         });
         std::fs::write(&ddp_path, serde_json::to_string_pretty(&doc)?)
             .map_err(|e| format!("cannot write {ddp_path}: {e}"))?;
         println!("wrote {ddp_path}");
+    }
+    if !agree {
+        return Err("data parallel losses differ from the one-GPU run's".into());
     }
     Ok(())
 }

@@ -208,6 +208,18 @@ extern "C" __global__ void col_sum(float* out, const float* x, int N, int C) {
     }
 }
 
+// Element i of a (B, NH, T, HS) tensor -> its offset in (B, T) rows of
+// `stride` floats whose heads sit at nh * HS (the layout of qkv and y).
+__device__ __forceinline__ size_t head_row(size_t i, int T, int NH, int HS, size_t stride) {
+    size_t h = i % HS;
+    size_t r = i / HS;
+    size_t t = r % T;
+    r /= T;
+    size_t nh = r % NH;
+    size_t b = r / NH;
+    return (b * T + t) * stride + nh * HS + h;
+}
+
 // qkv (B, T, 3, NH, HS) -> q, k, v (B, NH, T, HS).
 extern "C" __global__ void split_heads(float* q, float* k, float* v, const float* qkv, int B,
                                        int T, int NH, int HS) {
@@ -215,13 +227,7 @@ extern "C" __global__ void split_heads(float* q, float* k, float* v, const float
     int C = NH * HS;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        int h = i % HS;
-        size_t r = i / HS;
-        int t = r % T;
-        r /= T;
-        int nh = r % NH;
-        int b = r / NH;
-        size_t src = ((size_t)b * T + t) * 3 * C + nh * HS + h;
+        size_t src = head_row(i, T, NH, HS, 3 * (size_t)C);
         q[i] = qkv[src];
         k[i] = qkv[src + C];
         v[i] = qkv[src + 2 * C];
@@ -235,13 +241,7 @@ extern "C" __global__ void merge_heads3(float* dqkv, const float* dq, const floa
     int C = NH * HS;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        int h = i % HS;
-        size_t r = i / HS;
-        int t = r % T;
-        r /= T;
-        int nh = r % NH;
-        int b = r / NH;
-        size_t dst = ((size_t)b * T + t) * 3 * C + nh * HS + h;
+        size_t dst = head_row(i, T, NH, HS, 3 * (size_t)C);
         dqkv[dst] = dq[i];
         dqkv[dst + C] = dk[i];
         dqkv[dst + 2 * C] = dv[i];
@@ -254,13 +254,7 @@ extern "C" __global__ void heads_to_rows(float* out, const float* y, int B, int 
     size_t n = (size_t)B * NH * T * HS;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        int h = i % HS;
-        size_t r = i / HS;
-        int t = r % T;
-        r /= T;
-        int nh = r % NH;
-        int b = r / NH;
-        size_t row = (((size_t)b * T + t) * NH + nh) * HS + h;
+        size_t row = head_row(i, T, NH, HS, (size_t)NH * HS);
         if (back)
             out[i] = y[row];
         else

@@ -246,6 +246,7 @@ pub fn train_on(
         stats: d.stats(),
         grads: grads_report,
         host: d.host.clone(),
+        backend: d.backend_stats(),
     })
 }
 

@@ -8,6 +8,8 @@ use cuarena::{fmt_bytes, Stats};
 use safetensors::SafeTensors;
 use serde_json::json;
 
+use cuarena::backend::cuda::HostStats;
+
 use crate::cli::{Mem, Settings};
 use crate::cuda::HostTime;
 use crate::dev::Dev;
@@ -26,6 +28,8 @@ pub struct Run {
     pub grads: Option<String>,
     /// Host time inside the device calls over the timed steps.
     pub host: HostTime,
+    /// The arena backend's own costs over the whole run (arena runs).
+    pub backend: Option<HostStats>,
 }
 
 impl Run {
@@ -127,6 +131,19 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
             parts.join(", ")
         );
     }
+    if let Some(b) = runs.iter().find_map(|r| r.backend) {
+        // Device scratch that grows mid-run is a stream-ordered allocation
+        // outside the arena; this says whether the first arena run had any.
+        println!(
+            "[arena] backend over the first arena run: {} device scratch buffers grown after creation; {} staging buffers ({}); {} blocking driver calls ({:.1} ms); {:.0} ms staging and launching plans",
+            b.buffers_grown,
+            b.staging_buffers,
+            fmt_bytes(b.staging_bytes),
+            b.blocked_calls,
+            b.blocked_time.as_secs_f64() * 1e3,
+            b.staging_time.as_secs_f64() * 1e3
+        );
+    }
     let med = |m: Mem| {
         median(
             runs.iter()
@@ -168,6 +185,8 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
                 "bytes_moved": r.stats.as_ref().map(|st| st.bytes_moved),
                 "compactions": r.stats.as_ref().map(|st| st.targeted_compactions + st.full_compactions),
                 "grad_check": r.grads,
+                "backend_buffers_grown": r.backend.map(|b| b.buffers_grown),
+                "backend_blocked_calls": r.backend.map(|b| b.blocked_calls),
                 "host_ms": HostTime::KINDS.iter().zip(&r.host.calls).map(|(k, c)| (k.to_string(), json!({"ms": c.0.as_secs_f64() * 1e3, "calls": c.1}))).collect::<serde_json::Map<_, _>>(),
             })
         };

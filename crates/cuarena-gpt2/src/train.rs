@@ -68,6 +68,9 @@ pub struct Trainer<'a, D: Dev> {
     pub(crate) bf16: bool,
     hyper: Hyper,
     pub(crate) cfg: Config,
+    /// Mixed precision: a bf16 copy of an f32 buffer (source, copy,
+    /// elements) that GEMMs read instead of casting the source again.
+    shared16: Option<(Tid, Tid, usize)>,
 }
 
 impl<'a, D: Dev> Trainer<'a, D> {
@@ -123,6 +126,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
             bf16,
             hyper,
             cfg: lay.cfg,
+            shared16: None,
         }
     }
 
@@ -224,6 +228,15 @@ impl<'a, D: Dev> Trainer<'a, D> {
         }
         let mut temps = Vec::new();
         for (p, n) in [(&mut g.a, a_n), (&mut g.b, b_n)] {
+            if let Some((src, copy, len)) = self.shared16 {
+                if p.t == src && p.off / F + n as u64 <= len as u64 {
+                    *p = Ptr {
+                        t: copy,
+                        off: p.off / 2,
+                    };
+                    continue;
+                }
+            }
             if p.t == self.st.params {
                 let p16 = self.st.params16.ok_or("no bf16 parameters")?;
                 *p = Ptr {
@@ -244,6 +257,30 @@ impl<'a, D: Dev> Trainer<'a, D> {
         g.ab = Ab::Bf16;
         self.d.gemm(&g)?;
         self.free(&temps)
+    }
+
+    /// Mixed precision: one bf16 copy of `t` (`n` f32 elements) for the
+    /// GEMMs until [`Self::unshare16`], instead of one cast per GEMM.
+    fn share16(&mut self, t: Tid, n: usize) -> Res<()> {
+        if !self.bf16 {
+            return Ok(());
+        }
+        self.unshare16()?;
+        let copy = self.d.alloc(2 * n as u64)?;
+        self.d.launch(
+            Kernel::ToBf16,
+            ew(n),
+            &[Arg::W(Ptr::of(copy)), Arg::R(Ptr::of(t)), Arg::U(n as u64)],
+        )?;
+        self.shared16 = Some((t, copy, n));
+        Ok(())
+    }
+
+    fn unshare16(&mut self) -> Res<()> {
+        match self.shared16.take() {
+            Some((_, copy, _)) => self.d.free(copy),
+            None => Ok(()),
+        }
     }
 
     /// Forward and backward of one batch, then the update: the step's mean
@@ -351,6 +388,8 @@ impl<'a, D: Dev> Trainer<'a, D> {
         // Backward: logits now hold d loss / d logits.
         self.zero(self.g(0), self.lay.total)?;
         let dlnf = self.alloc(n * c)?;
+        // Both GEMMs below read d logits (the largest operand of the step).
+        self.share16(logits, n * v)?;
         self.mm(
             false,
             false,
@@ -373,6 +412,7 @@ impl<'a, D: Dev> Trainer<'a, D> {
             self.g(self.lay.wte),
             c,
         )?;
+        self.unshare16()?;
         self.free(&[logits])?;
         let dres = self.alloc(n * c)?;
         self.zero(Ptr::of(dres), n * c)?;

@@ -157,7 +157,9 @@ pub struct HostStats {
     pub blocked_time: std::time::Duration,
     /// Blocking driver calls made there.
     pub blocked_calls: u64,
-    /// Device scratch buffers that grew after the backend was made.
+    /// Device buffers allocated or grown after the backend was made: the
+    /// moves' scratch outgrowing its size at creation, and the handle
+    /// table's device copy (made on first use, doubled when full).
     pub buffers_grown: u64,
     /// Page-locked staging buffers made (at creation and since).
     pub staging_buffers: u64,
@@ -541,6 +543,7 @@ impl CudaBackend {
                 }
             }
             std::mem::swap(&mut self.scratch.table, &mut grown);
+            self.scratch.counters.grown += 1;
             if grown.bytes > 0 {
                 self.scratch.retired_tables.push(grown);
             }
