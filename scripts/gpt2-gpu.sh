@@ -13,7 +13,8 @@
 # TRAIN=0 skips the training runs (with FIND_CAP=1: the caps only);
 # MEMCHECK=1 runs two steps of the arena run under compute-sanitizer memcheck;
 # WORLD=2 (on a host with two GPUs, BIN built with `--features nccl`) trains
-# the same batches data-parallel after the one-GPU arena run and compares.
+# the same batches data-parallel, alternating with one-GPU arena runs
+# (REPEAT of each), and compares losses and speed.
 set -u
 BIN=${1:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
 OUT=${2:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
@@ -54,7 +55,7 @@ done
 if [ "${WORLD:-1}" -gt 1 ]; then
     for P in ${PRECISIONS:-fp32 bf16}; do
         NCCL_NVLS_ENABLE=0 "$BIN" --init "$INIT" --precision "$P" --mem arena --world "$WORLD" \
-            --json "$OUT/world_$P.json" || status=1
+            --repeat "${REPEAT:-3}" --json "$OUT/world_$P.json" || status=1
     done
 fi
 if [ "${MEMCHECK:-0}" = 1 ]; then

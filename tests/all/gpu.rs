@@ -297,6 +297,12 @@ fn compactions_behind_queued_work_return_without_waiting() {
         stats.buffers_grown > stats0.buffers_grown,
         "and grew it in stream order"
     );
+    assert!(
+        stats.device_scratch_bytes > stats0.device_scratch_bytes,
+        "the grown scratch is counted: {} then {} bytes",
+        stats0.device_scratch_bytes,
+        stats.device_scratch_bytes
+    );
     for (i, h) in live {
         assert_eq!(a.read::<u32>(h).expect("download"), words(i), "block {i}");
     }

@@ -32,10 +32,13 @@ OPTIONS:
                        speed is the median run's; losses the first run's
   --every N            a progress line every N steps (default 10)
   --seed N             seed of the synthetic start (default 0)
-  --world W            after the one-GPU run, the same batches data-parallel
-                       over W GPUs (one thread and arena per GPU, gradient
-                       buckets all-reduced with NCCL during the backward
-                       pass); compares the losses and the speed
+  --world W            after each round of one-GPU runs, the same batches
+                       data-parallel over W GPUs (one thread and arena per
+                       GPU, gradient buckets all-reduced with NCCL during
+                       the backward pass); compares the losses (first
+                       runs) and the speed (medians); exits 1 if the losses
+                       differ by more than the tolerances used against
+                       PyTorch
   --dry                only the allocation sequence on a metadata arena
                        (no GPU): peak live bytes and predicted compactions
                        (with --world, each rank's too)

@@ -55,21 +55,45 @@ pub fn check_devices(world: usize) -> Res<()> {
     Ok(())
 }
 
+/// One data-parallel run: the global losses (the ranks' shares added),
+/// the slowest rank's wall time over the timed steps, the tokens of the
+/// global batches, and each rank's arena statistics.
 #[cfg(feature = "nccl")]
-pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
+pub struct WorldRun {
+    pub losses: Vec<f32>,
+    pub time_s: f64,
+    pub tokens: usize,
+    pub stats: Vec<Option<cuarena::Stats>>,
+}
+
+/// Each rank's capacity: the peak live bytes of its own rows' allocation
+/// sequence on a metadata arena (times --headroom).
+#[cfg(feature = "nccl")]
+pub fn capacities(s: &Settings, lay: &Layout, start: &Start) -> Res<Vec<u64>> {
+    (0..s.world)
+        .map(|r| {
+            let sh = shard(&start.batches, s.world, r);
+            Ok(crate::capacity_of(lay, start, &sh, s, &format!("rank {r} dry run"))?.1)
+        })
+        .collect()
+}
+
+/// Trains the batches once over `s.world` GPUs, rank r in an arena of
+/// `caps[r]` bytes; `progress` prints rank 0's progress lines.
+#[cfg(feature = "nccl")]
+pub fn run(
+    s: &Settings,
+    lay: &Layout,
+    start: &Start,
+    caps: &[u64],
+    progress: bool,
+) -> Res<WorldRun> {
     use crate::cli::Mem;
     use cuarena::backend::cuda::cudarc::driver::CudaContext;
     use cuarena::backend::cuda::nccl::Communicator;
     use std::time::Duration;
 
     let world = s.world;
-    let shards: Vec<_> = (0..world)
-        .map(|r| shard(&start.batches, world, r))
-        .collect();
-    let mut caps = Vec::with_capacity(world);
-    for (r, sh) in shards.iter().enumerate() {
-        caps.push(crate::capacity_of(lay, start, sh, s, &format!("rank {r} dry run"))?.1);
-    }
     let streams = (0..world)
         .map(|i| Ok(CudaContext::new(i)?.new_stream()?))
         .collect::<Res<Vec<_>>>()?;
@@ -79,17 +103,18 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let (sh, cap) = (&shards[rank], caps[rank]);
+                let cap = caps[rank];
                 sc.spawn(move || {
                     let go = || -> Res<Run> {
+                        let sh = shard(&start.batches, world, rank);
                         let mut d = crate::cuda::Cuda::arena(rank, cap)?;
                         d.attach(comm)?;
-                        let label = if rank == 0 {
+                        let label = if rank == 0 && progress {
                             "rank 0 (its share of the loss)"
                         } else {
                             ""
                         };
-                        crate::train_on(&mut d, Mem::Arena, label, lay, start, sh, s)
+                        crate::train_on(&mut d, Mem::Arena, label, lay, start, &sh, s)
                     };
                     go().map_err(|e| format!("rank {rank}: {e}"))
                 })
@@ -101,25 +126,56 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
             .collect()
     });
     let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(WorldRun {
+        losses: (0..start.batches.len())
+            .map(|i| runs.iter().map(|r| r.losses[i]).sum())
+            .collect(),
+        time_s: runs.iter().map(|r| r.time_s).fold(0f64, f64::max),
+        tokens: runs[0].tokens,
+        stats: runs.iter().map(|r| r.stats.clone()).collect(),
+    })
+}
+
+/// Data parallel against one GPU: losses (first runs of each) within the
+/// tolerances used against PyTorch, speed as the ratio of medians of the
+/// alternating runs; an error when the losses do not agree.
+#[cfg(feature = "nccl")]
+pub fn report(s: &Settings, start: &Start, single: &[&Run], multi: &[WorldRun]) -> Res<()> {
+    let (Some(one_run), Some(first)) = (single.first(), multi.first()) else {
+        return Err("--world needs a one-GPU arena run to compare with".into());
+    };
+    let world = s.world;
     let steps = start.batches.len();
-    let losses: Vec<f32> = (0..steps)
-        .map(|i| runs.iter().map(|r| r.losses[i]).sum())
-        .collect();
     let diff = |k: usize| {
-        losses
+        first
+            .losses
             .iter()
-            .zip(&single.losses)
+            .zip(&one_run.losses)
             .take(k)
-            // A NaN loss is no agreement (f32::max would skip it).
             .map(|(a, b)| ((a - b) / b).abs())
+            // A NaN loss is no agreement (f32::max would skip it).
             .map(|d| if d.is_nan() { f32::INFINITY } else { d })
             .fold(0f32, f32::max)
     };
-    let time = runs.iter().map(|r| r.time_s).fold(0f64, f64::max);
-    let tps = runs[0].tokens as f64 / time.max(1e-9);
-    let one = single.tokens as f64 / single.time_s.max(1e-9);
+    let median = |mut x: Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        x[(x.len() - 1) / 2]
+    };
+    let tps = median(
+        multi
+            .iter()
+            .map(|r| r.tokens as f64 / r.time_s.max(1e-9))
+            .collect(),
+    );
+    let one = median(
+        single
+            .iter()
+            .map(|r| r.tokens as f64 / r.time_s.max(1e-9))
+            .collect(),
+    );
     println!(
-        "\ndata parallel over {world} GPUs: {tps:.0} tokens/s against {one:.0} on one GPU: {:.3}x, scaling efficiency {:.1}%",
+        "\ndata parallel over {world} GPUs (medians of {} alternating runs each): {tps:.0} tokens/s against {one:.0} on one GPU: {:.3}x, scaling efficiency {:.1}%",
+        multi.len(),
         tps / one,
         100.0 * tps / (world as f64 * one)
     );
@@ -127,8 +183,8 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
         "losses against the one-GPU run on the same global batches: largest relative difference {:.2e} over the first 10 steps, {:.2e} over all {steps}; last loss {:.4} (one GPU {:.4})",
         diff(10),
         diff(steps),
-        losses.last().copied().unwrap_or(f32::NAN),
-        single.losses.last().copied().unwrap_or(f32::NAN)
+        first.losses.last().copied().unwrap_or(f32::NAN),
+        one_run.losses.last().copied().unwrap_or(f32::NAN)
     );
     // The same tolerances as against PyTorch: the ranks change only the
     // order of the sums (row split and all-reduce).
@@ -138,8 +194,8 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
         "data parallel losses within {tol_first:e} (first 10 steps) and {tol_all:e} (all): {}",
         if agree { "PASS" } else { "FAIL" }
     );
-    for (r, run) in runs.iter().enumerate() {
-        if let Some(st) = &run.stats {
+    for (r, st) in first.stats.iter().enumerate() {
+        if let Some(st) = st {
             println!(
                 "rank {r}: arena {} (1.0000 x its peak live), {} compactions, {} moved",
                 cuarena::fmt_bytes(st.capacity_bytes),
@@ -152,9 +208,10 @@ pub fn run(s: &Settings, lay: &Layout, start: &Start, single: &Run) -> Res<()> {
         let ddp_path = format!("{}.ddp.json", path.display());
         let doc = serde_json::json!({
             "world": world,
-            "losses": losses,
+            "losses": first.losses,
             "tokens_per_s": tps,
             "one_gpu_tokens_per_s": one,
+            "runs": multi.len(),
             "scaling_efficiency": tps / (world as f64 * one),
             "max_rel_diff_first10": diff(10),
             "max_rel_diff_all": diff(steps),

@@ -114,10 +114,17 @@ fn run(s: &Settings) -> Res<()> {
     if let Some(p) = &s.check_grads {
         load::read_bounded(p).map(drop)?;
     }
-    // Runs alternate (arena, plain, arena, ...): the card's clocks drift
-    // by a few percent from run to run, which one pair would mistake for
-    // the allocator's cost.
+    // Runs alternate (arena, plain, arena, ..., and the data-parallel run
+    // after each round): the card's clocks drift by a few percent from run
+    // to run, which one pair would mistake for the allocator's cost.
+    #[cfg(feature = "nccl")]
+    let caps = match s.world {
+        1 => Vec::new(),
+        _ => ddp::capacities(s, &lay, &start)?,
+    };
     let mut runs = Vec::new();
+    #[cfg(feature = "nccl")]
+    let mut world_runs = Vec::new();
     for _ in 0..s.repeat {
         for mem in s.mem.list() {
             let mut d = match mem {
@@ -126,15 +133,17 @@ fn run(s: &Settings) -> Res<()> {
             };
             runs.push(train_on(&mut d, mem, mem.name(), &lay, &start, &whole, s)?);
         }
+        #[cfg(feature = "nccl")]
+        if s.world > 1 {
+            let progress = world_runs.is_empty();
+            world_runs.push(ddp::run(s, &lay, &start, &caps, progress)?);
+        }
     }
     report::finish(s, &start, peak, capacity, &runs)?;
     #[cfg(feature = "nccl")]
     if s.world > 1 {
-        let single = runs
-            .iter()
-            .find(|r| r.mem == Mem::Arena)
-            .ok_or("--world needs an arena run on one GPU to compare with")?;
-        ddp::run(s, &lay, &start, single)?;
+        let single: Vec<_> = runs.iter().filter(|r| r.mem == Mem::Arena).collect();
+        ddp::report(s, &start, &single, &world_runs)?;
     }
     Ok(())
 }

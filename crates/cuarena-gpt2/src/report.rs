@@ -135,8 +135,9 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
         // Device scratch that grows mid-run is a stream-ordered allocation
         // outside the arena; this says whether the first arena run had any.
         println!(
-            "[arena] backend over the first arena run: {} device scratch buffers grown after creation; {} staging buffers ({}); {} blocking driver calls ({:.1} ms); {:.0} ms staging and launching plans",
+            "[arena] backend over the first arena run: {} device buffers made or grown after creation, {} held beside the arena at the end; {} staging buffers ({}); {} blocking driver calls ({:.1} ms); {:.0} ms staging and launching plans",
             b.buffers_grown,
+            fmt_bytes(b.device_scratch_bytes),
             b.staging_buffers,
             fmt_bytes(b.staging_bytes),
             b.blocked_calls,
@@ -186,6 +187,7 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
                 "compactions": r.stats.as_ref().map(|st| st.targeted_compactions + st.full_compactions),
                 "grad_check": r.grads,
                 "backend_buffers_grown": r.backend.map(|b| b.buffers_grown),
+                "backend_device_scratch_bytes": r.backend.map(|b| b.device_scratch_bytes),
                 "backend_blocked_calls": r.backend.map(|b| b.blocked_calls),
                 "host_ms": HostTime::KINDS.iter().zip(&r.host.calls).map(|(k, c)| (k.to_string(), json!({"ms": c.0.as_secs_f64() * 1e3, "calls": c.1}))).collect::<serde_json::Map<_, _>>(),
             })

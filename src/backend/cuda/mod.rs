@@ -161,6 +161,9 @@ pub struct HostStats {
     /// moves' scratch outgrowing its size at creation, and the handle
     /// table's device copy (made on first use, doubled when full).
     pub buffers_grown: u64,
+    /// Device memory the backend holds beside the region now: plan
+    /// execution's scratch and the handle table's device copies.
+    pub device_scratch_bytes: u64,
     /// Page-locked staging buffers made (at creation and since).
     pub staging_buffers: u64,
     /// Their bytes.
@@ -484,6 +487,7 @@ impl CudaBackend {
             blocked_time: c.blocked.time,
             blocked_calls: c.blocked.calls,
             buffers_grown: c.grown,
+            device_scratch_bytes: s.device_bytes(),
             staging_buffers: s.staging.made() + s.table_staging.made(),
             staging_bytes: 8 * (s.staging.words() + s.table_staging.words()) as u64,
             staging_in_flight: s.staging.busy_len() + s.table_staging.busy_len(),

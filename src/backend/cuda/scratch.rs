@@ -161,6 +161,20 @@ impl Scratch {
         })
     }
 
+    /// Device bytes held beside the region (retired tables included).
+    pub(super) fn device_bytes(&self) -> u64 {
+        let bufs = [
+            &self.moves,
+            &self.tiles,
+            &self.flags,
+            &self.side,
+            &self.ctl,
+            &self.table,
+        ];
+        let held = bufs.into_iter().chain(&self.retired_tables);
+        held.map(|b| b.bytes as u64).sum()
+    }
+
     /// Frees every buffer. The caller has synchronised every stream that
     /// could still use them; pooled device buffers are freed in the order
     /// of `stream`, which is synchronised again here.
