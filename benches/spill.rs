@@ -36,7 +36,7 @@ mod train_mlp;
 fn main() {
     use cuarena::backend::cuda::CudaBackend;
     if let Err(reason) = CudaBackend::available() {
-        println!("skipped: {reason}");
+        println!("spill bench skipped: {reason}");
         return;
     }
     if let Err(e) = gpu::run() {
@@ -47,7 +47,7 @@ fn main() {
 
 #[cfg(not(feature = "cuda"))]
 fn main() {
-    println!("skipped: cuarena was built without the `cuda` feature");
+    println!("spill bench skipped: cuarena was built without the `cuda` feature");
 }
 
 #[cfg(feature = "cuda")]

@@ -20,6 +20,14 @@ BIN=${1:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
 OUT=${2:?usage: scripts/gpt2-gpu.sh BIN OUT [STEPS]}
 STEPS=${3:-100}
 PY=scripts/gpt2_reference.py
+if [ ! -x "$BIN" ]; then
+    echo "gpt2-gpu.sh: $BIN is not an executable (cargo build --release -p cuarena-gpt2)" >&2
+    exit 2
+fi
+if ! command -v nvidia-smi > /dev/null || ! python3 -c 'import torch, transformers' 2> /dev/null; then
+    echo "gpt2-gpu.sh needs a CUDA GPU (nvidia-smi) and Python 3 with torch and transformers" >&2
+    exit 2
+fi
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$OUT"
 D=$(mktemp -d)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# GPU suite: build here (no GPU, no CUDA needed), run there (the GPU machine,
-# which has CUDA but no Rust).
+# GPU suite: build on a machine with Rust (no GPU, no CUDA needed), run on a
+# CUDA machine (which needs no Rust).
 #
 #   scripts/gpu-suite.sh build    build every test, bench and example
 #                                 executable and the `cuarena` command in
 #                                 release mode, strip debug
 #                                 info, stage them into .gpu-stage/ and print
 #                                 how to run them on the CUDA machine
-#   scripts/gpu-suite.sh run      (on the GPU machine) run the GPU tests, the
+#   scripts/gpu-suite.sh run      (on the CUDA machine) run the GPU tests, the
 #                                 GPU benches (moves, handles, spill), the
 #                                 examples (demo, train_mlp), the GPU trace
 #                                 replay (`cuarena replay --gpu`), the NCCL
@@ -67,10 +67,12 @@ build() {
     list="$(mktemp)"
     echo "== building tests (release)" >&2
     # With `nccl`: the test binary then holds the NCCL tests too (libnccl is
-    # loaded only when they run, so the binary runs on any GPU machine).
+    # loaded only when they run, so the binary runs on any CUDA machine).
     cargo test --release --workspace --features cuarena/nccl --no-run --message-format=json | list_executables >>"$list" || exit 1
     echo "== building benches" >&2
-    cargo bench --no-run --message-format=json | list_executables >>"$list" || exit 1
+    # Only the bench executables: the unit tests cargo rebuilds in the bench
+    # profile would replace the release ones built with `nccl` above.
+    cargo bench --features nccl --no-run --message-format=json | list_executables | awk '$2 == "bench"' >>"$list" || exit 1
     echo "== building examples and the cuarena command" >&2
     cargo build --release --workspace --features cuarena/nccl --examples --bins --message-format=json | list_executables >>"$list" || exit 1
     while read -r name kind exe; do
@@ -88,8 +90,8 @@ build() {
         echo "staged $dest" >&2
     done <"$list"
     rm -f "$list"
-    # The traces go into the stage: the GPU machine sees only the repo and
-    # what is carried.
+    # The traces go into the stage, so that the stage and a checkout are
+    # all the CUDA machine needs.
     mkdir -p "$stage/traces"
     for t in "$repo"/crates/cuarena-trace/tests/data/resnet50_varbatch.csv.gz "$repo"/crates/cuarena-trace/tests/data/*.pickle.gz; do
         [ -e "$t" ] && cp "$t" "$stage/traces/"
@@ -128,7 +130,7 @@ run() {
         tail -n 5 "$out/$log" >&2
     }
 
-    # NVLink multicast stays off on these machines (shared/GPU.md).
+    # NVLink multicast off: NCCL's multicast setup is not needed here.
     export NCCL_NVLS_ENABLE=0
     if [[ $skip != *" tests "* ]]; then
         step "gpu tests" tests.log "$bin/test-all" gpu --include-ignored --test-threads=1 --nocapture

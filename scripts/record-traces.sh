@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Records real allocation traces of scripts/pytorch_trace.py's workloads on
-# the GPU machine, each gzipped into $OUT, for `cuarena replay`:
+# a CUDA machine, each gzipped into $OUT, for `cuarena replay`:
 #
 #   bash scripts/record-traces.sh [WORKLOAD...]
 #

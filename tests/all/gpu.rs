@@ -299,7 +299,7 @@ fn compactions_behind_queued_work_return_without_waiting() {
     );
     assert!(
         stats.device_scratch_bytes > stats0.device_scratch_bytes,
-        "the grown scratch is counted: {} then {} bytes",
+        "the scratch grown (and the handle table made) are counted: {} then {} bytes",
         stats0.device_scratch_bytes,
         stats.device_scratch_bytes
     );

@@ -34,7 +34,7 @@ fn print_header() -> Res<()> {
         "result",
         "cap/peak",
         "bytes moved",
-        "compactions",
+        "compactions t/f",
         "time",
         "per op"
     )
@@ -333,7 +333,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
         outln!()?;
         outln!("smallest capacities ({} trials for the arena):", m.trials)?;
         print_header()?;
-        print_row("cuarena (targeted), smallest", &m.report, peak)?;
+        print_row("cuarena (auto policy), smallest", &m.report, peak)?;
         print_row("naive (full on failure), same cap", &naive, peak)?;
         match &fixed {
             Ok(f) => print_row("non-moving best fit, smallest", &f.report, peak)?,

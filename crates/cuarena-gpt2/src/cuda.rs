@@ -143,6 +143,18 @@ impl Cuda {
         }
     }
 
+    /// Data parallel: waits for this rank's collectives with the
+    /// communicator's timeout before the host waits on the loop's stream
+    /// (which waits for them): a peer that failed then ends this rank with
+    /// an error instead of a wait without end.
+    fn peers_done(&self) -> Res<()> {
+        #[cfg(feature = "nccl")]
+        if let Some(ddp) = &self.ddp {
+            ddp.comm.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// Makes this device a rank of `comm` (its stream is on this device).
     #[cfg(feature = "nccl")]
     pub fn attach(&mut self, comm: Communicator) -> Res<()> {
@@ -478,6 +490,7 @@ impl Dev for Cuda {
     }
 
     fn download(&mut self, t: Tid) -> Res<Vec<u8>> {
+        self.peers_done()?;
         match &mut self.mem {
             Mem::Arena { arena, bufs } => Ok(arena.read_bytes(bufs.get(t)?.0)?),
             Mem::Plain { bufs, .. } => Ok(self.stream.clone_dtoh(bufs.get(t)?)?),
@@ -485,6 +498,7 @@ impl Dev for Cuda {
     }
 
     fn sync(&mut self) -> Res<()> {
+        self.peers_done()?;
         Ok(self.stream.synchronize()?)
     }
 

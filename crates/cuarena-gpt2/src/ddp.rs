@@ -66,26 +66,34 @@ pub struct WorldRun {
     pub stats: Vec<Option<cuarena::Stats>>,
 }
 
-/// Each rank's capacity: the peak live bytes of its own rows' allocation
-/// sequence on a metadata arena (times --headroom).
 #[cfg(feature = "nccl")]
-pub fn capacities(s: &Settings, lay: &Layout, start: &Start) -> Res<Vec<u64>> {
+impl WorldRun {
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.time_s.max(1e-9)
+    }
+}
+
+/// Each rank's peak live bytes (of its own rows' allocation sequence on a
+/// metadata arena) and capacity (the peak times --headroom).
+#[cfg(feature = "nccl")]
+pub fn capacities(s: &Settings, lay: &Layout, start: &Start) -> Res<Vec<(u64, u64)>> {
     (0..s.world)
         .map(|r| {
             let sh = shard(&start.batches, s.world, r);
-            Ok(crate::capacity_of(lay, start, &sh, s, &format!("rank {r} dry run"))?.1)
+            crate::capacity_of(lay, start, &sh, s, &format!("rank {r} dry run"))
         })
         .collect()
 }
 
 /// Trains the batches once over `s.world` GPUs, rank r in an arena of
-/// `caps[r]` bytes; `progress` prints rank 0's progress lines.
+/// `caps[r].1` bytes (`capacities`); `progress` prints rank 0's progress
+/// lines.
 #[cfg(feature = "nccl")]
 pub fn run(
     s: &Settings,
     lay: &Layout,
     start: &Start,
-    caps: &[u64],
+    caps: &[(u64, u64)],
     progress: bool,
 ) -> Res<WorldRun> {
     use crate::cli::Mem;
@@ -98,12 +106,19 @@ pub fn run(
         .map(|i| Ok(CudaContext::new(i)?.new_stream()?))
         .collect::<Res<Vec<_>>>()?;
     let comms = Communicator::init_all(streams, Duration::from_secs(120))?;
+    // The gradient check belongs to the one-GPU run (each rank would
+    // otherwise read the file and print a partial result).
+    let rank_s = Settings {
+        check_grads: None,
+        ..s.clone()
+    };
+    let rank_s = &rank_s;
     let results: Vec<Result<Run, String>> = std::thread::scope(|sc| {
         let handles: Vec<_> = comms
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let cap = caps[rank];
+                let cap = caps[rank].1;
                 sc.spawn(move || {
                     let go = || -> Res<Run> {
                         let sh = shard(&start.batches, world, rank);
@@ -114,7 +129,7 @@ pub fn run(
                         } else {
                             ""
                         };
-                        crate::train_on(&mut d, Mem::Arena, label, lay, start, &sh, s)
+                        crate::train_on(&mut d, Mem::Arena, label, lay, start, &sh, rank_s)
                     };
                     go().map_err(|e| format!("rank {rank}: {e}"))
                 })
@@ -140,39 +155,22 @@ pub fn run(
 /// tolerances used against PyTorch, speed as the ratio of medians of the
 /// alternating runs; an error when the losses do not agree.
 #[cfg(feature = "nccl")]
-pub fn report(s: &Settings, start: &Start, single: &[&Run], multi: &[WorldRun]) -> Res<()> {
+pub fn report(
+    s: &Settings,
+    start: &Start,
+    caps: &[(u64, u64)],
+    single: &[&Run],
+    multi: &[WorldRun],
+) -> Res<()> {
     let (Some(one_run), Some(first)) = (single.first(), multi.first()) else {
         return Err("--world needs a one-GPU arena run to compare with".into());
     };
     let world = s.world;
     let steps = start.batches.len();
-    let diff = |k: usize| {
-        first
-            .losses
-            .iter()
-            .zip(&one_run.losses)
-            .take(k)
-            .map(|(a, b)| ((a - b) / b).abs())
-            // A NaN loss is no agreement (f32::max would skip it).
-            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-            .fold(0f32, f32::max)
-    };
-    let median = |mut x: Vec<f64>| {
-        x.sort_by(f64::total_cmp);
-        x[(x.len() - 1) / 2]
-    };
-    let tps = median(
-        multi
-            .iter()
-            .map(|r| r.tokens as f64 / r.time_s.max(1e-9))
-            .collect(),
-    );
-    let one = median(
-        single
-            .iter()
-            .map(|r| r.tokens as f64 / r.time_s.max(1e-9))
-            .collect(),
-    );
+    let diff = |k: usize| crate::report::max_rel_diff(&first.losses, &one_run.losses, k);
+    let median = |x: Vec<f64>| crate::report::median(x).unwrap_or(f64::NAN);
+    let tps = median(multi.iter().map(WorldRun::tokens_per_s).collect());
+    let one = median(single.iter().map(|r| r.tokens_per_s()).collect());
     println!(
         "\ndata parallel over {world} GPUs (medians of {} alternating runs each): {tps:.0} tokens/s against {one:.0} on one GPU: {:.3}x, scaling efficiency {:.1}%",
         multi.len(),
@@ -194,18 +192,22 @@ pub fn report(s: &Settings, start: &Start, single: &[&Run], multi: &[WorldRun]) 
         "data parallel losses within {tol_first:e} (first 10 steps) and {tol_all:e} (all): {}",
         if agree { "PASS" } else { "FAIL" }
     );
-    for (r, st) in first.stats.iter().enumerate() {
+    for ((r, st), (peak, _)) in first.stats.iter().enumerate().zip(caps) {
         if let Some(st) = st {
             println!(
-                "rank {r}: arena {} (1.0000 x its peak live), {} compactions, {} moved",
+                "rank {r}: arena {} ({:.4} x its peak live {}), {} compactions, {} moved",
                 cuarena::fmt_bytes(st.capacity_bytes),
+                st.capacity_bytes as f64 / *peak as f64,
+                cuarena::fmt_bytes(*peak),
                 st.targeted_compactions + st.full_compactions,
                 cuarena::fmt_bytes(st.bytes_moved)
             );
         }
     }
     if let Some(path) = &s.json {
-        let ddp_path = format!("{}.ddp.json", path.display());
+        let mut ddp_path = path.as_os_str().to_owned();
+        ddp_path.push(".ddp.json");
+        let ddp_path = std::path::PathBuf::from(ddp_path);
         let doc = serde_json::json!({
             "world": world,
             "losses": first.losses,
@@ -218,8 +220,8 @@ pub fn report(s: &Settings, start: &Start, single: &[&Run], multi: &[WorldRun]) 
             "agree": agree,
         });
         std::fs::write(&ddp_path, serde_json::to_string_pretty(&doc)?)
-            .map_err(|e| format!("cannot write {ddp_path}: {e}"))?;
-        println!("wrote {ddp_path}");
+            .map_err(|e| format!("cannot write {}: {e}", ddp_path.display()))?;
+        println!("wrote {}", ddp_path.display());
     }
     if !agree {
         return Err("data parallel losses differ from the one-GPU run's".into());

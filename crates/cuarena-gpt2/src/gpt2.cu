@@ -322,7 +322,8 @@ extern "C" __global__ void cross_entropy(float* logits, float* losses, const int
 }
 
 // out[0] = sum of x[0..n] / denom (one block): the mean loss with denom =
-// n, or a rank's share of the global batch's mean (denom = global rows).
+// n, or a rank's share of the global batch's mean (denom = the global
+// batch's tokens).
 extern "C" __global__ void mean_into(float* out, const float* x, int n, float denom) {
     __shared__ float sh[32];
     float s = 0.0f;

@@ -4,6 +4,7 @@
 //! large is allocated.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
@@ -31,7 +32,15 @@ pub fn read_bounded(path: &Path) -> Res<Vec<u8>> {
         )
         .into());
     }
-    Ok(std::fs::read(path).map_err(|e| format!("cannot read {p}: {e}"))?)
+    // Bounded read too: the file may grow after the check above.
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read {p}: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("{p} grew past {MAX_FILE_BYTES} bytes while being read").into());
+    }
+    Ok(bytes)
 }
 
 fn meta<T: std::str::FromStr>(m: &HashMap<String, String>, key: &str, what: &str) -> Res<T> {

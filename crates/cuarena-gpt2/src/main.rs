@@ -8,6 +8,10 @@
 //!
 //! `cargo run --release -p cuarena-gpt2 -- --help` lists the options.
 
+// `unsafe` only for launches, cuBLAS and the workspace (cuda.rs), each
+// block with its reason.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod cli;
 mod cuda;
 mod ddp;
@@ -80,10 +84,17 @@ fn run(s: &Settings) -> Res<()> {
         tokens,
         if s.bf16 { "bf16 mixed precision" } else { "fp32" },
     );
-    if let Some(b) = start.batches.iter().find(|b| b.b < s.world) {
+    if let Some((i, b)) = start
+        .batches
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.b < s.world)
+    {
         return Err(format!(
-            "--world {}: a batch of {} rows cannot be split over that many GPUs",
-            s.world, b.b
+            "--world {}: step {i} has a batch of {} rows, and each GPU needs one; give at most {}",
+            s.world,
+            b.b,
+            start.batches.iter().map(|b| b.b).min().unwrap_or(0)
         )
         .into());
     }
@@ -143,7 +154,7 @@ fn run(s: &Settings) -> Res<()> {
     #[cfg(feature = "nccl")]
     if s.world > 1 {
         let single: Vec<_> = runs.iter().filter(|r| r.mem == Mem::Arena).collect();
-        ddp::report(s, &start, &single, &world_runs)?;
+        ddp::report(s, &start, &caps, &single, &world_runs)?;
     }
     Ok(())
 }

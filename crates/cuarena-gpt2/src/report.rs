@@ -33,9 +33,20 @@ pub struct Run {
 }
 
 impl Run {
-    fn tokens_per_s(&self) -> f64 {
+    pub(crate) fn tokens_per_s(&self) -> f64 {
         self.tokens as f64 / self.time_s.max(1e-9)
     }
+}
+
+/// The largest |a - b| / |b| over the first `k` pairs; a NaN counts as
+/// infinitely far (f32::max alone would skip it).
+pub(crate) fn max_rel_diff(a: &[f32], b: &[f32], k: usize) -> f32 {
+    a.iter()
+        .zip(b)
+        .take(k)
+        .map(|(x, y)| ((x - y) / y).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+        .fold(0f32, f32::max)
 }
 
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
@@ -79,7 +90,7 @@ pub fn check_grads<D: Dev>(d: &mut D, st: &State, lay: &Layout, path: &Path) -> 
 }
 
 /// The median of `x` (the lower middle for an even count).
-fn median(mut x: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut x: Vec<f64>) -> Option<f64> {
     x.sort_by(f64::total_cmp);
     x.get(x.len().saturating_sub(1) / 2).copied()
 }
@@ -132,12 +143,12 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
         );
     }
     if let Some(b) = runs.iter().find_map(|r| r.backend) {
-        // Device scratch that grows mid-run is a stream-ordered allocation
-        // outside the arena; this says whether the first arena run had any.
+        // What the backend holds outside the arena's capacity, and whether
+        // plan scratch had to grow during the run.
         println!(
-            "[arena] backend over the first arena run: {} device buffers made or grown after creation, {} held beside the arena at the end; {} staging buffers ({}); {} blocking driver calls ({:.1} ms); {:.0} ms staging and launching plans",
-            b.buffers_grown,
+            "[arena] backend over the first arena run: {} held beside the arena at the end (plan scratch, handle table copy); {} scratch buffers grown after creation; {} staging buffers ({}); {} blocking driver calls ({:.1} ms); {:.0} ms staging and launching plans",
             fmt_bytes(b.device_scratch_bytes),
+            b.buffers_grown,
             b.staging_buffers,
             fmt_bytes(b.staging_bytes),
             b.blocked_calls,
@@ -160,12 +171,7 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
         med(Mem::Arena),
         med(Mem::Plain),
     ) {
-        let diff = a
-            .losses
-            .iter()
-            .zip(&p.losses)
-            .map(|(x, y)| ((x - y) / y).abs())
-            .fold(0f32, f32::max);
+        let diff = max_rel_diff(&a.losses, &p.losses, usize::MAX);
         println!(
             "arena / plain tokens/s (medians of {} alternating runs each): {:.0} / {:.0} = {:.4}; largest relative loss difference between the two: {diff:.2e}",
             s.repeat,
@@ -209,4 +215,19 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_differences_count_nan_as_disagreement_and_stop_at_k() {
+        let theirs = [2.0, 4.0, 8.0];
+        assert_eq!(max_rel_diff(&[2.0, 5.0, 8.0], &theirs, 3), 0.25);
+        assert_eq!(max_rel_diff(&[2.0, 5.0, 8.0], &theirs, 1), 0.0);
+        assert_eq!(max_rel_diff(&[2.0, 4.0, f32::NAN], &theirs, 3), f32::INFINITY);
+        assert_eq!(median(vec![3.0, 1.0, 2.0, 9.0]), Some(2.0));
+        assert_eq!(median(Vec::new()), None);
+    }
 }

@@ -227,20 +227,20 @@ impl<'a, D: Dev> Trainer<'a, D> {
             return self.d.gemm(&g);
         }
         let mut temps = Vec::new();
+        // bf16 copies the GEMMs read in place of their f32 sources: the
+        // parameters' (refreshed after each update) and a shared one.
+        let params16 = self
+            .st
+            .params16
+            .map(|c| (self.st.params, c, self.lay.total));
         for (p, n) in [(&mut g.a, a_n), (&mut g.b, b_n)] {
-            if let Some((src, copy, len)) = self.shared16 {
-                if p.t == src && p.off / F + n as u64 <= len as u64 {
-                    *p = Ptr {
-                        t: copy,
-                        off: p.off / 2,
-                    };
-                    continue;
-                }
-            }
-            if p.t == self.st.params {
-                let p16 = self.st.params16.ok_or("no bf16 parameters")?;
+            let copy = params16
+                .into_iter()
+                .chain(self.shared16)
+                .find(|&(src, _, len)| p.t == src && p.off / F + n as u64 <= len as u64);
+            if let Some((_, copy, _)) = copy {
                 *p = Ptr {
-                    t: p16,
+                    t: copy,
                     off: p.off / 2,
                 };
                 continue;

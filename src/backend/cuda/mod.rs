@@ -157,12 +157,12 @@ pub struct HostStats {
     pub blocked_time: std::time::Duration,
     /// Blocking driver calls made there.
     pub blocked_calls: u64,
-    /// Device buffers allocated or grown after the backend was made: the
-    /// moves' scratch outgrowing its size at creation, and the handle
-    /// table's device copy (made on first use, doubled when full).
+    /// Plan execution's device scratch buffers that grew after the backend
+    /// was made (a plan larger than the scratch sized at creation).
     pub buffers_grown: u64,
     /// Device memory the backend holds beside the region now: plan
-    /// execution's scratch and the handle table's device copies.
+    /// execution's scratch and the handle table's device copies (made at
+    /// the first table update, doubled when full, the old ones kept).
     pub device_scratch_bytes: u64,
     /// Page-locked staging buffers made (at creation and since).
     pub staging_buffers: u64,
@@ -547,7 +547,6 @@ impl CudaBackend {
                 }
             }
             std::mem::swap(&mut self.scratch.table, &mut grown);
-            self.scratch.counters.grown += 1;
             if grown.bytes > 0 {
                 self.scratch.retired_tables.push(grown);
             }

@@ -49,7 +49,7 @@ pub(super) struct Counters {
     pub(super) staging: Duration,
     /// Of which blocked on the device.
     pub(super) blocked: Blocked,
-    /// Device buffers allocated or grown after creation (scratch, table).
+    /// Device scratch buffers grown after creation.
     pub(super) grown: u64,
 }
 
