@@ -226,7 +226,10 @@ mod tests {
         let theirs = [2.0, 4.0, 8.0];
         assert_eq!(max_rel_diff(&[2.0, 5.0, 8.0], &theirs, 3), 0.25);
         assert_eq!(max_rel_diff(&[2.0, 5.0, 8.0], &theirs, 1), 0.0);
-        assert_eq!(max_rel_diff(&[2.0, 4.0, f32::NAN], &theirs, 3), f32::INFINITY);
+        assert_eq!(
+            max_rel_diff(&[2.0, 4.0, f32::NAN], &theirs, 3),
+            f32::INFINITY
+        );
         assert_eq!(median(vec![3.0, 1.0, 2.0, 9.0]), Some(2.0));
         assert_eq!(median(Vec::new()), None);
     }
