@@ -28,7 +28,7 @@ pub(crate) fn result_cell(o: &Outcome) -> String {
 
 fn print_header() -> Res<()> {
     outln!(
-        "{:<36} {:>12} {:>26} {:>10} {:>12} {:>13} {:>9} {:>9}",
+        "{:<36} {:>12} {:>26} {:>10} {:>12} {:>15} {:>9} {:>9}",
         "allocator",
         "capacity",
         "result",
@@ -42,7 +42,7 @@ fn print_header() -> Res<()> {
 
 fn print_row(label: &str, r: &ReplayReport, peak: u64) -> Res<()> {
     outln!(
-        "{:<36} {:>12} {:>26} {:>10.4} {:>12} {:>13} {:>8.1}ms {:>7.0}ns",
+        "{:<36} {:>12} {:>26} {:>10.4} {:>12} {:>15} {:>8.1}ms {:>7.0}ns",
         label,
         fmt_bytes(r.capacity_bytes),
         result_cell(&r.outcome),
@@ -331,7 +331,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
         let naive = replay_one(&ops, &min_config, Allocator::NaiveCompacting, 0)?;
         let fixed = find_min(&ops, args.align, Allocator::NonMoving, peak);
         outln!()?;
-        outln!("smallest capacities ({} trials for the arena):", m.trials)?;
+        outln!("smallest capacities ({} trial(s) for the arena):", m.trials)?;
         print_header()?;
         print_row("cuarena (auto policy), smallest", &m.report, peak)?;
         print_row("naive (full on failure), same cap", &naive, peak)?;
