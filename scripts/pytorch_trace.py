@@ -176,7 +176,12 @@ Drivers (run on a CUDA machine; each job is a subprocess of this script):
                        with a JSON of facts (see FIXTURES below)
   --corpus DIR         the corpus of gzipped snapshots (see CORPUS below) and
                        DIR/manifest.json
-  --jobs N (4), --deadline S (420: no job starts later), --job-timeout S (180)
+  --settings DIR       corpus traces (--only) under the default allocator
+                       settings and under other PYTORCH_CUDA_ALLOC_CONF values
+                       (see SETTINGS_RUNS below), for the allocator model's
+                       what-if check
+  --jobs N (4), --deadline S (420: no job starts later), --job-timeout S (180),
+  --budget-gib G (0.85 of the GPU: estimated GiB in flight at once)
 """
 
 import argparse
@@ -1525,6 +1530,71 @@ CORPUS = [
 ]
 
 
+# What-if recordings for the model of PyTorch's caching allocator
+# (`cuarena replay`'s `pytorch_sim`): a corpus trace recorded under the
+# default settings, and the same run under other settings in the same
+# session, so that the model's prediction from the default recording can be
+# compared with the reserved peak PyTorch reports under each setting.
+# (corpus name, tag, PYTORCH_CUDA_ALLOC_CONF)
+SETTINGS_RUNS = [
+    ("llama-serve_s0", "exp", "expandable_segments:True"),
+    ("bert-varlen_s1", "exp", "expandable_segments:True"),
+    ("unet-diffusion-amp_s1", "exp", "expandable_segments:True"),
+    ("effnet-varres_s0", "exp", "expandable_segments:True"),
+    ("t5-varlen-amp_s0", "exp", "expandable_segments:True"),
+    ("moe-train-amp_s1", "exp", "expandable_segments:True"),
+    ("llama-serve_s0", "ms128", "max_split_size_mb:128"),
+    ("unet-diffusion-amp_s1", "ms128", "max_split_size_mb:128"),
+    ("t5-varlen-amp_s0", "ms128", "max_split_size_mb:128"),
+]
+
+
+def record_settings(out_dir, args):
+    """The CORPUS traces named by --only (all if none), each under the
+    default settings (NAME.pickle.gz) and under every SETTINGS_RUNS entry
+    for it (NAME__TAG.pickle.gz), in one pool of jobs; a JSON of facts
+    each, and manifest.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    info = device_info()
+    total_gib = info["total_memory"] / GiB
+    budget = args.budget_gib or 0.85 * total_gib
+    only = args.only.split(",") if args.only else None
+    jobs = []
+    for name, workload, opts, est in CORPUS:
+        if only and name not in only:
+            continue
+        cap = int(min(total_gib * 0.95, max(2 * est, est + 6)) * GiB)
+        runs = [("", "")] + [(tag, conf) for n, tag, conf in SETTINGS_RUNS if n == name]
+        for tag, conf in runs:
+            jobs.append({"name": name + (f"__{tag}" if tag else ""), "workload": workload,
+                         "opts": opts, "est_gib": est, "cap": cap,
+                         "env": {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {},
+                         "conf": conf})
+    # The default recordings first: they are the corpus.
+    jobs.sort(key=lambda j: bool(j["conf"]))
+    results = run_jobs(jobs, out_dir, args.jobs, budget, args.deadline, args.job_timeout)
+    manifest = {"device": info, "traces": []}
+    for job in jobs:
+        res = results.get(job["name"], {"status": "not run"})
+        entry = {"file": job["name"] + ".pickle.gz", "workload": job["workload"],
+                 "args": job["opts"], "cap_bytes": job["cap"], "alloc_conf": job["conf"], **res}
+        stats_path = os.path.join(out_dir, job["name"] + ".json")
+        if res.get("status") == "ok" and os.path.exists(stats_path):
+            with open(stats_path) as f:
+                s = json.load(f)
+            dev0 = s["devices"].get("0", {})
+            entry.update({"peak_allocated": s["peak_allocated"],
+                          "peak_reserved": s["peak_reserved"],
+                          "allocated_at_dump": s["allocated_at_dump"],
+                          "events": dev0.get("events", {}), "gz_bytes": s.get("gz_bytes")})
+        manifest["traces"].append(entry)
+        print(f"{job['name']}: {entry.get('status')}, peak reserved {entry.get('peak_reserved')}",
+              flush=True)
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    return manifest
+
 def run_jobs(jobs, out_dir, n_parallel, budget_gib, deadline_s, job_timeout):
     """Runs jobs (dicts: name, workload, opts, env, est_gib, cap) as
     subprocesses, at most n_parallel at once and at most budget_gib of
@@ -1639,7 +1709,7 @@ def record_corpus(out_dir, args):
     os.makedirs(out_dir, exist_ok=True)
     info = device_info()
     total_gib = info["total_memory"] / GiB
-    budget = 0.85 * total_gib
+    budget = args.budget_gib or 0.85 * total_gib
     print(f"corpus on {info['device_name']} (torch {info['torch_version']}, "
           f"{total_gib:.1f} GiB, {budget:.0f} GiB of estimates at once)", flush=True)
     jobs = []
@@ -1717,7 +1787,11 @@ def main():
     ap.add_argument("--stats-json", help="write peaks and the snapshot's facts as JSON")
     ap.add_argument("--fixtures", metavar="DIR", help="record the snapshot-reader fixtures")
     ap.add_argument("--corpus", metavar="DIR", help="record the corpus")
-    ap.add_argument("--only", help="--corpus: only these traces (comma-separated names)")
+    ap.add_argument("--only", help="--corpus, --settings: only these traces (comma-separated names)")
+    ap.add_argument("--settings", metavar="DIR",
+                    help="record CORPUS traces (--only) under the default and SETTINGS_RUNS")
+    ap.add_argument("--budget-gib", type=float,
+                    help="drivers: estimated GiB in flight at once (default 0.85 of the GPU)")
     ap.add_argument("--jobs", type=int, default=4, help="drivers: jobs at once (4)")
     ap.add_argument("--deadline", type=float, default=420,
                     help="drivers: no job starts after this many seconds (420)")
@@ -1726,7 +1800,9 @@ def main():
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    if args.fixtures or args.corpus:
+    if args.fixtures or args.corpus or args.settings:
+        if args.settings:
+            record_settings(args.settings, args)
         if args.fixtures:
             record_fixtures(args.fixtures, args)
         if args.corpus:
