@@ -37,9 +37,11 @@
 //! direction; the planner uses such moves to evacuate a window into holes.
 
 pub(crate) mod lag;
+pub(crate) mod pieces;
 pub(crate) mod planner;
 pub(crate) mod policy;
 pub(crate) mod relayout;
+pub(crate) mod track;
 
 use smallvec::SmallVec;
 
@@ -212,11 +214,12 @@ impl Plan {
     /// Every rule, against the live blocks the plan was made from: the
     /// input passes [`planner::check_live`], the waves pass
     /// [`validate`](Self::validate), every move names an unpinned live
-    /// block where it is at that wave, copies its `copy_len` and keeps its
-    /// alignment, and after every wave the blocks (at their reserved
-    /// lengths) are pairwise disjoint inside the region, which is rule 4
-    /// and the final layout's guarantee. O((blocks + moves) log blocks)
-    /// per wave.
+    /// block and copies bytes of its data where they are at that wave (the
+    /// whole block, or a piece of it: [`track`]), after every wave no
+    /// block's data lies on another's (rule 4), and at the end every moved
+    /// block is whole again at an offset of its alignment, the blocks (at
+    /// their reserved lengths) pairwise disjoint inside the region.
+    /// O((blocks + moves) log blocks).
     ///
     /// # Errors
     ///
@@ -227,52 +230,7 @@ impl Plan {
         live: &[planner::LiveBlock],
         capacity_bytes: u64,
     ) -> Result<(), PlanError> {
-        planner::check_live(live, capacity_bytes)?;
-        self.check(capacity_bytes)?;
-        let mut by_key: Vec<(u64, usize)> =
-            live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
-        by_key.sort_unstable();
-        if let Some(w) = by_key.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(PlanError::Layout(format!(
-                "two live blocks share key {}",
-                w[0].0
-            )));
-        }
-        let mut at: Vec<u64> = live.iter().map(|l| l.offset).collect();
-        let mut layout: Vec<(u64, u64)> = Vec::with_capacity(live.len());
-        for (w, wave) in self.waves.iter().enumerate() {
-            for m in &wave.moves {
-                let i = by_key
-                    .binary_search_by_key(&m.key, |e| e.0)
-                    .map(|k| by_key[k].1)
-                    .map_err(|_| invalid(format!("wave {w}: move {m:?} names no live block")))?;
-                let l = &live[i];
-                if l.pinned || at[i] != m.src || m.len != l.copy_len || m.dst % l.align != 0 {
-                    return Err(invalid(format!(
-                        "wave {w}: move {m:?} does not match its block {l:?} (now at {}): \
-                         pinned, wrong source or length, or misaligned destination",
-                        at[i]
-                    )));
-                }
-                at[i] = m.dst;
-            }
-            layout.clear();
-            layout.extend(at.iter().zip(live).map(|(&o, l)| (o, l.len)));
-            layout.sort_unstable();
-            let mut cursor = 0u64;
-            for &(offset, len) in &layout {
-                match offset.checked_add(len).filter(|&e| e <= capacity_bytes) {
-                    Some(end) if offset >= cursor => cursor = end,
-                    _ => {
-                        return Err(invalid(format!(
-                            "after wave {w} the block at {offset} of {len} B overlaps another \
-                             (one ends at {cursor}) or leaves the region of {capacity_bytes} B"
-                        )))
-                    }
-                }
-            }
-        }
-        Ok(())
+        track::validate_against(self, live, capacity_bytes)
     }
 }
 
