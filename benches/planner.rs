@@ -84,7 +84,7 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(BenchmarkId::new("64MiB", n), |b| {
             b.iter_batched(
-                || fragmented(n, 0, CompactionPolicy::Targeted),
+                || fragmented(n, 0, CompactionPolicy::Bounded),
                 |mut arena| {
                     let h = arena
                         .alloc(64 << 20)

@@ -36,9 +36,14 @@ pub mod guide {
     use crate::*;
 }
 
+/// The compaction policies: what each moves and promises, with the proofs
+/// (`docs/policies.md`).
+#[doc = include_str!("../docs/policies.md")]
+pub mod policies {}
+
 #[cfg(feature = "cuda")]
 pub use arena::cuda::graph;
-pub use arena::{fmt_bytes, Arena, CompactionReport, SharedArena, Stats};
+pub use arena::{fmt_bytes, Arena, CompactionReport, PolicyStats, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use dtype::{DType, Element};
 pub use error::{BackendError, Error, Result};

@@ -5,8 +5,9 @@
 use std::sync::atomic::AtomicU64;
 
 use super::{Arena, Block, Place};
+use crate::arena::core::Core;
 use crate::backend::Backend;
-use crate::config::{CompactionPolicy, MAX_ALIGN};
+use crate::config::MAX_ALIGN;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
@@ -61,54 +62,31 @@ impl<B: Backend> Arena<B> {
         }
         let align = align.max(self.config.alignment_bytes);
         let granule = self.config.alignment_bytes;
+        let capacity = self.core.capacity();
         let reserved = bytes
             .checked_add(granule - 1)
             .map(|b| b & !(granule - 1))
             // Past u64::MAX once rounded: larger than any region.
             .ok_or(Error::TooLarge {
                 requested_bytes: bytes,
-                capacity_bytes: self.config.capacity_bytes,
+                capacity_bytes: capacity,
             })?;
-        if reserved > self.config.capacity_bytes {
+        if reserved > capacity {
             return Err(Error::TooLarge {
                 requested_bytes: reserved,
-                capacity_bytes: self.config.capacity_bytes,
+                capacity_bytes: capacity,
             });
         }
         self.drain_reclaim()?;
-        // Naive places the request first: under `Budgeted` its bytes moved
-        // bound what the arena may move for it.
-        super::shadow::place(self, reserved, align)?;
-        // Large blocks and blocks of sizes that reliably outlive half the
-        // average block (and, with lifetime placement, those that reliably
-        // die young) go to the top of their free region, the rest to the
-        // bottom (`ArenaConfig`). By Little's law the number of live blocks
-        // is the mean lifetime in allocation ticks. Only the targeted
-        // policy does this; the others keep naive's plain placement (`Auto`
-        // must: its bound rests on placing exactly as naive does).
-        let live = self.blocks.len() as u64;
-        let large = reserved >= self.large_block_bytes;
-        let high = self.config.compaction == CompactionPolicy::Targeted
-            && (large
-                || self.lifetimes.as_ref().is_some_and(|l| {
-                    (self.long_lived_high && l.long_lived(reserved, live / 2))
-                        || (self.config.lifetime_placement && l.short_lived(reserved, live))
-                }));
-        let node = match super::place::place_on_device(self, reserved, align, &[], high) {
-            Ok(node) => node,
-            Err(e) => {
-                super::shadow::abandon(self);
-                return Err(e);
-            }
-        };
+        let node = self.place_on_device(reserved, align, &[])?;
         let (slot, offset) = (node.slot(), node.offset());
-        let inserted = self.blocks.insert(Block {
+        let core = &mut self.core;
+        let inserted = core.blocks.insert(Block {
             place: Place::Device(node),
             size: bytes,
             dtype,
             streams: Default::default(),
-            born: self.counters.allocs,
-            last_use: AtomicU64::new(self.tick()),
+            last_use: AtomicU64::new(core.tick()),
             // `align <= MAX_ALIGN < 2^32`, checked above.
             align: u32::try_from(align).unwrap_or(u32::MAX),
             pins: 0,
@@ -119,32 +97,32 @@ impl<B: Backend> Arena<B> {
             Err(block) => {
                 // Every one of the 2^32 handle slots is in use: give the
                 // space back, unchanged.
-                super::shadow::abandon(self);
+                self.policy.abandon();
                 if let Place::Device(node) = block.place {
-                    if let Err(e) = self.index.free(node) {
-                        return Err(self.broken("giving a placement back failed", e));
-                    }
+                    self.core.give_back(node)?;
                 }
                 return Err(Error::LimitReached {
                     what: "handle table slots (blocks live at once)",
-                    requested: self.blocks.slot_count() as u64 + 1,
+                    requested: core_slots(&self.core) + 1,
                     limit: 1 << 32,
                 });
             }
         };
-        self.set_owner(slot, key);
-        super::shadow::commit(self, key, bytes, u32::try_from(align).unwrap_or(u32::MAX));
-        self.set_entry(key, Some((offset, bytes)));
-        let c = &mut self.counters;
+        let core = &mut self.core;
+        core.set_owner(slot, key);
+        self.policy
+            .commit(key, bytes, u32::try_from(align).unwrap_or(u32::MAX), offset);
+        core.set_entry(key, Some((offset, bytes)));
+        let c = &mut core.counters;
         c.allocs += 1;
         // Exact: live sizes add up to at most the region plus the host
         // tier, which `ArenaConfig::validate` keeps within u64.
         c.requested_bytes = c.requested_bytes.saturating_add(bytes);
-        let allocated = self.config.capacity_bytes - self.index.free_bytes();
+        let allocated = capacity - core.index.free_bytes();
         c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
         Ok(Handle {
             key,
-            arena: self.id,
+            arena: core.id,
         })
     }
 
@@ -154,22 +132,18 @@ impl<B: Backend> Arena<B> {
         if b.pins > 0 {
             return Err(Error::Pinned { pins: b.pins });
         }
+        let (size, lag) = (b.size, b.lag);
         // Its bytes are reused in arena-stream order: after the streams that
         // used it are done with them.
-        self.wait_uses(h.key)?;
-        self.epoch += 1;
-        let Some(b) = self.blocks.remove(h.key) else {
+        self.core.wait_uses(h.key)?;
+        self.policy.free(&self.core, h.key, size, lag)?;
+        let core = &mut self.core;
+        core.epoch += 1;
+        let Some(b) = core.blocks.remove(h.key) else {
             return Err(Error::StaleHandle);
         };
-        let size = b.size;
-        if let Some(l) = self.lifetimes.as_mut() {
-            l.observe(b.reserved(), self.counters.allocs.saturating_sub(b.born));
-        }
-        if let Some(at) = b.lag {
-            self.lag.remove(at.get());
-        }
         let freed = match b.place {
-            Place::Device(a) => self.index.free(a),
+            Place::Device(a) => core.index.free(a),
             Place::Host(a) => match self.tier.as_mut() {
                 Some(tier) => tier.free(a),
                 None => Ok(()),
@@ -177,15 +151,11 @@ impl<B: Backend> Arena<B> {
         };
         if let Err(e) = freed {
             // Unreachable: the arena only holds allocations of its own indexes.
-            return Err(self.broken("freeing a block's placement failed", e));
+            return Err(core.broken("freeing a block's placement failed", e));
         }
-        if let Err(e) = super::shadow::free(self, h.key) {
-            // Unreachable: the shadow holds one node per live block.
-            return Err(self.broken("freeing a block in naive's shadow failed", e));
-        }
-        self.set_entry(h.key, None);
-        self.counters.frees += 1;
-        self.counters.requested_bytes = self.counters.requested_bytes.saturating_sub(size);
+        core.set_entry(h.key, None);
+        core.counters.frees += 1;
+        core.counters.requested_bytes = core.counters.requested_bytes.saturating_sub(size);
         Ok(())
     }
 
@@ -200,14 +170,17 @@ impl<B: Backend> Arena<B> {
             return Err(pin_limit());
         }
         self.make_resident(&[h])?;
-        // A pinned block cannot go home later: it goes now.
-        super::defer::bring_home(self, h.key)?;
+        // A pinned block cannot move later: its bytes go where they stay.
+        if pins == 0 {
+            self.policy.before_pin(&mut self.core, h.key)?;
+        }
         let b = self.block_mut(h)?;
         b.pins = b.pins.checked_add(1).ok_or_else(pin_limit)?;
         let pins = b.pins;
         if pins == 1 {
-            self.counters.pinned_blocks += 1;
-            self.sync_pinned(h.key);
+            self.core.counters.pinned_blocks += 1;
+            self.core.sync_pinned(h.key);
+            self.policy.pinned(h.key, true);
         }
         Ok(pins)
     }
@@ -221,8 +194,9 @@ impl<B: Backend> Arena<B> {
         b.pins -= 1;
         let pins = b.pins;
         if pins == 0 {
-            self.counters.pinned_blocks -= 1;
-            self.sync_pinned(h.key);
+            self.core.counters.pinned_blocks -= 1;
+            self.core.sync_pinned(h.key);
+            self.policy.pinned(h.key, false);
         }
         Ok(pins)
     }
@@ -253,7 +227,7 @@ impl<B: Backend> Arena<B> {
             handle,
             bytes,
             dtype,
-            self.id,
+            self.core.id,
             std::sync::Arc::clone(&self.reclaim),
         ))
     }
@@ -287,6 +261,11 @@ impl<B: Backend> Arena<B> {
         }
         Ok(freed)
     }
+}
+
+/// Handle slots in use (for the error of a full slot table).
+fn core_slots<B: Backend>(core: &Core<B>) -> u64 {
+    core.blocks.slot_count() as u64
 }
 
 /// [`Error::LimitReached`] for a pin past the most a block can hold.

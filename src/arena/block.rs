@@ -16,16 +16,16 @@ use crate::plan::planner::LiveBlock;
 /// once per block per compaction made replays slow down per op as it
 /// outgrew the caches.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Owner {
-    pub(super) key: BlockKey,
+pub(crate) struct Owner {
+    pub(crate) key: BlockKey,
     /// Bytes to copy when it moves (its size).
-    pub(super) size: u64,
-    pub(super) align: u32,
-    pub(super) pinned: bool,
+    pub(crate) size: u64,
+    pub(crate) align: u32,
+    pub(crate) pinned: bool,
 }
 
 impl Owner {
-    pub(super) const NONE: Owner = Owner {
+    pub(crate) const NONE: Owner = Owner {
         key: BlockKey::NULL,
         size: 0,
         align: 1,
@@ -34,7 +34,7 @@ impl Owner {
 
     /// The planner's view of this block on the used region at `offset` of
     /// `len` bytes (its reservation).
-    pub(super) fn live_block(&self, offset: u64, len: u64) -> LiveBlock {
+    pub(crate) fn live_block(&self, offset: u64, len: u64) -> LiveBlock {
         LiveBlock {
             key: self.key.to_bits(),
             offset,
@@ -47,7 +47,7 @@ impl Owner {
 
     /// The owner a [`LiveBlock`] was collected from (the inverse of
     /// [`Owner::live_block`]), for the index rebuilt after a plan.
-    pub(super) fn of_live(l: &LiveBlock) -> Owner {
+    pub(crate) fn of_live(l: &LiveBlock) -> Owner {
         Owner {
             key: BlockKey::from_bits(l.key),
             size: l.copy_len,
@@ -59,7 +59,7 @@ impl Owner {
 }
 
 /// Records `owner` as the block on placement node `slot` in `owners`.
-pub(super) fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
+pub(crate) fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
     let i = slot as usize;
     if owners.len() <= i {
         owners.resize(i + 1, Owner::NONE);
@@ -69,7 +69,7 @@ pub(super) fn set_owner(owners: &mut Vec<Owner>, slot: u32, owner: Owner) {
 
 /// Where a block's bytes are.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Place {
+pub(crate) enum Place {
     /// In the region: the placement allocation holds the offset (nowhere
     /// else does).
     Device(Allocation),
@@ -84,51 +84,48 @@ pub(super) enum Place {
 /// takes few fresh pages: at ~200 bytes an entry, replay time per op grew
 /// by 40 % from 80k to 160k blocks.
 #[derive(Debug)]
-pub(super) struct Block {
-    pub(super) place: Place,
-    pub(super) size: u64,
+pub(crate) struct Block {
+    pub(crate) place: Place,
+    pub(crate) size: u64,
     /// The dtype it was allocated for (`None`: untyped bytes).
-    pub(super) dtype: Option<DType>,
+    pub(crate) dtype: Option<DType>,
     /// Streams that used the block; `None` until kernel arguments or
     /// [`Arena::record_stream`] name it (one small allocation then, beside
     /// a kernel launch; plain alloc and free never make one). Behind a
     /// mutex of its own so that kernel arguments, taken under a shared
     /// arena's shared lock by several threads, record uses; under `&mut`
     /// (compaction, free) it is reached without locking.
-    pub(super) streams: std::sync::Mutex<Option<Box<StreamUses>>>,
-    /// `Counters::allocs` when it was allocated: its lifetime at free, in
-    /// allocation ticks, feeds `Arena::lifetimes`.
-    pub(super) born: u64,
+    pub(crate) streams: std::sync::Mutex<Option<Box<StreamUses>>>,
     /// Tick of the last use (resolved for a kernel, a transfer or a pin):
     /// the spill policy evicts the least recently used block first.
-    pub(super) last_use: AtomicU64,
+    pub(crate) last_use: AtomicU64,
     /// Alignment of the offset (a power of two up to
     /// [`crate::config::MAX_ALIGN`], so it fits).
-    pub(super) align: u32,
-    pub(super) pins: u32,
+    pub(crate) align: u32,
+    pub(crate) pins: u32,
     /// Where the bytes of a resident block are when they have not followed
     /// its placement yet (a deferred move, `src/plan/lag.rs`): always
     /// above the placement's offset, so never 0. `None`: at the placement.
-    pub(super) lag: Option<std::num::NonZeroU64>,
+    pub(crate) lag: Option<std::num::NonZeroU64>,
 }
 
 impl Block {
     /// Bytes reserved: the size rounded up to the arena's alignment, which
     /// is what its placement (in the region or the host tier) holds.
-    pub(super) fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         match &self.place {
             Place::Device(a) | Place::Host(a) => a.size(),
         }
     }
 
     /// Alignment of the offset in bytes.
-    pub(super) fn align(&self) -> u64 {
+    pub(crate) fn align(&self) -> u64 {
         u64::from(self.align)
     }
 
     /// Where the block's bytes are in the region: its placement's offset,
     /// or where they lag ([`Block::lag`]); `None` when spilled.
-    pub(super) fn real_offset(&self) -> Option<u64> {
+    pub(crate) fn real_offset(&self) -> Option<u64> {
         match &self.place {
             Place::Device(a) => Some(self.lag.map_or(a.offset(), |at| at.get())),
             Place::Host(_) => None,
@@ -136,14 +133,14 @@ impl Block {
     }
 
     /// The streams that used the block since it was allocated.
-    pub(super) fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
+    pub(crate) fn uses(&self) -> smallvec::SmallVec<[crate::stream::StreamId; 2]> {
         self.with_streams(|s| s.as_ref().map(|s| s.uses.clone()).unwrap_or_default())
     }
 
     /// Runs `f` on the stream-use records (`None` before the first use),
     /// under their lock. Nothing in `f` panics, so a poisoned lock (it
     /// cannot be) would hold consistent records.
-    pub(super) fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
+    pub(crate) fn with_streams<R>(&self, f: impl FnOnce(&mut Option<Box<StreamUses>>) -> R) -> R {
         let mut s = self
             .streams
             .lock()
@@ -154,44 +151,37 @@ impl Block {
 
 /// Which streams used a block (see [`StreamId`](crate::StreamId)).
 #[derive(Debug, Default)]
-pub(super) struct StreamUses {
+pub(crate) struct StreamUses {
     /// Registered streams other than the arena's that used the block since
     /// it was allocated.
-    pub(super) uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
+    pub(crate) uses: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
     /// The stream whose kernel arguments last wrote the block, and the
     /// streams that read it since: what later work on another stream must
     /// wait for (read after write, write after read or write).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(super) writer: Option<crate::stream::StreamId>,
+    pub(crate) writer: Option<crate::stream::StreamId>,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(super) readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
+    pub(crate) readers: smallvec::SmallVec<[crate::stream::StreamId; 2]>,
 }
 
+/// What the arena has done: allocations, compactions, spilling.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Counters {
-    pub(super) requested_bytes: u64,
-    pub(super) pinned_blocks: usize,
-    pub(super) peak_allocated_bytes: u64,
-    pub(super) evictions: u64,
-    pub(super) restores: u64,
-    pub(super) bytes_evicted: u64,
-    pub(super) bytes_restored: u64,
-    pub(super) allocs: u64,
-    pub(super) frees: u64,
-    pub(super) failed_allocs: u64,
-    pub(super) targeted: u64,
-    pub(super) full: u64,
-    pub(super) moves: u64,
-    pub(super) bytes_moved: u64,
-    /// Bytes naive compact-on-failure moved on the same requests (the
-    /// plans applied to the index under `Auto`, and explicit compactions).
-    pub(super) naive_bytes_moved: u64,
-    /// Requests naive would have failed (see `Stats::naive_failures`).
-    pub(super) naive_failures: u64,
-    /// Bytes of the handover to naive's layout (see `Stats::handover_bytes`).
-    pub(super) handover_bytes: u64,
-    /// Bytes moved past the budget (see `Stats::overrun_bytes`).
-    pub(super) overrun_bytes: u64,
-    pub(super) planning: std::time::Duration,
-    pub(super) compaction: std::time::Duration,
+pub(crate) struct Counters {
+    pub(crate) requested_bytes: u64,
+    pub(crate) pinned_blocks: usize,
+    pub(crate) peak_allocated_bytes: u64,
+    pub(crate) evictions: u64,
+    pub(crate) restores: u64,
+    pub(crate) bytes_evicted: u64,
+    pub(crate) bytes_restored: u64,
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+    pub(crate) failed_allocs: u64,
+    pub(crate) targeted: u64,
+    pub(crate) full: u64,
+    pub(crate) moves: u64,
+    pub(crate) bytes_moved: u64,
+    pub(crate) piece_plans: u64,
+    pub(crate) planning: std::time::Duration,
+    pub(crate) compaction: std::time::Duration,
 }

@@ -122,7 +122,7 @@ impl<B: Backend> Arena<B> {
     /// Checks `r` against its block (see [`check_block_range`]).
     fn check_range(&self, r: &BlockRange, want: Option<DType>) -> Result<Option<Checked>> {
         self.check_usable()?;
-        check_block_range(&self.blocks, self.id, r, want)
+        check_block_range(&self.core.blocks, self.core.id, r, want)
     }
 
     /// Region offset of a checked range whose block is resident.
@@ -160,9 +160,9 @@ impl<B: Backend> Arena<B> {
         expect_len(c.len, bytes.len() as u64)?;
         self.make_resident(&[c.handle])?;
         let offset = self.region_offset(c)?;
-        self.wait_uses(c.handle.key)?;
-        self.epoch += 1;
-        let r = self.backend.write(offset, bytes);
+        self.core.wait_uses(c.handle.key)?;
+        self.core.epoch += 1;
+        let r = self.core.backend.write(offset, bytes);
         self.sticky(r)
     }
 
@@ -211,8 +211,8 @@ impl<B: Backend> Arena<B> {
         };
         expect_len(c.len, bytes.len() as u64)?;
         let offset = self.region_offset(c)?;
-        self.wait_uses(c.handle.key)?;
-        let r = self.backend.read(offset, bytes);
+        self.core.wait_uses(c.handle.key)?;
+        let r = self.core.backend.read(offset, bytes);
         self.sticky(r)
     }
 
@@ -253,10 +253,10 @@ impl<B: Backend> Arena<B> {
         }
         self.make_resident(&[s.handle, d.handle])?;
         let (so, dof) = (self.region_offset(s)?, self.region_offset(d)?);
-        self.wait_uses(s.handle.key)?;
-        self.wait_uses(d.handle.key)?;
-        self.epoch += 1;
-        let r = self.backend.copy(so, dof, s.len);
+        self.core.wait_uses(s.handle.key)?;
+        self.core.wait_uses(d.handle.key)?;
+        self.core.epoch += 1;
+        let r = self.core.backend.copy(so, dof, s.len);
         self.sticky(r)
     }
 
@@ -273,9 +273,9 @@ impl<B: Backend> Arena<B> {
         };
         self.make_resident(&[c.handle])?;
         let offset = self.region_offset(c)?;
-        self.wait_uses(c.handle.key)?;
-        self.epoch += 1;
-        let r = self.backend.fill(offset, c.len, pattern);
+        self.core.wait_uses(c.handle.key)?;
+        self.core.epoch += 1;
+        let r = self.core.backend.fill(offset, c.len, pattern);
         self.sticky(r)
     }
 }

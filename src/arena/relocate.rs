@@ -1,42 +1,25 @@
-//! Relocation: compaction (blocks moved within the region) and spilling
-//! (blocks moved to the host tier and back). The mechanics are in the
-//! private modules beside this one: `compaction` (plans checked, executed,
-//! the index rebuilt), `place` (the policies' slow path), `defer` (moves
-//! `Auto` defers), `shadow` (naive's layout under `Budgeted`) and `spill`.
+//! Relocation on request: an explicit full compaction, and blocks brought
+//! back from the host tier. The mechanics are in `core` (plans checked,
+//! executed, the index rebuilt), `policy` and `spill`.
 
-use std::time::Instant;
-
-use super::{compaction, Arena, CompactionReport, Place};
+use super::{Arena, CompactionReport, Place};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::handle::{BlockKey, Handle};
-use crate::plan::planner;
 use crate::storage::AsRange;
 
 impl<B: Backend> Arena<B> {
     /// Compacts fully: afterwards the free space between pinned blocks is one
-    /// region per gap (one region in all without pins). Blocks whose moves
-    /// were deferred go home first (a separate plan); naive, asked for the
-    /// same compaction, would run the full plan itself, so it counts in
-    /// `Stats::naive_bytes_moved` too.
+    /// region per gap (one region in all without pins), packed as the
+    /// [`policies`](crate::policies) docs say (by alignment class where
+    /// that pads less). Naive, asked for the same compaction, runs its own
+    /// full compaction too: under the compacting policies it counts in
+    /// [`PolicyStats::naive_bytes_moved`](crate::PolicyStats), and every
+    /// policy keeps its bound.
     pub fn compact(&mut self) -> Result<CompactionReport> {
         self.check_usable()?;
         self.drain_reclaim()?;
-        if let Some(report) = super::shadow::compact(self)? {
-            return Ok(report);
-        }
-        super::defer::settle(self)?;
-        let t0 = Instant::now();
-        compaction::collect_live(self);
-        let plan = planner::plan_full(&self.live, self.config.capacity_bytes);
-        self.counters.naive_bytes_moved = self
-            .counters
-            .naive_bytes_moved
-            .saturating_add(plan.bytes_moved());
-        self.counters.planning += t0.elapsed();
-        self.pacer
-            .full_ran(plan.move_count(), self.live.len() as u64);
-        super::compaction::execute(self, plan, t0)
+        self.policy.compact(&mut self.core)
     }
 
     /// Brings every handle in `handles` onto the device together, spilling
@@ -70,6 +53,7 @@ impl<B: Backend> Arena<B> {
         let mut spilled: smallvec::SmallVec<[Handle; 8]> = smallvec::SmallVec::new();
         for &h in handles {
             let out = self
+                .core
                 .blocks
                 .get(h.key)
                 .is_some_and(|b| matches!(b.place, Place::Host(_)));

@@ -35,40 +35,40 @@ pub(super) fn restore_each<B: Backend>(
     keep: &[BlockKey],
 ) -> Result<()> {
     for &h in handles {
-        let Some(b) = arena.blocks.get(h.key) else {
+        let Some(b) = arena.core.blocks.get(h.key) else {
             continue;
         };
-        b.last_use.store(arena.tick(), Ordering::Relaxed);
+        b.last_use.store(arena.core.tick(), Ordering::Relaxed);
         let Place::Host(t) = &b.place else {
             continue;
         };
         let (host, reserved, align, size) = (t.offset(), b.reserved(), b.align(), b.size);
-        let node = super::place::place_on_device(arena, reserved, align, keep, false)?;
+        let node = arena.place_on_device(reserved, align, keep)?;
         let (dev, slot) = (node.offset(), node.slot());
         // The restore writes on the arena stream: later kernel arguments
         // on other streams must wait for it.
-        arena.epoch += 1;
-        if let Err(e) = arena.backend.restore(host, dev, size) {
+        arena.core.epoch += 1;
+        if let Err(e) = arena.core.backend.restore(host, dev, size) {
             // Give the node back: left used without an owner, a later
             // compaction would read a stale owner entry.
-            let _ = arena.index.free(node);
-            arena.poison(format!("restoring a spilled block failed: {e}"));
+            let _ = arena.core.index.free(node);
+            arena.core.poison(format!("restoring a spilled block failed: {e}"));
             return Err(e);
         }
-        let old = match arena.blocks.get_mut(h.key) {
+        let old = match arena.core.blocks.get_mut(h.key) {
             Some(b) => std::mem::replace(&mut b.place, Place::Device(node)),
             None => Place::Device(node),
         };
         if let (Place::Host(t), Some(tier)) = (old, arena.tier.as_mut()) {
             if let Err(e) = tier.free(t) {
                 // Unreachable: the tier's allocations are its own.
-                return Err(arena.broken("freeing a host-tier block failed", e));
+                return Err(arena.core.broken("freeing a host-tier block failed", e));
             }
         }
-        arena.set_owner(slot, h.key);
-        arena.set_entry(h.key, Some((dev, size)));
-        arena.counters.restores += 1;
-        arena.counters.bytes_restored = arena.counters.bytes_restored.saturating_add(size);
+        arena.core.set_owner(slot, h.key);
+        arena.core.set_entry(h.key, Some((dev, size)));
+        arena.core.counters.restores += 1;
+        arena.core.counters.bytes_restored = arena.core.counters.bytes_restored.saturating_add(size);
     }
     Ok(())
 }
@@ -89,18 +89,18 @@ pub(super) fn make_room_for_all<B: Backend>(
 ) -> Result<()> {
     let sizes: Vec<(u64, u64)> = spilled
         .iter()
-        .filter_map(|h| arena.blocks.get(h.key))
+        .filter_map(|h| arena.core.blocks.get(h.key))
         .map(|b| (b.reserved(), b.align()))
         .collect();
     let fits = |index: &mut crate::placement::FreeIndex| {
         sizes.iter().all(|&(r, a)| index.alloc(r, a).is_some())
     };
-    if fits(&mut arena.index.clone()) {
+    if fits(&mut arena.core.index.clone()) {
         return Ok(());
     }
-    let capacity = arena.config.capacity_bytes;
-    super::compaction::collect_live(arena);
-    let mut live = arena.live.clone();
+    let capacity = arena.core.capacity();
+    arena.core.collect_live();
+    let mut live = arena.core.live.clone();
     let after_full = |live: &[planner::LiveBlock]| {
         let mut spans: Vec<(u64, u64)> = live.iter().map(|l| (l.offset, l.len)).collect();
         let at: std::collections::HashMap<u64, usize> =
@@ -116,7 +116,7 @@ pub(super) fn make_room_for_all<B: Backend>(
         index.rebuild(&spans, &mut Vec::new()).is_ok() && fits(&mut index)
     };
     let mut candidates: Vec<(u64, BlockKey)> = arena
-        .blocks
+        .core.blocks
         .iter()
         .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
         .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k))
@@ -126,7 +126,7 @@ pub(super) fn make_room_for_all<B: Backend>(
     let mut victims: Vec<BlockKey> = Vec::new();
     while !after_full(&live) {
         let Some((_, victim)) = next.next() else {
-            arena.counters.failed_allocs += 1;
+            arena.core.counters.failed_allocs += 1;
             let needed = live
                 .iter()
                 .map(|l| l.len)
@@ -135,8 +135,8 @@ pub(super) fn make_room_for_all<B: Backend>(
             let align = sizes.iter().map(|s| s.1).max().unwrap_or(1);
             return Err(Error::OutOfMemory {
                 requested_bytes: needed,
-                free_bytes: arena.index.free_bytes(),
-                largest_free_bytes: arena.index.largest_free(),
+                free_bytes: arena.core.index.free_bytes(),
+                largest_free_bytes: arena.core.index.largest_free(),
                 reachable_bytes: planner::largest_hole_after_full(&live, capacity, align),
             });
         };
@@ -149,7 +149,7 @@ pub(super) fn make_room_for_all<B: Backend>(
     let mut reserved: Vec<(BlockKey, Allocation)> = Vec::new();
     let mut tier_needed = 0u64;
     for &v in &victims {
-        let len = arena.blocks.get(v).map_or(0, |b| b.reserved());
+        let len = arena.core.blocks.get(v).map_or(0, |b| b.reserved());
         tier_needed = tier_needed.saturating_add(len);
         let node = match arena.tier.as_mut() {
             Some(tier) => tier.alloc(len, 1),
@@ -161,7 +161,7 @@ pub(super) fn make_room_for_all<B: Backend>(
                 for (_, t) in reserved {
                     release_tier(arena, t);
                 }
-                arena.counters.failed_allocs += 1;
+                arena.core.counters.failed_allocs += 1;
                 let r = arena.tier.as_ref().map(|t| t.report()).unwrap_or_default();
                 return Err(Error::HostTierFull {
                     requested_bytes: sizes.iter().map(|s| s.0).fold(0, u64::saturating_add),
@@ -184,12 +184,12 @@ pub(super) fn make_room_for_all<B: Backend>(
     }
     // The compaction the check planned: the same live blocks, the
     // same plan, the same rebuilt index.
-    super::defer::settle(arena)?;
+    arena.policy.settle(&mut arena.core)?;
     let t0 = std::time::Instant::now();
-    super::compaction::collect_live(arena);
-    let plan = planner::plan_full(&arena.live, capacity);
-    arena.counters.planning += t0.elapsed();
-    super::compaction::execute(arena, plan, t0)?;
+    arena.core.collect_live();
+    let plan = planner::plan_full(&arena.core.live, capacity);
+    arena.core.counters.planning += t0.elapsed();
+    arena.core.run(plan, t0)?;
     Ok(())
 }
 
@@ -208,7 +208,7 @@ pub(super) fn alloc_by_spilling<B: Backend>(
 ) -> Result<Allocation> {
     let victims = plan_evictions(arena, reserved, align, keep)?;
     // Evicting and compacting work on the bytes' layout.
-    if let Err(e) = super::defer::settle(arena) {
+    if let Err(e) = arena.policy.settle(&mut arena.core) {
         for (_, t) in victims {
             release_tier(arena, t);
         }
@@ -224,36 +224,36 @@ pub(super) fn alloc_by_spilling<B: Backend>(
             return Err(e);
         }
     }
-    let capacity = arena.config.capacity_bytes;
+    let capacity = arena.core.capacity();
     // The last eviction may have opened a hole that fits as it is.
-    if let Some(node) = arena.index.alloc(reserved, align) {
+    if let Some(node) = arena.core.index.alloc(reserved, align) {
         return Ok(node);
     }
     // A targeted compaction moves only the blocks around one window.
     let t0 = std::time::Instant::now();
-    super::compaction::collect_live(arena);
+    arena.core.collect_live();
     let req = planner::Request {
         size: reserved,
         align,
     };
-    let plan = planner::plan_targeted(&arena.live, capacity, req);
-    arena.counters.planning += t0.elapsed();
+    let plan = planner::plan_targeted(&arena.core.live, capacity, req);
+    arena.core.counters.planning += t0.elapsed();
     if let Some(plan) = plan {
-        super::compaction::execute(arena, plan, t0)?;
-        if let Some(node) = arena.index.alloc(reserved, align) {
+        arena.core.run(plan, t0)?;
+        if let Some(node) = arena.core.index.alloc(reserved, align) {
             return Ok(node);
         }
     }
     let t0 = std::time::Instant::now();
-    super::compaction::collect_live(arena);
-    let plan = planner::plan_full(&arena.live, capacity);
-    arena.counters.planning += t0.elapsed();
-    super::compaction::execute(arena, plan, t0)?;
-    arena.index.alloc(reserved, align).ok_or_else(|| {
+    arena.core.collect_live();
+    let plan = planner::plan_full(&arena.core.live, capacity);
+    arena.core.counters.planning += t0.elapsed();
+    arena.core.run(plan, t0)?;
+    arena.core.index.alloc(reserved, align).ok_or_else(|| {
         // Unreachable: the evictions were planned so that a full
         // compaction makes this hole.
         let reason = "spilling planned a hole that compaction did not make";
-        arena.poison(reason.to_string());
+        arena.core.poison(reason.to_string());
         Error::Poisoned {
             reason: reason.to_string(),
         }
@@ -270,11 +270,11 @@ pub(super) fn plan_evictions<B: Backend>(
     align: u64,
     keep: &[BlockKey],
 ) -> Result<Vec<(BlockKey, Allocation)>> {
-    let capacity = arena.config.capacity_bytes;
-    super::compaction::collect_live(arena);
-    let mut live = std::mem::take(&mut arena.live);
+    let capacity = arena.core.capacity();
+    arena.core.collect_live();
+    let mut live = std::mem::take(&mut arena.core.live);
     let mut candidates: Vec<(u64, BlockKey, u64)> = arena
-        .blocks
+        .core.blocks
         .iter()
         .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
         .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved()))
@@ -297,15 +297,15 @@ pub(super) fn plan_evictions<B: Backend>(
                 .map(|l| l.len)
                 .chain(
                     keep.iter()
-                        .filter_map(|k| arena.blocks.get(*k))
+                        .filter_map(|k| arena.core.blocks.get(*k))
                         .filter(|b| b.pins == 0 && matches!(b.place, Place::Device(_)))
                         .map(|b| b.reserved()),
                 )
                 .fold(reserved, u64::saturating_add);
             break Err(Error::OutOfMemory {
                 requested_bytes: needed,
-                free_bytes: arena.index.free_bytes(),
-                largest_free_bytes: arena.index.largest_free(),
+                free_bytes: arena.core.index.free_bytes(),
+                largest_free_bytes: arena.core.index.largest_free(),
                 reachable_bytes: reachable,
             });
         };
@@ -326,11 +326,11 @@ pub(super) fn plan_evictions<B: Backend>(
         let bits = victim.to_bits();
         live.retain(|l| l.key != bits);
     };
-    arena.live = live;
+    arena.core.live = live;
     match outcome {
         Ok(()) => Ok(victims),
         Err(mut e) => {
-            arena.counters.failed_allocs += 1;
+            arena.core.counters.failed_allocs += 1;
             if let Some(tier) = arena.tier.as_mut() {
                 for (_, t) in victims {
                     let _ = tier.free(t);
@@ -367,7 +367,7 @@ pub(super) fn spill_to<B: Backend>(
     key: BlockKey,
     tier_node: Allocation,
 ) -> Result<()> {
-    let Some(b) = arena.blocks.get(key) else {
+    let Some(b) = arena.core.blocks.get(key) else {
         release_tier(arena, tier_node);
         return Ok(());
     };
@@ -377,33 +377,30 @@ pub(super) fn spill_to<B: Backend>(
     };
     // The copy to the host reads the block on the arena stream, and its
     // space is reused after it: wait for the streams that used it.
-    if let Err(e) = arena.wait_uses(key) {
+    if let Err(e) = arena.core.wait_uses(key) {
         release_tier(arena, tier_node);
         return Err(e);
     }
-    arena.epoch += 1;
-    if let Err(e) = arena.backend.spill(dev, tier_node.offset(), size) {
+    arena.core.epoch += 1;
+    if let Err(e) = arena.core.backend.spill(dev, tier_node.offset(), size) {
         release_tier(arena, tier_node);
-        arena.poison(format!("spilling a block failed: {e}"));
+        arena.core.poison(format!("spilling a block failed: {e}"));
         return Err(e);
     }
-    let old = match arena.blocks.get_mut(key) {
+    let old = match arena.core.blocks.get_mut(key) {
         Some(b) => std::mem::replace(&mut b.place, Place::Host(tier_node)),
         None => Place::Host(tier_node),
     };
-    if let Some(b) = arena.blocks.get_mut(key) {
-        if let Some(at) = b.lag.take() {
-            arena.lag.remove(at.get());
-        }
-    }
+    let lag = arena.core.blocks.get_mut(key).and_then(|b| b.lag.take());
+    arena.policy.spilled(lag);
     if let Place::Device(node) = old {
-        if let Err(e) = arena.index.free(node) {
+        if let Err(e) = arena.core.index.free(node) {
             // Unreachable: the arena holds only its index's allocations.
-            return Err(arena.broken("freeing a spilled block's space failed", e));
+            return Err(arena.core.broken("freeing a spilled block's space failed", e));
         }
     }
-    arena.set_entry(key, None);
-    arena.counters.evictions += 1;
-    arena.counters.bytes_evicted = arena.counters.bytes_evicted.saturating_add(size);
+    arena.core.set_entry(key, None);
+    arena.core.counters.evictions += 1;
+    arena.core.counters.bytes_evicted = arena.core.counters.bytes_evicted.saturating_add(size);
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+pub use super::policy::PolicyStats;
 use crate::plan::PlanKind;
 
 /// A snapshot of the arena's state and history.
@@ -43,43 +44,11 @@ pub struct Stats {
     pub moves: u64,
     /// Bytes copied, over all compactions.
     pub bytes_moved: u64,
-    /// Bytes naive compact-on-failure (best-fit placement, one full
-    /// compaction when a request fits in no hole) moved on the same
-    /// requests, counted under [`crate::CompactionPolicy::Auto`] and
-    /// [`crate::CompactionPolicy::Budgeted`] (and by explicit compactions
-    /// under any policy). Under `Auto`, `bytes_moved + deferred_bytes
-    /// <= naive_bytes_moved` while `naive_failures` is 0; under `Budgeted`, see
-    /// `handover_bytes` (`src/plan/lag.rs`).
-    pub naive_bytes_moved: u64,
-    /// Requests naive compact-on-failure would have failed (pins or
-    /// alignment padding leave no hole after its full compaction, or the
-    /// request exceeds the free bytes) while the arena ran under
-    /// `Auto` or `Budgeted`: from the first, the arena's
-    /// layout is its own and `naive_bytes_moved` stops counting.
-    pub naive_failures: u64,
-    /// Bytes moved by `Budgeted`'s handover to naive's layout: the one plan
-    /// that ends its first phase (`src/plan/lag.rs`), 0 until then. With
-    /// `overrun_bytes`, the additive term of its bound: `bytes_moved +
-    /// deferred_bytes <= naive_bytes_moved + handover_bytes +
-    /// overrun_bytes` while `naive_failures` is 0.
-    pub handover_bytes: u64,
-    /// Bytes `Budgeted` moved past its budget in its first phase because the
-    /// handover could not be staged then (a pinned block away from naive's
-    /// place, or no free spot for a move that crosses its own bytes).
-    pub overrun_bytes: u64,
-    /// Bytes of blocks whose moves `Auto` has deferred: naive moved them,
-    /// the arena has not yet (`src/plan/lag.rs`).
-    pub deferred_bytes: u64,
+    /// Plans that moved blocks in pieces, through free space smaller than
+    /// a block (`src/plan/pieces.rs`; counted in the compactions too).
+    pub piece_plans: u64,
     /// Host time spent planning compactions.
     pub planning_time: Duration,
-    /// Block visits of compaction planning: live blocks per pass of a
-    /// planner, summed. Deterministic, unlike `planning_time`, and
-    /// proportional to it (each pass is linear in the live blocks).
-    pub planning_visits: u64,
-    /// Full compactions the pacer chose because planning would have
-    /// overdrawn its budget of work per op (rule 2 of
-    /// `src/plan/policy.rs`; counted in `full_compactions` too).
-    pub budget_compactions: u64,
     /// Host time spent in compaction: planning plus executing (on the CUDA
     /// backend, executing means enqueueing: the copies run asynchronously).
     pub compaction_time: Duration,
@@ -98,6 +67,9 @@ pub struct Stats {
     /// `reclaim` (a pinned one at its last unpin). Storages dropped since
     /// the snapshot are not counted.
     pub pending_reclaim: u64,
+    /// The compaction policy's bookkeeping: what naive moved, what is
+    /// deferred or away from naive's layout, handovers.
+    pub policy: PolicyStats,
 }
 
 /// What one compaction did.
@@ -190,13 +162,16 @@ impl Stats {
         );
         row(&mut s, "blocks moved", self.moves.to_string());
         row(&mut s, "bytes moved", fmt_bytes(self.bytes_moved));
-        if self.naive_bytes_moved > 0 || self.deferred_bytes > 0 {
+        let p = &self.policy;
+        if p.naive_bytes_moved > 0 || p.deferred_bytes > 0 || p.away_bytes > 0 {
+            row(&mut s, "bytes naive moved", fmt_bytes(p.naive_bytes_moved));
+            row(&mut s, "moves deferred", fmt_bytes(p.deferred_bytes));
+            row(&mut s, "away from naive's layout", fmt_bytes(p.away_bytes));
             row(
                 &mut s,
-                "bytes naive moved",
-                fmt_bytes(self.naive_bytes_moved),
+                "handovers (bytes)",
+                format!("{} ({})", p.handovers, fmt_bytes(p.handover_bytes)),
             );
-            row(&mut s, "moves deferred", fmt_bytes(self.deferred_bytes));
         }
         row(
             &mut s,

@@ -13,10 +13,10 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::Stats;
+use super::{PolicyStats, Stats};
 
 /// Fields of [`Stats`], each as one `u64`.
-const WORDS: usize = 32;
+const WORDS: usize = 37;
 
 /// `s` as words (durations in nanoseconds, saturated; the fraction as its
 /// bits).
@@ -40,14 +40,7 @@ fn encode(s: &Stats) -> [u64; WORDS] {
         s.full_compactions,
         s.moves,
         s.bytes_moved,
-        s.naive_bytes_moved,
-        s.naive_failures,
-        s.handover_bytes,
-        s.overrun_bytes,
-        s.deferred_bytes,
         nanos(s.planning_time),
-        s.planning_visits,
-        s.budget_compactions,
         nanos(s.compaction_time),
         s.evictions,
         s.restores,
@@ -55,6 +48,18 @@ fn encode(s: &Stats) -> [u64; WORDS] {
         s.bytes_restored,
         s.host_tier_used_bytes,
         s.pending_reclaim,
+        s.policy.naive_bytes_moved,
+        s.policy.naive_failures,
+        u64::from(s.policy.bound_ended),
+        s.policy.deferred_bytes,
+        s.policy.away_bytes,
+        s.policy.bound_bytes,
+        s.policy.handovers,
+        s.policy.handover_bytes,
+        s.policy.free_entries,
+        s.policy.planning_visits,
+        s.policy.budget_compactions,
+        s.piece_plans,
     ]
 }
 
@@ -78,21 +83,28 @@ fn decode(w: [u64; WORDS]) -> Stats {
         full_compactions: w[14],
         moves: w[15],
         bytes_moved: w[16],
-        naive_bytes_moved: w[17],
-        naive_failures: w[18],
-        handover_bytes: w[19],
-        overrun_bytes: w[20],
-        deferred_bytes: w[21],
-        planning_time: Duration::from_nanos(w[22]),
-        planning_visits: w[23],
-        budget_compactions: w[24],
-        compaction_time: Duration::from_nanos(w[25]),
-        evictions: w[26],
-        restores: w[27],
-        bytes_evicted: w[28],
-        bytes_restored: w[29],
-        host_tier_used_bytes: w[30],
-        pending_reclaim: w[31],
+        planning_time: Duration::from_nanos(w[17]),
+        compaction_time: Duration::from_nanos(w[18]),
+        evictions: w[19],
+        restores: w[20],
+        bytes_evicted: w[21],
+        bytes_restored: w[22],
+        host_tier_used_bytes: w[23],
+        pending_reclaim: w[24],
+        policy: PolicyStats {
+            naive_bytes_moved: w[25],
+            naive_failures: w[26],
+            bound_ended: w[27] != 0,
+            deferred_bytes: w[28],
+            away_bytes: w[29],
+            bound_bytes: w[30],
+            handovers: w[31],
+            handover_bytes: w[32],
+            free_entries: w[33],
+            planning_visits: w[34],
+            budget_compactions: w[35],
+        },
+        piece_plans: w[36],
     }
 }
 

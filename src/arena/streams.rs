@@ -8,7 +8,6 @@ use std::sync::atomic::AtomicU64;
 use super::Arena;
 use crate::backend::{check_stream, Backend};
 use crate::error::{Error, Result};
-use crate::handle::BlockKey;
 use crate::storage::AsRange;
 use crate::stream::StreamId;
 
@@ -25,9 +24,9 @@ impl<B: Backend> Arena<B> {
     /// ([`Error::LimitReached`]).
     pub fn register_stream(&mut self, stream: B::Stream) -> Result<StreamId> {
         self.check_usable()?;
-        let id = self.backend.register_stream(stream)?;
+        let id = self.core.backend.register_stream(stream)?;
         self.note_stream(id);
-        Ok(id.of_arena(self.id))
+        Ok(id.of_arena(self.core.id))
     }
 
     /// Makes room in the per-stream tables for registered stream `id`
@@ -35,11 +34,11 @@ impl<B: Backend> Arena<B> {
     /// refuse more).
     fn note_stream(&mut self, id: StreamId) {
         let i = id.index() as usize;
-        while self.joined.len() <= i {
-            self.joined.push(AtomicU64::new(u64::MAX)); // never joined
+        while self.core.joined.len() <= i {
+            self.core.joined.push(AtomicU64::new(u64::MAX)); // never joined
         }
         // Blocks may get stream uses from now on (see `other_streams`).
-        self.other_streams |= i > 0;
+        self.core.other_streams |= i > 0;
     }
 
     /// Waits for the arena stream (on the CUDA backend; a no-op on the
@@ -48,7 +47,7 @@ impl<B: Backend> Arena<B> {
     /// [`Error::Poisoned`].
     pub fn synchronize(&mut self) -> Result<()> {
         self.check_usable()?;
-        let r = self.backend.synchronize();
+        let r = self.core.backend.synchronize();
         self.sticky(r)
     }
 
@@ -81,25 +80,16 @@ impl<B: Backend> Arena<B> {
 
     /// Checks that `stream` is registered with this arena (not another's).
     pub(crate) fn check_own_stream(&self, stream: StreamId) -> Result<()> {
-        if stream.1 != 0 && stream.1 != self.id {
+        if stream.1 != 0 && stream.1 != self.core.id {
             return Err(Error::Foreign {
                 kind: "stream",
                 owner: stream.1,
-                arena: self.id,
+                arena: self.core.id,
             });
         }
-        check_stream(stream, self.backend.stream_count())
+        check_stream(stream, self.core.backend.stream_count())
     }
 
-    /// Makes the arena stream wait for the streams that used block `key`.
-    pub(super) fn wait_uses(&self, key: BlockKey) -> Result<()> {
-        if let Some(b) = self.blocks.get(key) {
-            for s in b.uses() {
-                self.backend.wait_stream(s)?;
-            }
-        }
-        Ok(())
-    }
 
     /// Makes later work on `stream` wait for the arena stream's work it has
     /// not waited for yet (moves, writes, fills, copies, frees): call it
@@ -117,16 +107,16 @@ impl<B: Backend> Arena<B> {
         }
         // Registration sized the table; a missing entry is an unknown stream.
         let joined = self
-            .joined
+            .core.joined
             .get(stream.0 as usize)
             .ok_or(Error::UnknownStream {
                 stream: stream.0,
-                registered: self.backend.stream_count(),
+                registered: self.core.backend.stream_count(),
             })?;
         // `epoch` changes only under `&mut self`, so it is stable here.
-        if joined.load(std::sync::atomic::Ordering::Acquire) != self.epoch {
-            self.backend.join_arena(stream)?;
-            joined.store(self.epoch, std::sync::atomic::Ordering::Release);
+        if joined.load(std::sync::atomic::Ordering::Acquire) != self.core.epoch {
+            self.core.backend.join_arena(stream)?;
+            joined.store(self.core.epoch, std::sync::atomic::Ordering::Release);
         }
         Ok(())
     }
@@ -154,14 +144,14 @@ impl Arena<crate::backend::cuda::CudaBackend> {
     /// streams would be.
     pub fn kernel_args(&self, stream: StreamId) -> Result<crate::backend::cuda::KernelArgs<'_>> {
         self.check_usable()?;
-        let r = self.backend.check_status(false);
+        let r = self.core.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
         Ok(crate::backend::cuda::KernelArgs::new(
-            self.backend.view_set(stream)?,
-            &self.blocks,
-            self.id,
-            &self.clock,
+            self.core.backend.view_set(stream)?,
+            &self.core.blocks,
+            self.core.id,
+            &self.core.clock,
             stream,
         ))
     }

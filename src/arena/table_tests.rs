@@ -52,8 +52,7 @@ fn the_table_names_every_block_under_every_policy_with_spilling() {
     for (seed, policy) in (0..24u64).zip(
         [
             CompactionPolicy::Auto,
-            CompactionPolicy::Budgeted,
-            CompactionPolicy::Targeted,
+            CompactionPolicy::Bounded,
             CompactionPolicy::Manual,
         ]
         .into_iter()

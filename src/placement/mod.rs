@@ -55,10 +55,8 @@
 //! badly fragmented for this request, which is where the arena compacts.
 //!
 //! [`FreeIndex::alloc_high`] takes the same region with the same exact
-//! failure but carves the block from the region's top; the arena uses it
-//! for large blocks ([`crate::ArenaConfig::large_block_divisor`]) and, with
-//! lifetime placement ([`crate::ArenaConfig::lifetime_placement`], opt-in),
-//! for sizes that [`Lifetimes`] predicts to die young.
+//! failure but carves the block from the region's top (tests only: no
+//! policy places that way now).
 #![deny(unsafe_code)]
 
 mod bins;
@@ -66,7 +64,6 @@ mod carve;
 #[cfg(test)]
 mod check;
 mod error;
-pub(crate) mod lifetime;
 mod nodes;
 #[cfg(test)]
 mod tests;
@@ -75,7 +72,6 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bins::{bin_round_down, bin_round_up};
-pub use lifetime::Lifetimes;
 use nodes::{fit, is_free_at, release, Classes, Node, MAX_NODES, NIL, USED};
 
 pub(crate) use error::PlacementError;
@@ -236,11 +232,8 @@ impl FreeIndex {
     /// [`alloc`](Self::alloc), but the block is carved from the *top* of
     /// the free region that `alloc` would choose (the same good fit, the
     /// same exact failure): the rest of the region stays free below it.
-    /// The arena places large blocks this way
-    /// ([`crate::ArenaConfig::large_block_divisor`]), and with lifetime
-    /// placement the blocks it predicts to die young (see `lifetime`), so
-    /// that those gather at the top of free regions and the rest at the
-    /// bottom. O(1) like `alloc`.
+    /// O(1) like `alloc`.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn alloc_high(&mut self, size: u64, align: u64) -> Option<Allocation> {
         let (node, offset) = self.alloc_node(size, align, true)?;
         Some(Allocation {

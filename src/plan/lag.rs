@@ -179,6 +179,7 @@ pub struct Lag {
 
 impl Lag {
     /// No lagging blocks.
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -292,11 +293,17 @@ pub fn plan_home(blocks: &[Lagging], kind: PlanKind) -> Plan {
     plan
 }
 
-/// True when `plan` is one wave whose every move goes down (or nothing):
-/// the shape [`super::planner::plan_full`] has without reordering, which
-/// the arena can defer (see the module docs).
+/// True when `plan` is one wave whose every move goes down (or nothing),
+/// each block moving once: the shape [`super::planner::plan_full`] has
+/// without reordering, which the arena can defer (see the module docs).
+/// A plan that moves blocks in pieces (a block named twice) is not.
 pub fn is_downward(plan: &Plan) -> bool {
-    plan.waves.len() <= 1 && plan.moves().all(|m| m.dst <= m.src)
+    if plan.waves.len() > 1 || !plan.moves().all(|m| m.dst <= m.src) {
+        return false;
+    }
+    let mut keys: Vec<u64> = plan.moves().map(|m| m.key).collect();
+    keys.sort_unstable();
+    keys.windows(2).all(|w| w[0] != w[1])
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@
 pub(crate) mod lag;
 pub(crate) mod pieces;
 pub(crate) mod planner;
-pub(crate) mod policy;
+pub(crate) mod pacer;
 pub(crate) mod relayout;
 pub(crate) mod track;
 

@@ -74,6 +74,12 @@ struct State<'a> {
     steps: u64,
     /// The ranges free in the target layout, ascending.
     target_free: Vec<(u64, u64)>,
+    /// The pieces not in place, by the start of their final range (final
+    /// ranges are disjoint).
+    pending: BTreeMap<u64, usize>,
+    /// Pieces to look at next round: those whose final range had bytes
+    /// vacated (only they can have gained a free byte there).
+    woken: Vec<usize>,
 }
 
 impl State<'_> {
@@ -136,6 +142,7 @@ impl State<'_> {
         self.steps += 1;
         let pc = self.pieces[p];
         self.occ.remove(&pc.pos);
+        self.pending.remove(&(self.target[pc.block] + pc.boff));
         let b = &self.blocks[pc.block];
         // Data bytes of the moved part (padding is not copied).
         let data_lo = pc.boff + from;
@@ -160,6 +167,10 @@ impl State<'_> {
             });
             below = Some(self.pieces.len() - 1);
             self.occ.insert(pc.pos, Occ::Piece(self.pieces.len() - 1));
+            self.pending
+                .insert(self.target[pc.block] + pc.boff, self.pieces.len() - 1);
+            // A wake for the whole piece may have been meant for this part.
+            self.woken.push(self.pieces.len() - 1);
         }
         if from + len < pc.len {
             self.pieces.push(Piece {
@@ -172,6 +183,11 @@ impl State<'_> {
             });
             self.occ
                 .insert(pc.pos + from + len, Occ::Piece(self.pieces.len() - 1));
+            self.pending.insert(
+                self.target[pc.block] + pc.boff + from + len,
+                self.pieces.len() - 1,
+            );
+            self.woken.push(self.pieces.len() - 1);
         }
         self.pieces[p] = Piece {
             block: pc.block,
@@ -183,7 +199,24 @@ impl State<'_> {
             parked: true,
         };
         self.occ.insert(dst, Occ::Piece(p));
+        let home = self.target[pc.block] + pc.boff + from;
+        if dst != home {
+            self.pending.insert(home, p);
+            self.woken.push(p);
+        }
+        // Whoever's final range held the vacated bytes may move now.
+        self.wake(pc.pos + from, pc.pos + from + len);
         below
+    }
+
+    /// Queues the pieces whose final ranges overlap `[lo, hi)`.
+    fn wake(&mut self, lo: u64, hi: u64) {
+        for (&f, &q) in self.pending.range(..hi).rev() {
+            if f + self.pieces[q].len <= lo {
+                break;
+            }
+            self.woken.push(q);
+        }
     }
 
     /// Round 1: every direct move possible now. Returns the moves.
@@ -193,9 +226,12 @@ impl State<'_> {
     fn direct(&mut self) -> Vec<Move> {
         // (piece, final ranges free now, descending; or one slide)
         let mut planned: Vec<(usize, Vec<(u64, u64)>)> = Vec::new();
-        for p in 0..self.pieces.len() {
+        let mut woken = std::mem::take(&mut self.woken);
+        woken.sort_unstable();
+        woken.dedup();
+        for p in woken {
             let pc = self.pieces[p];
-            if pc.done {
+            if pc.done || pc.pos == self.final_pos(p) {
                 continue;
             }
             let f = self.final_pos(p);
@@ -217,7 +253,14 @@ impl State<'_> {
         }
         // Where parts may wait without ever being in the way: free now and
         // free in the target layout (see `park`).
-        let mut safe = self.safe_spans();
+        // Only where a piece climbs (a scan of the region), and before any
+        // move of the round: a span is safe if free at the round's start.
+        let climbs = planned.iter().any(|&(p, _)| {
+            let pc = self.pieces[p];
+            let lo = self.final_pos(p);
+            lo > pc.pos && lo < pc.pos + pc.len && !pc.parked
+        });
+        let mut safe = climbs.then(|| self.safe_spans());
         let mut moves = Vec::new();
         for (p, parts) in planned {
             let (base, lo) = (self.pieces[p].boff, self.final_pos(p));
@@ -239,7 +282,9 @@ impl State<'_> {
             // instead of waiting for many rounds.
             if let Some(rest) = at {
                 if climbing && self.pieces[rest].len > 2 * step {
-                    self.park(rest, &mut safe, &mut moves);
+                    if let Some(safe) = safe.as_mut() {
+                        self.park(rest, safe, &mut moves);
+                    }
                 }
             }
         }
@@ -289,8 +334,11 @@ impl State<'_> {
         let free = self.free_parts(0, self.capacity, None);
         // In a deadlock no piece is parked (module docs); the filter only
         // keeps a bug from copying a byte a third time.
-        let mut pending: Vec<usize> = (0..self.pieces.len())
-            .filter(|&p| !self.pieces[p].done && !self.pieces[p].parked)
+        let mut pending: Vec<usize> = self
+            .pending
+            .values()
+            .copied()
+            .filter(|&p| !self.pieces[p].parked)
             .collect();
         // Largest pieces first: fewest evictions.
         pending.sort_unstable_by_key(|&p| std::cmp::Reverse(self.pieces[p].len));
@@ -351,6 +399,8 @@ pub fn plan_in_pieces(
         occ: BTreeMap::new(),
         steps: 0,
         target_free: target_free(blocks, target, capacity)?,
+        pending: BTreeMap::new(),
+        woken: Vec::new(),
     };
     for (i, b) in blocks.iter().enumerate() {
         if b.pinned && target[i] != b.offset {
@@ -373,22 +423,32 @@ pub fn plan_in_pieces(
                 parked: false,
             });
             st.occ.insert(b.offset, Occ::Piece(st.pieces.len() - 1));
+            st.pending.insert(target[i], st.pieces.len() - 1);
+            st.woken.push(st.pieces.len() - 1);
         }
     }
     let mut plan = Plan::empty(kind);
-    // Each round moves a piece home or evicts: the argument in the module
-    // docs bounds the rounds by twice the pieces made, which splits keep
-    // below a few per block and free range; this cap only stops a bug
+    // Each round copies at least one byte and no byte is copied more than
+    // twice (the module docs), so the rounds are at most twice the bytes
+    // that move, however little space is free; this cap only stops a bug
     // from looping.
-    let cap_rounds = 8 * (blocks.len() as u64 + 1) * (blocks.len() as u64 + 8) + 1024;
+    let moving = st
+        .pieces
+        .iter()
+        .fold(0u64, |sum, p| sum.saturating_add(p.len));
+    let cap_rounds = moving.saturating_mul(2).saturating_add(1024);
     let mut rounds = 0u64;
-    while st.pieces.iter().any(|p| !p.done) {
+    while !st.pending.is_empty() {
         rounds += 1;
         if rounds > cap_rounds {
             return None;
         }
         let before = st.steps;
-        let mut moves = st.direct();
+        let mut moves = if st.woken.is_empty() {
+            Vec::new()
+        } else {
+            st.direct()
+        };
         if st.steps == before {
             moves = st.evict();
             if st.steps == before {

@@ -13,13 +13,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use smallvec::{smallvec, SmallVec};
 
 use super::planner::{check_live, LiveBlock};
 use super::{Move, Plan, PlanError};
 
-/// `(offset in the block, bytes, where)`, over the block's data.
-type Pieces = SmallVec<[(u64, u64, u64); 2]>;
+/// The pieces of one block's data: where each lies -> `(offset in the
+/// block, bytes)`.
+type Pieces = BTreeMap<u64, (u64, u64)>;
 
 fn invalid(reason: String) -> PlanError {
     PlanError::Plan(reason)
@@ -32,10 +32,12 @@ struct Moved {
 }
 
 impl Moved {
-    /// Applies move `m` of block `i` (`l`), checked: the block is not
-    /// pinned and `m` copies bytes of one of its pieces. Returns the
-    /// source range it vacated: `(src, len)`.
-    fn apply(&mut self, w: usize, m: &Move, i: usize, l: &LiveBlock) -> Result<(), PlanError> {
+    /// Takes the bytes move `m` of block `i` (`l`) copies out of one of
+    /// its pieces, checked: the block is not pinned and the bytes lie in
+    /// one piece, which splits around them. Returns the piece `m` makes
+    /// (its offset in the block), to [`place`](Self::place) once every
+    /// source of the wave is taken.
+    fn take(&mut self, w: usize, m: &Move, i: usize, l: &LiveBlock) -> Result<u64, PlanError> {
         if l.pinned || m.len == 0 || m.len > l.copy_len {
             return Err(invalid(format!(
                 "wave {w}: move {m:?} does not match its block {l:?}: pinned, empty or longer \
@@ -45,26 +47,38 @@ impl Moved {
         let pieces = self
             .pieces
             .entry(i)
-            .or_insert_with(|| smallvec![(0, l.copy_len, l.offset)]);
-        let k = pieces
-            .iter()
-            .position(|&(_, len, pos)| {
-                pos <= m.src && m.src.checked_add(m.len).is_some_and(|e| e <= pos + len)
-            })
-            .ok_or_else(|| {
-                invalid(format!(
-                    "wave {w}: move {m:?} does not match its block {l:?}: no piece of it lies \
-                     at the source (pieces as (offset in block, bytes, at): {pieces:?})"
-                ))
-            })?;
-        let (boff, len, pos) = pieces[k];
+            .or_insert_with(|| BTreeMap::from([(l.offset, (0, l.copy_len))]));
+        let found = pieces
+            .range(..=m.src)
+            .next_back()
+            .map(|(&pos, &(boff, len))| (pos, boff, len))
+            .filter(|&(pos, _, len)| m.src.checked_add(m.len).is_some_and(|e| e <= pos + len));
+        let Some((pos, boff, len)) = found else {
+            return Err(invalid(format!(
+                "wave {w}: move {m:?} does not match its block {l:?}: no piece of it lies at \
+                 the source"
+            )));
+        };
+        pieces.remove(&pos);
         let cut = m.src - pos;
-        pieces[k] = (boff + cut, m.len, m.dst);
         if cut > 0 {
-            pieces.push((boff, cut, pos));
+            pieces.insert(pos, (boff, cut));
         }
         if cut + m.len < len {
-            pieces.push((boff + cut + m.len, len - cut - m.len, m.src + m.len));
+            pieces.insert(m.src + m.len, (boff + cut + m.len, len - cut - m.len));
+        }
+        Ok(boff + cut)
+    }
+
+    /// Puts the piece of block `i` at offset `boff` in it, `m.len` bytes,
+    /// at `m.dst`: where no other piece of the block lies (the layout checks
+    /// keep blocks apart; the pieces of one block, here).
+    fn place(&mut self, w: usize, m: &Move, i: usize, boff: u64) -> Result<(), PlanError> {
+        let pieces = self.pieces.entry(i).or_default();
+        if pieces.insert(m.dst, (boff, m.len)).is_some() {
+            return Err(invalid(format!(
+                "wave {w}: move {m:?} lands on another piece of its block"
+            )));
         }
         Ok(())
     }
@@ -75,10 +89,15 @@ impl Moved {
         let mut out = Vec::with_capacity(self.pieces.len());
         for (&i, pieces) in &self.pieces {
             let l = &live[i];
-            let (boff, _, pos) = pieces[0];
-            let start = pos.checked_sub(boff);
-            let together =
-                start.is_some_and(|s| pieces.iter().all(|&(b, _, p)| p.checked_sub(b) == Some(s)));
+            let start = pieces
+                .iter()
+                .next()
+                .and_then(|(&pos, &(boff, _))| pos.checked_sub(boff));
+            let together = start.is_some_and(|s| {
+                pieces
+                    .iter()
+                    .all(|(&p, &(b, _))| p.checked_sub(b) == Some(s))
+            });
             match start {
                 Some(s) if together && s % l.align == 0 => out.push((i, s)),
                 _ => {
@@ -103,12 +122,17 @@ pub(crate) fn final_offsets(
     index_of: impl Fn(u64) -> Option<usize>,
 ) -> Result<Vec<(usize, u64)>, PlanError> {
     let mut moved = Moved::default();
+    let mut taken = Vec::new();
     for (w, wave) in plan.waves.iter().enumerate() {
+        taken.clear();
         for m in &wave.moves {
             let i = index_of(m.key)
                 .filter(|&i| live.get(i).is_some_and(|l| l.key == m.key))
                 .ok_or_else(|| invalid(format!("wave {w}: move {m:?} names no live block")))?;
-            moved.apply(w, m, i, &live[i])?;
+            taken.push((i, moved.take(w, m, i, &live[i])?));
+        }
+        for (m, &(i, boff)) in wave.moves.iter().zip(&taken) {
+            moved.place(w, m, i, boff)?;
         }
     }
     moved.finals(live)
@@ -148,7 +172,7 @@ pub(crate) fn validate_against(
         .collect();
     let mut moved = Moved::default();
     for (w, wave) in plan.waves.iter().enumerate() {
-        let mut landed: Vec<(u64, u64, usize)> = Vec::with_capacity(wave.moves.len());
+        let mut landed: Vec<(u64, u64, usize, u64, Move)> = Vec::with_capacity(wave.moves.len());
         for m in &wave.moves {
             let i = index_of(m.key)
                 .ok_or_else(|| invalid(format!("wave {w}: move {m:?} names no live block")))?;
@@ -157,7 +181,7 @@ pub(crate) fn validate_against(
             if !moved.pieces.contains_key(&i) {
                 occ.insert(l.offset, (l.offset + l.copy_len, i));
             }
-            moved.apply(w, m, i, l)?;
+            let boff = moved.take(w, m, i, l)?;
             // Vacate the source: it lies inside one occupied range of the
             // block (its piece), which splits around it.
             let (&s, &(e, owner)) = occ
@@ -176,9 +200,10 @@ pub(crate) fn validate_against(
             if m.src + m.len < e {
                 occ.insert(m.src + m.len, (e, owner));
             }
-            landed.push((m.dst, m.dst + m.len, i));
+            landed.push((m.dst, m.dst + m.len, i, boff, *m));
         }
-        for (lo, hi, i) in landed {
+        for (lo, hi, i, boff, m) in landed {
+            moved.place(w, &m, i, boff)?;
             let below = occ.range(..hi).next_back().map(|(&s, &(e, _))| (s, e));
             if below.is_some_and(|(_, e)| e > lo) {
                 return Err(invalid(format!(

@@ -173,11 +173,11 @@ fn seeded_programs_on_the_host_backend() {
     let (mut targeted, mut full) = (0, 0);
     for seed in 0..50 {
         // Both compacting policies: `Auto` defers naive's moves, the
-        // targeted one plans its own.
+        // default plans its own within its bound.
         let policy = if seed % 2 == 0 {
             CompactionPolicy::Auto
         } else {
-            CompactionPolicy::Targeted
+            CompactionPolicy::Bounded
         };
         let config = ArenaConfig::new(1 << 20).with_compaction(policy);
         let mut arena = Arena::host(config).expect("arena");
@@ -275,7 +275,7 @@ fn seeded_policy_programs_on_the_metadata_backend() {
     for seed in 0..seeds {
         let config = ArenaConfig::new(4 << 20)
             .with_alignment_bytes(256)
-            .with_compaction(CompactionPolicy::Targeted);
+            .with_compaction(CompactionPolicy::Bounded);
         let mut arena = Arena::metadata(config).expect("arena");
         let mut rng = Rng::new(seed);
         let mut next = || rng.next();
@@ -294,7 +294,7 @@ fn seeded_policy_programs_on_the_metadata_backend() {
             })
             .collect();
         let st = run_policy_program(&mut arena, &ops);
-        full += st.budget_compactions;
+        full += st.policy.budget_compactions;
     }
     assert!(full > 0, "the planning budget never ran out");
 }

@@ -107,7 +107,7 @@ fn requests_between_pins_against_the_best_layout() {
         if movable > 9 || !steps.iter().any(|s| s.1) {
             continue;
         }
-        for policy in [CompactionPolicy::Auto, CompactionPolicy::Targeted] {
+        for policy in [CompactionPolicy::Auto, CompactionPolicy::Bounded] {
             let (a, _) = build(&steps, slots, policy);
             let best = optimum(&a, slots);
             let free = a.stats().free_bytes;

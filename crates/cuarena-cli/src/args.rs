@@ -248,7 +248,7 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
         align: 256,
         free_at: FreePoint::Completed,
         json: false,
-        gpu_policy: Allocator::Compacting,
+        gpu_policy: Allocator::Bounded,
         gpu_baselines: true,
     };
     let mut gpu_only = None;
@@ -277,12 +277,12 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
             Long("gpu-policy") => {
                 let v = p.value().map_err(usage)?;
                 a.gpu_policy = match v.to_string_lossy().as_ref() {
-                    "auto" => Allocator::Compacting,
-                    "targeted" => Allocator::Targeted,
+                    "bounded" => Allocator::Bounded,
+                    "auto" => Allocator::Auto,
                     "naive" => Allocator::NaiveCompacting,
                     other => {
                         return Err(usage(format!(
-                            "--gpu-policy: `{other}` is none of auto, targeted, naive"
+                            "--gpu-policy: `{other}` is none of bounded, auto, naive"
                         )))
                     }
                 };

@@ -55,7 +55,7 @@ mod imp {
         let capacity = match args.capacity {
             Some(c) => capacity_bytes(c, peak, align)?,
             None => {
-                let m = find_min(&ops, align, Allocator::Compacting, peak).map_err(|e| {
+                let m = find_min(&ops, align, Allocator::Bounded, peak).map_err(|e| {
                     Failure::Arena(format!("the arena completes the trace at no capacity: {e}"))
                 })?;
                 outln!(

@@ -1,6 +1,9 @@
-//! Bytes moved by cuarena's compaction policy against naive compact-on-
-//! failure, per trace, at 1.00, 1.01 and 1.05 x peak live: the table of
-//! BENCHMARKS.md. Metadata replays (placement and planning, no bytes).
+//! Bytes moved by cuarena's default policy (and `Auto`) against naive
+//! compact-on-failure, per trace, at 1.00, 1.01 and 1.05 x peak live: the
+//! table of BENCHMARKS.md, with the bound's checks (at most naive plus twice
+//! the peak live bytes; nothing moved where naive moves nothing; no request
+//! failed that naive serves) and the replay time per op against naive's.
+//! Metadata replays (placement and planning, no bytes).
 //!
 //!     cargo bench -p cuarena-trace --bench policy     # the traces in tests/data
 //!     CUARENA_TRACES=corpus cargo bench -p cuarena-trace --bench policy   # a folder of your own
@@ -55,17 +58,19 @@ fn main() {
         })
         .collect();
     files.sort();
+    // `CUARENA_ONLY=NAME` keeps the traces whose file name contains it.
+    if let Ok(only) = std::env::var("CUARENA_ONLY") {
+        files.retain(|p| p.to_string_lossy().contains(&only));
+    }
     println!(
-        "| trace | half | capacity | auto moved | naive moved | auto / naive | targeted moved | targeted / naive | budgeted moved | budgeted / naive | non-moving best fit |"
+        "| trace | half | capacity | naive moved | bounded moved | bounded / naive | (bounded - naive) / peak | handovers | auto / naive | non-moving |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
-    let mut ratios: Vec<(String, f64)> = Vec::new();
-    let mut targeted_ratios: Vec<(String, f64)> = Vec::new();
-    let mut budgeted_ratios: Vec<(String, f64)> = Vec::new();
-    let mut budgeted_over = 0;
-    let mut targeted_over = 0;
-    let mut over = 0;
-    let mut still_moved = 0;
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    // (half, capacity ratio, bounded / naive, auto / naive)
+    let mut rows: Vec<(String, f64, f64, f64)> = Vec::new();
+    let (mut failures, mut over_bound, mut moved_where_naive_not, mut above_naive) = (0, 0, 0, 0);
+    let mut worst_excess = 0f64;
+    let mut time = [(0f64, 0usize); 2]; // bounded, naive: seconds, ops
     for p in &files {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
         let half = halves
@@ -76,7 +81,7 @@ fn main() {
         let t = match Trace::read(p) {
             Ok(t) => t,
             Err(e) => {
-                println!("| {name} | {half} | unreadable: {e} | | | | |");
+                println!("| {name} | {half} | unreadable: {e} | | | | | | | |");
                 continue;
             }
         };
@@ -91,93 +96,86 @@ fn main() {
             let run = |a| {
                 replay_with(&ops, &config, &ReplayOptions::default().with_allocator(a)).unwrap()
             };
-            let ours = run(Allocator::Compacting);
-            let targeted = run(Allocator::Targeted);
-            let budgeted = run(Allocator::Budgeted);
+            let ours = run(Allocator::Bounded);
+            let auto = run(Allocator::Auto);
             let naive = run(Allocator::NaiveCompacting);
             let fixed = run(Allocator::NonMoving);
-            let ratio =
-                (naive.bytes_moved > 0).then(|| ours.bytes_moved as f64 / naive.bytes_moved as f64);
-            if ours.bytes_moved > naive.bytes_moved {
-                over += 1;
+            time[0].0 += ours.wall_time.as_secs_f64();
+            time[0].1 += ours.ops_run;
+            time[1].0 += naive.wall_time.as_secs_f64();
+            time[1].1 += naive.ops_run;
+            if naive.completed() && !ours.completed() {
+                failures += 1;
             }
-            if fixed.completed() && ours.bytes_moved > 0 {
-                still_moved += 1;
+            let (a, n) = (ours.bytes_moved, naive.bytes_moved);
+            if a > n {
+                above_naive += 1;
+                worst_excess = worst_excess.max((a - n) as f64 / peak.max(1) as f64);
             }
-            let t_ratio = (naive.bytes_moved > 0)
-                .then(|| targeted.bytes_moved as f64 / naive.bytes_moved as f64);
-            if let Some(x) = ratio {
-                ratios.push((half.clone(), x));
+            if a > n.saturating_add(2 * peak) {
+                over_bound += 1;
             }
-            let b_ratio = (naive.bytes_moved > 0)
-                .then(|| budgeted.bytes_moved as f64 / naive.bytes_moved as f64);
-            if let Some(x) = b_ratio {
-                budgeted_ratios.push((half.clone(), x));
-                if x > 1.0 {
-                    budgeted_over += 1;
-                }
+            if n == 0 && a > 0 {
+                moved_where_naive_not += 1;
             }
-            if let Some(x) = t_ratio {
-                targeted_ratios.push((half.clone(), x));
-                if x > 1.0 {
-                    targeted_over += 1;
-                }
+            let ratio = |x: u64| (n > 0).then(|| x as f64 / n as f64);
+            if let (Some(b), Some(x)) = (ratio(a), ratio(auto.bytes_moved)) {
+                rows.push((half.clone(), r, b, x));
             }
             println!(
-                "| {name} | {half} | {r:.2} | {}{} | {} | {} | {} | {} | {}{} | {} | {} |",
-                fmt_bytes(ours.bytes_moved),
+                "| {name} | {half} | {r:.2} | {} | {}{} | {} | {:.3} | {} | {} | {} |",
+                fmt_bytes(n),
+                fmt_bytes(a),
                 if ours.completed() { "" } else { " (failed)" },
-                fmt_bytes(naive.bytes_moved),
-                ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
-                fmt_bytes(targeted.bytes_moved),
-                t_ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
-                fmt_bytes(budgeted.bytes_moved),
-                if budgeted.completed() {
-                    ""
-                } else {
-                    " (failed)"
-                },
-                b_ratio.map_or("-".to_owned(), |x| format!("{x:.3}")),
-                if fixed.completed() {
-                    "completes"
-                } else {
-                    "fails"
-                }
+                ratio(a).map_or("-".to_owned(), |x| format!("{x:.3}")),
+                (a as f64 - n as f64) / peak.max(1) as f64,
+                ours.policy.handovers,
+                ratio(auto.bytes_moved).map_or("-".to_owned(), |x| format!("{x:.3}")),
+                if fixed.completed() { "completes" } else { "fails" }
             );
         }
     }
     println!();
-    for (policy, rs) in [
-        ("auto", &ratios),
-        ("targeted", &targeted_ratios),
-        ("budgeted", &budgeted_ratios),
-    ] {
-        for h in ["design", "report", "other", "all"] {
-            let mut v: Vec<f64> = rs
-                .iter()
-                .filter(|(x, _)| h == "all" || x == h)
-                .map(|r| r.1)
-                .collect();
-            if v.is_empty() {
+    let median = |mut v: Vec<f64>| -> (usize, f64, f64) {
+        if v.is_empty() {
+            return (0, f64::NAN, f64::NAN);
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let m = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        (n, m, v[n - 1])
+    };
+    for h in ["design", "report", "other", "all"] {
+        for (what, pick) in [("all capacities", 0.0), ("1.01 and 1.05", 1.0)] {
+            let sel = |col: usize| -> Vec<f64> {
+                rows.iter()
+                    .filter(|x| h == "all" || x.0 == h)
+                    .filter(|x| pick == 0.0 || x.1 > 1.0)
+                    .map(|x| if col == 0 { x.2 } else { x.3 })
+                    .collect()
+            };
+            let (n, m, w) = median(sel(0));
+            if n == 0 {
                 continue;
             }
-            v.sort_by(f64::total_cmp);
-            let n = v.len();
-            let median = if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            };
+            let (_, am, _) = median(sel(1));
             println!(
-                "{policy}, {h}: {n} cases where naive moves anything; median ratio {median:.3}, worst {:.3}",
-                v[n - 1]
+                "{h}, {what}: {n} cases where naive moves anything; bounded / naive median {m:.3}, worst {w:.3}; auto / naive median {am:.3}"
             );
         }
     }
-    println!("cases where targeted moved more than naive: {targeted_over}");
-    println!("cases where budgeted moved more than naive: {budgeted_over}");
-    println!("cases where cuarena moved more than naive: {over}");
+    println!("cases where bounded moved more than naive: {above_naive} (largest excess {worst_excess:.3} x peak live)");
+    println!("cases over naive + 2 x peak live: {over_bound}");
+    println!("cases where naive moves nothing and bounded moved anything: {moved_where_naive_not}");
+    println!("cases naive completes and bounded fails: {failures}");
     println!(
-        "cases where a non-moving best fit completes and cuarena moved anything: {still_moved}"
+        "replay time per op: bounded {:.0} ns, naive {:.0} ns ({:.2} x)",
+        time[0].0 * 1e9 / time[0].1.max(1) as f64,
+        time[1].0 * 1e9 / time[1].1.max(1) as f64,
+        (time[0].0 / time[0].1.max(1) as f64) / (time[1].0 / time[1].1.max(1) as f64)
     );
 }

@@ -170,6 +170,6 @@ pub fn run_program_with(
         ops: ops.ops.len(),
         bytes_moved: st.bytes_moved,
         compactions: (st.targeted_compactions, st.full_compactions),
-        planning_visits: st.planning_visits,
+        planning_visits: st.policy.planning_visits,
     })
 }

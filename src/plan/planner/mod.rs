@@ -148,8 +148,14 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> Plan {
 /// (no allocation beyond one entry per pinned block) unless it reorders
 /// blocks by alignment. O(blocks).
 pub fn full_bytes_moved(blocks: &[LiveBlock], capacity: u64) -> u64 {
-    if let Some((_, plan)) = pack::full_reordered(blocks, capacity) {
-        return plan.bytes_moved();
+    if let Some(target) = pack::full_targets(blocks, capacity) {
+        // Each moved block once (a staged one may be copied twice).
+        return blocks
+            .iter()
+            .zip(&target)
+            .filter(|(b, &t)| t != b.offset)
+            .map(|(b, _)| b.copy_len)
+            .fold(0, u64::saturating_add);
     }
     let mut bytes = 0u64;
     pack_full_with(blocks, capacity, |b, dst| {
@@ -239,7 +245,7 @@ pub fn largest_hole_after_full_in(
     align: u64,
     scratch: &mut Scratch,
 ) -> u64 {
-    if let Some((target, _)) = pack::full_reordered(blocks, capacity) {
+    if let Some(target) = pack::full_targets(blocks, capacity) {
         return pack::largest_hole_of(blocks, &target, capacity, align);
     }
     let layout = &mut scratch.layout;

@@ -15,8 +15,13 @@
 //! size: none at all while every block but the first has the arena's
 //! alignment, or a size that is a multiple of the next block's alignment.
 //! It cannot always be none: two 256 B blocks aligned to 32 KiB in 64 KiB
-//! lie at 0 and 32 KiB in every layout, so no hole exceeds 32,512 B. The
-//! full compaction takes the order that pads less.
+//! lie at 0 and 32 KiB in every layout, so no hole exceeds 32,512 B.
+//! Without pins the full compaction packs *by alignment class*
+//! ([`packed_by_alignment`]): descending alignment, then length, each
+//! block at the lowest offset of its alignment where it fits, the padding
+//! filled with smaller blocks. The allocation guarantee is stated in it: a pin-free
+//! request succeeds whenever that packing leaves a free range that holds
+//! it. With pins, each gap is packed in the order that pads less.
 //!
 //! # Pins
 //!
@@ -52,9 +57,23 @@ fn gaps(blocks: &[LiveBlock], capacity: u64) -> Vec<(u64, u64)> {
 }
 
 /// The full compaction when it reorders by alignment: the targets and the
-/// plan, or `None` when address order pads no more (or the reordering
-/// cannot be staged), and [`pack_full_with`]'s single wave applies.
+/// plan, or `None` when address order pads nothing (or, with pins, pads
+/// no more), and [`pack_full_with`]'s single wave applies.
+///
+/// Without pins the packing is *by alignment class*
+/// ([`packed_by_alignment`]): the rule the allocation guarantee is stated
+/// in. With pins, each gap's blocks are sorted by alignment when that pads
+/// less than address order (the gap packing is the rest of the story).
 pub(super) fn full_reordered(blocks: &[LiveBlock], capacity: u64) -> Option<(Vec<u64>, Plan)> {
+    let target = full_targets(blocks, capacity)?;
+    let plan = plan_relayout(blocks, &target, capacity, PlanKind::Full)?;
+    Some((target, plan))
+}
+
+/// The targets of [`full_reordered`], without planning the moves (for
+/// what a full compaction would reach, or cost): `None` where address
+/// order applies.
+pub(super) fn full_targets(blocks: &[LiveBlock], capacity: u64) -> Option<Vec<u64>> {
     // No padding in address order where every block's length, and every
     // pinned block's place, is a multiple of the largest alignment of a
     // block that moves (the common case: everything at the arena's
@@ -71,6 +90,17 @@ pub(super) fn full_reordered(blocks: &[LiveBlock], capacity: u64) -> Option<(Vec
         .all(|b| b.len % amax == 0 && (!b.pinned || b.offset % amax == 0))
     {
         return None;
+    }
+    if !blocks.iter().any(|b| b.pinned) {
+        // The packing by alignment class where it leaves a larger free
+        // range than address order (even where it moves nothing: address
+        // order from this layout could slide blocks into its padding).
+        let canonical = packed_by_alignment(blocks, capacity)?;
+        let mut address = Vec::with_capacity(blocks.len());
+        pack_full_with(blocks, capacity, |_, dst| address.push(dst));
+        let better = largest_hole_of(blocks, &canonical, capacity, 1)
+            > largest_hole_of(blocks, &address, capacity, 1);
+        return better.then_some(canonical);
     }
     // Address order: the targets, and the padding they leave.
     let mut target = Vec::with_capacity(blocks.len());
@@ -123,70 +153,45 @@ pub(super) fn full_reordered(blocks: &[LiveBlock], capacity: u64) -> Option<(Vec
             }
         }
     }
-    // The candidates, by the padding they leave: sorted by alignment when
-    // it pads less and can be staged, else address order with its padding
-    // filled from the top (always staged: every block moves down).
-    if better {
-        if let Some(plan) = plan_relayout(blocks, &sorted, capacity, PlanKind::Full) {
-            return Some((sorted, plan));
-        }
-    }
-    let filled = fill_from_the_top(blocks, &target)?;
-    let plan = plan_relayout(blocks, &filled, capacity, PlanKind::Full)?;
-    Some((filled, plan))
+    better.then_some(sorted)
 }
 
-/// Address order with its padding filled (no pins only): the top block of
-/// the packing moves into the hole below it that fits it best, then the
-/// next one, while one fits (a block from the middle would leave a hole
-/// where it was). Every such block moves down into space the slide leaves
-/// free, so the plan needs no free spot. `None` if no block moves.
-fn fill_from_the_top(blocks: &[LiveBlock], target: &[u64]) -> Option<Vec<u64>> {
-    if blocks.iter().any(|b| b.pinned) {
-        return None;
-    }
+/// The packing by alignment class of unpinned blocks (none pinned): in
+/// descending order of alignment, then of length (ties in address order),
+/// each block at the lowest offset of its alignment where it fits, so that
+/// the padding a large alignment leaves is filled with smaller blocks. The
+/// layout's shape depends on the blocks' alignments and lengths only, not
+/// on where they are. `None` if the blocks do not fit in `capacity` (not
+/// a valid layout).
+pub fn packed_by_alignment(blocks: &[LiveBlock], capacity: u64) -> Option<Vec<u64>> {
     let mut order: Vec<usize> = (0..blocks.len()).collect();
-    order.sort_unstable_by_key(|&i| target[i]);
-    // Padding holes by (size, start), each below some block.
-    let mut holes: BTreeMap<(u64, u64), ()> = BTreeMap::new();
-    let mut cursor = 0;
-    for &i in &order {
-        if target[i] > cursor {
-            holes.insert((target[i] - cursor, cursor), ());
-        }
-        cursor = target[i].saturating_add(blocks[i].len);
-    }
-    let mut filled = target.to_vec();
-    let mut moved = false;
-    while let Some(i) = order.pop() {
+    order.sort_by_key(|&i| {
         let b = &blocks[i];
-        // The hole right below this block joins the free space above it.
-        let below = order.last().map_or(0, |&j| filled[j] + blocks[j].len);
-        if target[i] > below {
-            holes.remove(&(target[i] - below, below));
+        (std::cmp::Reverse(b.align), std::cmp::Reverse(b.len), b.offset)
+    });
+    // Free ranges `start -> end`, ascending: padding holes and the tail.
+    let mut free: BTreeMap<u64, u64> = BTreeMap::new();
+    free.insert(0, capacity);
+    let mut target = vec![0u64; blocks.len()];
+    for i in order {
+        let b = &blocks[i];
+        let found = free.iter().find_map(|(&s, &e)| {
+            let pos = align_up(s, b.align)?;
+            pos.checked_add(b.len)
+                .filter(|&end| end <= e)
+                .map(|end| (s, e, pos, end))
+        });
+        let (s, e, pos, end) = found?;
+        free.remove(&s);
+        if pos > s {
+            free.insert(s, pos);
         }
-        let fit = holes
-            .range((b.len, 0)..)
-            .map(|(&k, _)| k)
-            .find(|&(size, start)| {
-                align_up(start, b.align)
-                    .and_then(|p| p.checked_add(b.len))
-                    .is_some_and(|e| e <= start + size)
-            });
-        let Some((size, start)) = fit else {
-            break;
-        };
-        holes.remove(&(size, start));
-        let pos = align_up(start, b.align).unwrap_or(start);
-        filled[i] = pos;
-        moved = true;
-        for (s, e) in [(start, pos), (pos + b.len, start + size)] {
-            if e > s {
-                holes.insert((e - s, s), ());
-            }
+        if e > end {
+            free.insert(end, e);
         }
+        target[i] = pos;
     }
-    moved.then_some(filled)
+    Some(target)
 }
 
 /// Largest `align`-aligned hole of a layout given as targets.

@@ -271,9 +271,6 @@ impl Run<'_> {
         self.tag_base = u64::from(pass) * (ops.ops.len() as u64 + 1);
         self.pass = PassReport::default();
         self.live = 0;
-        // Each pass decides as the first did (the lifetimes of the blocks
-        // freed at the end of the last pass would place them otherwise).
-        self.arena.forget_lifetimes();
         let s0 = self.arena.stats();
         let t0 = Instant::now();
         let mut outcome = Outcome::Completed;
@@ -495,7 +492,7 @@ mod tests {
         let cap = crate::trace::find_min_capacity(&ops, 256)
             .unwrap()
             .capacity_bytes;
-        let config = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Targeted);
+        let config = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Bounded);
         let mut arena = Arena::metadata(config).unwrap();
         let mut handles = vec![None; ops.sizes.len()];
         let (mut predicted, mut compacted) = (0, 0);

@@ -129,8 +129,8 @@ pub struct GpuReplayOptions {
     pub corrupt_block: Option<u32>,
     /// The move kernels' options of the replay's arena.
     pub cuda_options: CudaOptions,
-    /// The allocator the GPU arena runs: [`Allocator::Compacting`] (the
-    /// default), [`Allocator::Targeted`], or [`Allocator::NaiveCompacting`]
+    /// The allocator the GPU arena runs: [`Allocator::Bounded`] (the
+    /// default), [`Allocator::Auto`], or [`Allocator::NaiveCompacting`]
     /// (a full compaction when a request fits in no hole), to time
     /// naive's moves on the same device. [`Allocator::NonMoving`] never
     /// compacts.
@@ -146,7 +146,7 @@ impl Default for GpuReplayOptions {
             settle_delay: Duration::from_millis(2),
             corrupt_block: None,
             cuda_options: CudaOptions::default(),
-            allocator: Allocator::Compacting,
+            allocator: Allocator::Bounded,
         }
     }
 }

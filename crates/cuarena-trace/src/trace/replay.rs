@@ -20,38 +20,31 @@ use cuarena::backend::MetaBackend;
 use cuarena::Arena;
 use cuarena::Error;
 use cuarena::Handle;
-use cuarena::{ArenaConfig, CompactionPolicy};
+use cuarena::{ArenaConfig, CompactionPolicy, PolicyStats};
 
 /// Which allocator a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Allocator {
-    /// The arena with [`CompactionPolicy::Auto`]: a compaction when a
-    /// request fits in the free bytes but in no hole, targeted or full as
-    /// the policy decides.
+    /// The arena with [`CompactionPolicy::Bounded`], the default: targeted
+    /// compactions while its bound allows, naive's layout when it does not.
     #[default]
-    Compacting,
+    Bounded,
+    /// The arena with [`CompactionPolicy::Auto`]: naive's layout with its
+    /// moves deferred (never more bytes moved than naive).
+    Auto,
     /// [`CompactionPolicy::Manual`]; on out-of-memory, one full compaction
     /// (every block slid down) and a retry. The baseline for bytes moved.
     NaiveCompacting,
-    /// The arena with [`CompactionPolicy::Targeted`]: targeted compactions
-    /// paced against full ones, large blocks kept apart. It moves fewer
-    /// bytes than naive on most traces, without [`Allocator::Compacting`]'s
-    /// bound.
-    Targeted,
     /// [`CompactionPolicy::Manual`] and never a compaction: a plain
-    /// non-moving best-fit allocator.
+    /// non-moving segregated-fit allocator.
     NonMoving,
-    /// The arena with [`CompactionPolicy::Budgeted`]: the targeted policy
-    /// within what naive has moved, then naive's layout (not in
-    /// [`Allocator::ALL`]).
-    Budgeted,
 }
 
 impl Allocator {
-    /// All three, in table order.
+    /// All of them, in table order.
     pub const ALL: [Allocator; 4] = [
-        Allocator::Compacting,
-        Allocator::Targeted,
+        Allocator::Bounded,
+        Allocator::Auto,
         Allocator::NaiveCompacting,
         Allocator::NonMoving,
     ];
@@ -59,20 +52,34 @@ impl Allocator {
     /// Short name for tables.
     pub fn label(self) -> &'static str {
         match self {
-            Allocator::Compacting => "cuarena, auto policy",
-            Allocator::Targeted => "cuarena, targeted policy",
+            Allocator::Bounded => "cuarena, bounded policy (default)",
+            Allocator::Auto => "cuarena, auto policy (strict)",
             Allocator::NaiveCompacting => "naive (full compaction on failure)",
-            Allocator::NonMoving => "non-moving best fit",
-            Allocator::Budgeted => "cuarena, budgeted policy",
+            Allocator::NonMoving => "non-moving segregated fit",
         }
+    }
+
+    /// The name on command lines and in JSON: `bounded`, `auto`, `naive`,
+    /// `nonmoving`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Allocator::Bounded => "bounded",
+            Allocator::Auto => "auto",
+            Allocator::NaiveCompacting => "naive",
+            Allocator::NonMoving => "nonmoving",
+        }
+    }
+
+    /// The allocator of [`name`](Self::name) `name`.
+    pub fn from_name(name: &str) -> Option<Allocator> {
+        Allocator::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// The arena's compaction policy for this allocator.
     pub fn policy(self) -> CompactionPolicy {
         match self {
-            Allocator::Compacting => CompactionPolicy::Auto,
-            Allocator::Targeted => CompactionPolicy::Targeted,
-            Allocator::Budgeted => CompactionPolicy::Budgeted,
+            Allocator::Bounded => CompactionPolicy::Bounded,
+            Allocator::Auto => CompactionPolicy::Auto,
             Allocator::NaiveCompacting | Allocator::NonMoving => CompactionPolicy::Manual,
         }
     }
@@ -181,6 +188,9 @@ pub struct ReplayReport {
     pub compaction_time: Duration,
     /// Wall time of the whole replay (arena creation included).
     pub wall_time: Duration,
+    /// The compaction policy's bookkeeping at the end (what naive moved,
+    /// the bound, handovers).
+    pub policy: PolicyStats,
     /// The timeline, when asked for.
     pub timeline: Option<Timeline>,
 }
@@ -202,7 +212,7 @@ impl ReplayReport {
     }
 }
 
-/// Replays `ops` with the arena's targeted compaction, no timeline.
+/// Replays `ops` with the default policy, no timeline.
 ///
 /// Errors only if the arena cannot be created from `config` (for example a
 /// capacity that is not a multiple of the alignment); a failing op is a
@@ -383,6 +393,7 @@ pub fn replay_with(
         compaction_time: st.compaction_time,
         wall_time: t0.elapsed(),
         timeline,
+        policy: st.policy,
     })
 }
 
@@ -428,7 +439,7 @@ impl MinCapacity {
 
 /// [`find_min_capacity_with`] for the arena's targeted compaction.
 pub fn find_min_capacity(ops: &Ops, align: u64) -> Result<MinCapacity> {
-    find_min_capacity_with(ops, align, Allocator::Compacting)
+    find_min_capacity_with(ops, align, Allocator::Bounded)
 }
 
 /// Searches for the smallest capacity (a multiple of `align`, which is
@@ -637,7 +648,7 @@ mod tests {
     #[test]
     fn prefix_stops_where_asked() {
         let ops = fragmenting();
-        let a = replay_prefix(&ops, &ArenaConfig::new(768), Allocator::Compacting, 3).unwrap();
+        let a = replay_prefix(&ops, &ArenaConfig::new(768), Allocator::Bounded, 3).unwrap();
         assert_eq!(a.stats().live_blocks, 3);
         assert!(replay_prefix(&ops, &ArenaConfig::new(768), Allocator::NonMoving, 7).is_err());
     }

@@ -292,12 +292,12 @@ fn all_traces() -> Vec<(String, Ops)> {
 #[test]
 fn fragmentation_compactions_do_not_grow_with_size() {
     // The pacer's burst cap and planning budget (block visits per op), as
-    // the core's compaction policy sets them (`src/plan/policy.rs`).
+    // the core's targeted mechanism sets them (`src/plan/pacer.rs`).
     const BURST_PLANS: u64 = 2;
     const WORK_PER_OP: u64 = 2;
     use cuarena::CompactionPolicy;
     use cuarena_trace::fragment::{run_with, Shape};
-    for (policy, shape) in [CompactionPolicy::Auto, CompactionPolicy::Targeted]
+    for (policy, shape) in [CompactionPolicy::Auto, CompactionPolicy::Bounded]
         .into_iter()
         .flat_map(|p| Shape::ALL.map(|s| (p, s)))
     {

@@ -1,7 +1,7 @@
 //! Bytes moved against naive compact-on-failure on every trace, checked at
-//! every prefix: `Auto` never more, `Budgeted` never more than naive plus
-//! its handover and overrun bytes, and neither anything where a non-moving
-//! best fit needs nothing; the targeted policy's figures beside them.
+//! every prefix: `Auto` never more, the default never more than naive plus
+//! twice the peak live bytes, and neither anything where a non-moving
+//! segregated fit needs nothing.
 
 use cuarena::backend::MetaBackend;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
@@ -59,177 +59,126 @@ impl Run {
     }
 }
 
-/// A row of the table: bytes moved by `Auto`, naive and the targeted
-/// policy, and whether a non-moving best fit completes.
+/// A row of the table: bytes moved by the default, `Auto` and naive, and
+/// whether a non-moving segregated fit completes.
 struct Row {
+    bounded: u64,
     auto: u64,
-    budgeted: u64,
     naive: u64,
-    targeted: u64,
     non_moving_completes: bool,
 }
 
-/// Replays `ops` at `cap` on `Auto`, naive, the targeted policy (large-block
-/// divisor `divisor`) and a non-moving best fit side by side, and checks at
-/// every op that `Auto` has moved no more than naive, that its own count of
-/// naive's bytes is naive's, and that what it has deferred is covered.
-fn lockstep(name: &str, ops: &Ops, cap: u64, divisor: u64) -> Row {
+/// Replays `ops` at `cap` on the default policy, `Auto`, naive and a
+/// non-moving segregated fit side by side, and checks at every op, while
+/// naive serves: no request failed; both policies count naive's bytes as
+/// naive moved them; `Auto` has moved plus deferred at most naive's bytes;
+/// the default has moved plus owed at most naive's plus twice the peak.
+fn lockstep(name: &str, ops: &Ops, cap: u64) -> Row {
     let config = ArenaConfig::new(cap);
-    let mut auto = Run::new(ops, config.clone(), false);
+    let mut bounded = Run::new(ops, config.clone(), false);
+    let mut auto = Run::new(
+        ops,
+        config.clone().with_compaction(CompactionPolicy::Auto),
+        false,
+    );
     let mut naive = Run::new(
         ops,
         config.clone().with_compaction(CompactionPolicy::Manual),
         true,
     );
-    let mut targeted = Run::new(
-        ops,
-        config
-            .clone()
-            .with_compaction(CompactionPolicy::Targeted)
-            .with_large_block_divisor(divisor),
-        false,
-    );
-    let mut budgeted = Run::new(
-        ops,
-        config.clone().with_compaction(CompactionPolicy::Budgeted),
-        false,
-    );
     let mut fixed = Run::new(ops, config.with_compaction(CompactionPolicy::Manual), false);
     for (i, &op) in ops.ops.iter().enumerate() {
+        bounded.op(op);
         auto.op(op);
-        budgeted.op(op);
         naive.op(op);
-        targeted.op(op);
         fixed.op(op);
         if naive.failed {
             break;
         }
         assert!(
-            !auto.failed,
+            !auto.failed && !bounded.failed,
             "{name} at {cap} B: op {i} failed where naive did not"
         );
         let st = auto.arena.stats();
+        let p = &st.policy;
         assert!(
-            st.bytes_moved + st.deferred_bytes <= st.naive_bytes_moved
-                && st.naive_bytes_moved == naive.moved(),
-            "{name} at {cap} B, op {i}: moved {} + deferred {} against naive {} (counted {})",
+            st.bytes_moved + p.deferred_bytes <= p.naive_bytes_moved
+                && p.naive_bytes_moved == naive.moved(),
+            "{name} at {cap} B, op {i}: Auto moved {} + deferred {} against naive {} (counted {})",
             st.bytes_moved,
-            st.deferred_bytes,
+            p.deferred_bytes,
             naive.moved(),
-            st.naive_bytes_moved
+            p.naive_bytes_moved
         );
-        let b = budgeted.arena.stats();
+        let b = bounded.arena.stats();
+        let p = &b.policy;
+        let owed = p.deferred_bytes + 2 * p.away_bytes;
         assert!(
-            !budgeted.failed || b.handover_bytes == 0,
-            "{name} at {cap} B: op {i}: Budgeted failed after its handover"
-        );
-        assert!(
-            b.bytes_moved + b.deferred_bytes
-                <= b.naive_bytes_moved + b.handover_bytes + b.overrun_bytes
-                && (b.naive_failures > 0 || b.naive_bytes_moved == naive.moved()),
-            "{name} at {cap} B, op {i}: Budgeted's bound: {b:?}"
+            p.naive_failures == 0
+                && p.naive_bytes_moved == naive.moved()
+                && b.bytes_moved + owed <= naive.moved() + 2 * b.peak_allocated_bytes,
+            "{name} at {cap} B, op {i}: the default's bound: {b:?}"
         );
     }
-    assert!(!naive.failed && !auto.failed, "{name} at {cap} B");
+    assert!(!naive.failed && !auto.failed && !bounded.failed, "{name} at {cap} B");
     Row {
+        bounded: bounded.moved(),
         auto: auto.moved(),
-        budgeted: if budgeted.failed {
-            u64::MAX
-        } else {
-            budgeted.moved()
-        },
         naive: naive.moved(),
-        targeted: if targeted.failed {
-            u64::MAX
-        } else {
-            targeted.moved()
-        },
         non_moving_completes: !fixed.failed,
     }
 }
 
-/// Bytes moved by `Auto` against naive compact-on-failure on every trace
-/// at 1.00, 1.01 and 1.05 x peak live (and 1.001), checked at every prefix
-/// (the shipped traces and two synthetic programs): never more, and
-/// nothing at a capacity where a non-moving best fit completes. Prints the
-/// table, with the targeted policy beside (`--nocapture`), and the median
-/// ratios. The targeted policy is held to its former median (it is not
-/// bounded by naive, and is not checked against it).
-/// `CUARENA_TEST_LARGE_DIVISOR=N` runs the targeted policy with another
-/// large-block divisor (the sensitivity table of BENCHMARKS.md).
+/// Bytes moved by the default and `Auto` against naive compact-on-failure
+/// on every shipped trace at 1.00, 1.01 and 1.05 x peak live (and 1.001),
+/// and two synthetic programs, checked at every prefix (see [`lockstep`]),
+/// and nothing moved at a capacity where a non-moving segregated fit
+/// completes. Prints the table (`--nocapture`) and the median ratios.
 #[test]
-fn bytes_moved_never_exceed_naive() {
+fn bytes_moved_against_naive() {
     let mut traces = super::all_traces();
     traces.push(("synthetic training 100k".into(), super::synthetic(100_000)));
     traces.push(("steady 100k".into(), super::steady(100_000, 1 << 30)));
-    let divisor = std::env::var("CUARENA_TEST_LARGE_DIVISOR")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ArenaConfig::default().large_block_divisor);
-    println!("targeted policy: large-block divisor {divisor}");
     println!(
-        "{:<34} {:>5} {:>14} {:>14} {:>7} {:>14} {:>7} {:>14} {:>7}",
-        "trace", "cap", "auto B", "naive B", "ratio", "targeted B", "ratio", "budgeted B", "ratio"
+        "{:<34} {:>5} {:>14} {:>14} {:>7} {:>14} {:>7}",
+        "trace", "cap", "bounded B", "naive B", "ratio", "auto B", "ratio"
     );
-    // (name, capacity ratio, auto / naive, targeted / naive, budgeted /
-    // naive), where naive moves anything.
-    let mut ratios: Vec<(String, f64, f64, f64, f64)> = Vec::new();
+    // (name, capacity ratio, bounded / naive), where naive moves anything.
+    let mut ratios: Vec<(String, f64, f64)> = Vec::new();
     for (name, ops) in &traces {
         let peak = ops.peak_live_rounded(256);
         for ratio in [1.0, 1.001, 1.01, 1.05] {
             let cap = ((peak as f64 * ratio) as u64).div_ceil(256) * 256;
-            let row = lockstep(name, ops, cap, divisor);
+            let row = lockstep(name, ops, cap);
             let of = |b: u64| b as f64 / row.naive.max(1) as f64;
             println!(
-                "{name:<34} {ratio:>5.3} {:>14} {:>14} {:>7.3} {:>14} {:>7.3} {:>14} {:>7.3}",
-                row.auto,
+                "{name:<34} {ratio:>5.3} {:>14} {:>14} {:>7.3} {:>14} {:>7.3}",
+                row.bounded,
                 row.naive,
-                of(row.auto),
-                row.targeted,
-                of(row.targeted),
-                row.budgeted,
-                of(row.budgeted)
+                of(row.bounded),
+                row.auto,
+                of(row.auto)
             );
             assert!(row.auto <= row.naive, "{name} at {ratio}");
             assert!(
-                !row.non_moving_completes || (row.auto == 0 && row.budgeted == 0),
-                "{name} at {ratio}: a non-moving best fit completes, the arena moved {} B",
-                row.auto.max(row.budgeted)
+                !row.non_moving_completes || (row.auto == 0 && row.bounded == 0),
+                "{name} at {ratio}: a non-moving segregated fit completes, the arena moved {} B",
+                row.auto.max(row.bounded)
             );
             if row.naive > 0 {
-                ratios.push((
-                    name.clone(),
-                    ratio,
-                    of(row.auto),
-                    of(row.targeted),
-                    of(row.budgeted),
-                ));
+                ratios.push((name.clone(), ratio, of(row.bounded)));
             }
         }
     }
-    let median = |pick: fn(&(String, f64, f64, f64, f64)) -> f64, real_only: bool| {
-        let mut v: Vec<f64> = ratios
-            .iter()
-            .filter(|r| [1.0, 1.01, 1.05].contains(&r.1) && (!real_only || !r.0.contains(' ')))
-            .map(pick)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let (auto, targeted) = (median(|r| r.2, true), median(|r| r.3, true));
-    let budgeted = median(|r| r.4, true);
+    let mut v: Vec<f64> = ratios
+        .iter()
+        .filter(|r| [1.0, 1.01, 1.05].contains(&r.1) && !r.0.contains(' '))
+        .map(|r| r.2)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    let median = v.get(v.len() / 2).copied().unwrap_or(0.0);
     println!(
-        "median ratio where naive moves, at 1.00/1.01/1.05, over the shipped traces: \
-         auto {auto:.3}, targeted {targeted:.3}, budgeted {budgeted:.3} \
-         (all programs: auto {:.3}, targeted {:.3}, budgeted {:.3})",
-        median(|r| r.2, false),
-        median(|r| r.3, false),
-        median(|r| r.4, false)
+        "the default's median ratio where naive moves, at 1.00/1.01/1.05, over the shipped \
+         traces: {median:.3}"
     );
-    if divisor == ArenaConfig::default().large_block_divisor {
-        assert!(
-            targeted <= 0.4,
-            "the targeted policy's median ratio {targeted:.3} is above 0.4"
-        );
-    }
 }

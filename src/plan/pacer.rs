@@ -162,6 +162,7 @@ impl Pacer {
 
     /// A fresh pacer for an arena that keeps large blocks apart at the top
     /// of the region (`large_apart`) or not: the price rule 1 buys at.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn for_placement(large_apart: bool) -> Self {
         Self {
             buy_divisor: if large_apart { 1 } else { 2 },
