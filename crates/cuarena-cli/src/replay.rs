@@ -126,7 +126,7 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
         }
         None => devices.first().copied().unwrap_or(0),
     };
-    let ops = trace.ops_with(device, args.free_at);
+    let ops = trace.ops_with(device, args.free_at)?;
     if ops.is_empty() {
         let on_device = trace.events.iter().filter(|e| e.device == device).count();
         return Err(Failure::Io(format!(

@@ -6,6 +6,8 @@
 //!   arena against non-moving baselines.
 //! - [`viz`]: SVG timelines and memory maps.
 //! - [`fragment`]: fragmentation shapes that stress the compaction policy.
+//! - [`pytorch`]: a model of PyTorch's CUDA caching allocator, to replay a
+//!   trace under other `PYTORCH_CUDA_ALLOC_CONF` settings.
 //! - `gpu` (feature `cuda`, on by default): the real-bytes replay on a CUDA
 //!   GPU, its pattern kernels, and the `cuMemAlloc` / CUDA memory-pool
 //!   baselines.
@@ -39,6 +41,7 @@ pub mod fragment;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod gpu;
+pub mod pytorch;
 pub mod trace;
 pub mod viz;
 

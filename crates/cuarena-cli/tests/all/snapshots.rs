@@ -36,7 +36,7 @@ fn every_shipped_snapshot_ends_with_what_segments_hold() {
     for p in shipped_snapshots() {
         let t = Trace::read(&p).unwrap();
         for device in t.devices() {
-            let ops = t.ops(device);
+            let ops = t.ops(device).unwrap();
             let active = t.active_at_dump(device).expect("snapshots have segments");
             // The invariant: what the replay leaves live is what PyTorch
             // said was active at the dump (allocated, or pending free).
@@ -49,7 +49,7 @@ fn every_shipped_snapshot_ends_with_what_segments_hold() {
             // Peak live counts the tensors live before recording.
             assert!(ops.peak_live_bytes >= ops.initial_bytes, "{}", p.display());
             assert!(ops.peak_live_bytes >= active.allocated, "{}", p.display());
-            let first = t.ops_with(device, FreePoint::FirstFree);
+            let first = t.ops_with(device, FreePoint::FirstFree).unwrap();
             assert_eq!(first.live_bytes_at_end, active.allocated, "{}", p.display());
             // Reserved at the start is what the segments hold less what
             // the segment events added.
@@ -84,7 +84,7 @@ fn every_shipped_trace_prints_the_verdict_first() {
         let json = text(&o.stdout);
         assert_eq!(json.lines().count(), 1, "{json}");
         let t = Trace::read(&p).unwrap();
-        let ops = t.ops(t.devices()[0]);
+        let ops = t.ops(t.devices()[0]).unwrap();
         let num = |k: &str| -> u64 {
             let rest = json
                 .split(&format!("\"{k}\":"))
@@ -232,7 +232,7 @@ fn a_session_with_an_oom_reads_and_counts_what_was_live_before() {
         assert_eq!((t.counts.snapshot, t.counts.unknown.len()), (1, 1));
         let oom = t.events.iter().find(|e| e.action == Action::Oom).unwrap();
         assert_eq!((oom.addr, oom.size), (1 << 20, 3 << 20));
-        let ops = t.ops(0);
+        let ops = t.ops(0).unwrap();
         // The weights (from `segments`) and the 512 KiB freed in the trace.
         assert_eq!(ops.initial_blocks, 2, "v20 {v20}");
         assert_eq!(ops.initial_bytes, (1 << 20) + (1 << 19));
@@ -427,7 +427,7 @@ fn recorded_fixtures_read_as_python_reads_them() {
             assert_eq!(active.reserved, num("segments_total_size"), "{name}");
             // The program ends with what PyTorch had allocated at the dump,
             // and its peak is at least that.
-            let ops = t.ops(device);
+            let ops = t.ops(device).unwrap();
             assert_eq!(ops.live_bytes_at_end, active.allocated, "{name}");
             assert!(ops.peak_live_rounded(256) >= active.allocated, "{name}");
             let r = t.reserved(device);
@@ -440,7 +440,7 @@ fn recorded_fixtures_read_as_python_reads_them() {
 fn recorded_after_load_and_ring_buffer_count_what_was_live_before() {
     for name in ["snap_after_load", "snap_ring_buffer"] {
         let t = fixture(name);
-        let ops = t.ops(0);
+        let ops = t.ops(0).unwrap();
         let f = facts(name);
         // Weights and optimizer state were live before recording (115
         // blocks at the dump, of which the trace allocated none): the

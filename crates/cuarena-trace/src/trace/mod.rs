@@ -56,7 +56,7 @@
 //!   [`limits::MEMORY_BASE_BYTES`] (64 MiB);
 //! - an event is [`EVENT_BYTES`] (40) bytes, and the events vector grows by
 //!   an eighth at a time; a dict keeps each key a trace reads once (a key
-//!   set again replaces its value), so a lookup scans at most 15 keys;
+//!   set again replaces its value), so a lookup scans at most 38 keys;
 //! - an event list, a segment or a block that is the same object as an
 //!   earlier one is an error (PyTorch writes each once).
 //!
@@ -68,11 +68,12 @@
 //! must be a dict of its own, so `B` is at most `D / 3`). `E` is at most
 //! `D / 8` for a CSV (the shortest line that is kept is 8 bytes).
 
+pub(crate) mod budget;
 mod counts;
 mod csv;
 mod input;
 pub mod limits;
-mod ops;
+pub(crate) mod ops;
 mod pickle;
 pub mod replay;
 mod segments;
@@ -82,6 +83,7 @@ mod tests;
 use std::io::Read;
 use std::path::Path;
 
+use crate::pytorch::AllocatorSettings;
 use crate::{Result, ToolError};
 
 pub use counts::ActionCounts;
@@ -230,6 +232,13 @@ pub struct Trace {
     /// done: a dict the file shares through its memo is decoded once); 0 for
     /// a CSV.
     pub decoded_event_dicts: u64,
+    /// The allocator settings the snapshot recorded (`allocator_settings`,
+    /// PyTorch 2.1 and later); `None` for a CSV or an older snapshot.
+    pub allocator_settings: Option<AllocatorSettings>,
+    /// Bytes of the trace once decompressed: the stages after reading (the
+    /// program, the allocator models, the replays) are each bounded by
+    /// [`limits::MEMORY_PER_INPUT_BYTE`] × these + [`limits::MEMORY_BASE_BYTES`].
+    pub input_bytes: u64,
 }
 
 /// gzip's magic bytes.
@@ -273,7 +282,11 @@ impl Trace {
     /// names it in errors, whose `record` is the 1-based line.
     pub fn from_csv_reader<R: Read>(reader: R, source: &str) -> Result<Trace> {
         let mut counts = ActionCounts::default();
-        let events = csv::parse(std::io::BufReader::new(reader), source, &mut counts)?;
+        let mut counted = input::Counting {
+            inner: reader,
+            bytes: 0,
+        };
+        let events = csv::parse(std::io::BufReader::new(&mut counted), source, &mut counts)?;
         Ok(Trace {
             source: source.to_owned(),
             format: TraceFormat::Csv,
@@ -281,6 +294,8 @@ impl Trace {
             segments: None,
             counts,
             decoded_event_dicts: 0,
+            allocator_settings: None,
+            input_bytes: counted.bytes,
         })
     }
 
@@ -297,6 +312,8 @@ impl Trace {
             segments: p.segments,
             counts,
             decoded_event_dicts: p.decoded_event_dicts,
+            allocator_settings: p.allocator_settings,
+            input_bytes: bytes.len() as u64,
         })
     }
 
@@ -321,13 +338,35 @@ impl Trace {
     /// Blocks live at the dump take the size `segments` gives them (the
     /// caching allocator's block, at least the size asked for), so the bytes
     /// live at the end of the program are the bytes active in `segments`.
-    pub fn ops(&self, device: u32) -> Ops {
+    ///
+    /// The program's memory is bounded by [`Trace::memory_budget`]: a trace
+    /// whose program would need more is a [`ToolError::Limit`] that names
+    /// the budget, and a failed allocation a [`ToolError::OutOfMemory`].
+    pub fn ops(&self, device: u32) -> Result<Ops> {
         self.ops_with(device, FreePoint::Completed)
     }
 
     /// The alloc/free program of `device`, frees placed at `free_point`.
-    pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Ops {
-        ops::build(&self.events, self.segments.as_deref(), device, free_point)
+    pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Result<Ops> {
+        let mut budget = self.budget();
+        ops::build(
+            &self.events,
+            self.segments.as_deref(),
+            device,
+            free_point,
+            &mut budget,
+        )
+    }
+
+    /// Bytes each stage after reading may use on this trace:
+    /// [`limits::MEMORY_PER_INPUT_BYTE`] × [`Trace::input_bytes`] +
+    /// [`limits::MEMORY_BASE_BYTES`], the reader's own budget.
+    pub fn memory_budget(&self) -> u64 {
+        self.budget().limit()
+    }
+
+    pub(crate) fn budget(&self) -> budget::MemoryBudget {
+        budget::MemoryBudget::for_input(self.input_bytes, &self.source)
     }
 
     /// Bytes the blocks of `device` in `segments` held at the dump (`None`

@@ -485,7 +485,7 @@ fn repeated_unmatched_frees_of_one_address_are_separate_blocks() {
                free_completed,4096,2048,0,1\n\
                alloc,8192,256,0,2\n";
     let t = Trace::from_csv_reader(csv.as_bytes(), "hostile").unwrap();
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     assert_eq!(ops.initial_blocks, 2);
     assert_eq!(ops.initial_bytes, 2560);
     assert_eq!(ops.initial_frees, 2, "one initial block is never freed");
@@ -538,7 +538,7 @@ fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
     ]);
     let bytes = serde_pickle::value_to_vec(&top, Default::default()).unwrap();
     let t = read(&bytes).unwrap();
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     let active = t.active_at_dump(0).unwrap();
     assert_eq!(
         ops.live_bytes_at_end,

@@ -1,0 +1,129 @@
+//! Which settings to try, and which one to recommend.
+
+use super::settings::AllocatorSettings;
+use super::SimReport;
+
+/// The settings tried beside the recorded ones: PyTorch's defaults,
+/// `expandable_segments:True`, `max_split_size_mb:128` and
+/// `roundup_power2_divisions:4` (each alone; those equal to the recorded
+/// settings are left out). `garbage_collection_threshold` is not among them:
+/// it acts only under a per-process memory fraction, which a snapshot does
+/// not record.
+pub fn candidates(recorded: &AllocatorSettings) -> Vec<AllocatorSettings> {
+    let mut out: Vec<AllocatorSettings> = Vec::new();
+    for conf in [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:128",
+        "roundup_power2_divisions:4",
+    ] {
+        let Ok(s) = AllocatorSettings::parse_conf(conf) else {
+            continue;
+        };
+        if &s != recorded && !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// What to tell the user, from runs whose first is the recorded one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recommendation {
+    /// The trace has `oom` events and the run at this index serves every
+    /// request within what PyTorch had reserved (the lowest peak of those
+    /// that do).
+    Fits {
+        /// Index into the runs.
+        index: usize,
+    },
+    /// The trace has `oom` events and no run serves every request within
+    /// what PyTorch had.
+    NoneFits,
+    /// No `oom`: the run at this index reserves at least 1% less than the
+    /// recorded one at its peak (the lowest peak).
+    Saves {
+        /// Index into the runs.
+        index: usize,
+    },
+    /// No `oom`, and no setting tried reserves 1% less than the recorded
+    /// run.
+    KeepRecorded,
+}
+
+/// Picks the recommendation from `runs` (the recorded run first); `ooms`
+/// says whether the recording has `oom` events on the device.
+pub fn recommend(runs: &[SimReport], ooms: bool) -> Recommendation {
+    let lowest = |it: &mut dyn Iterator<Item = (usize, &SimReport)>| {
+        it.min_by_key(|(_, r)| r.reserved_peak_bytes)
+            .map(|(i, _)| i)
+    };
+    if ooms {
+        let mut fitting = runs
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, r)| r.ooms.is_empty());
+        return match lowest(&mut fitting) {
+            Some(index) => Recommendation::Fits { index },
+            None => Recommendation::NoneFits,
+        };
+    }
+    let Some(first) = runs.first() else {
+        return Recommendation::KeepRecorded;
+    };
+    match lowest(&mut runs.iter().enumerate().skip(1)) {
+        Some(index)
+            if (runs[index].reserved_peak_bytes as f64)
+                < 0.99 * first.reserved_peak_bytes as f64 =>
+        {
+            Recommendation::Saves { index }
+        }
+        _ => Recommendation::KeepRecorded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pytorch::ModelOom;
+
+    fn run(peak: u64, ooms: usize) -> SimReport {
+        SimReport {
+            reserved_peak_bytes: peak,
+            ooms: vec![
+                ModelOom {
+                    event: 1,
+                    requested_bytes: 1,
+                    recorded: true
+                };
+                ooms
+            ],
+            ..SimReport::default()
+        }
+    }
+
+    #[test]
+    fn candidates_leave_out_the_recorded_settings() {
+        let d = AllocatorSettings::default();
+        let c = candidates(&d);
+        assert_eq!(c.len(), 3);
+        assert!(c.iter().all(|s| s != &d));
+        let e = AllocatorSettings::parse_conf("expandable_segments:True").unwrap();
+        assert_eq!(candidates(&e).len(), 3);
+    }
+
+    #[test]
+    fn recommendations() {
+        // With an oom: the lowest run that serves everything, never the
+        // recorded one.
+        let runs = [run(100, 1), run(90, 1), run(95, 0), run(99, 0)];
+        assert_eq!(recommend(&runs, true), Recommendation::Fits { index: 2 });
+        assert_eq!(recommend(&runs[..2], true), Recommendation::NoneFits);
+        // Without: 1% less, or keep.
+        let runs = [run(100, 0), run(98, 0), run(99, 0)];
+        assert_eq!(recommend(&runs, false), Recommendation::Saves { index: 1 });
+        let runs = [run(100, 0), run(100, 0), run(99, 0)];
+        assert_eq!(recommend(&runs, false), Recommendation::KeepRecorded);
+    }
+}
