@@ -42,7 +42,7 @@ mod imp {
         }
         let loaded = load(args)?;
         let verdict = crate::verdict::compute(&loaded, args.align)?;
-        crate::verdict::print(&loaded, &verdict)?;
+        crate::screen::print(&loaded, &verdict, args.align)?;
         print_details(&loaded, args)?;
         let Loaded {
             trace,

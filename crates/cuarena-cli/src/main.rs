@@ -21,9 +21,14 @@ mod args;
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_table;
-mod json;
+mod help;
+mod model;
+mod oom;
 mod progress;
 mod replay;
+mod report;
+mod screen;
+mod units;
 mod verdict;
 
 use std::fmt;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::trace::budget::MemoryBudget;
+use crate::trace::MemoryBudget;
 use crate::Result;
 
 /// A block id: its index in the slab.

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use super::blocks::{Block, Blocks, Id, SizeKey};
 use super::settings::AllocatorSettings;
-use crate::trace::budget::MemoryBudget;
+use crate::trace::MemoryBudget;
 use crate::Result;
 
 /// Largest request of the small pool (`kSmallSize`).
@@ -67,6 +67,8 @@ pub(crate) struct Model {
     pub(crate) expandable: Vec<Expandable>,
     /// Bytes reserved from the driver (`total_allocated_memory`).
     pub(crate) reserved: u64,
+    /// Bytes of the blocks handed out (`allocated_bytes`).
+    pub(crate) allocated: u64,
     /// The process's memory limit (a per-process fraction, or the device):
     /// a segment that would take `reserved` past it fails. `None`: no limit.
     pub(crate) cap: Option<u64>,
@@ -114,6 +116,7 @@ impl Model {
             blocks: Blocks::new(budget),
             expandable: Vec::new(),
             reserved: 0,
+            allocated: 0,
             cap,
             next_address: first_address,
             driver: Vec::new(),
@@ -206,6 +209,7 @@ impl Model {
             id = front;
         }
         self.blocks.get_mut(id).allocated = true;
+        self.allocated += self.blocks.get(id).size;
         Ok(Some(id))
     }
 
@@ -213,6 +217,7 @@ impl Model {
     /// neighbours.
     pub(crate) fn free(&mut self, id: Id) {
         self.blocks.get_mut(id).allocated = false;
+        self.allocated = self.allocated.saturating_sub(self.blocks.get(id).size);
         let (prev, next) = (self.blocks.get(id).prev, self.blocks.get(id).next);
         self.blocks.try_merge(id, prev);
         self.blocks.try_merge(id, next);

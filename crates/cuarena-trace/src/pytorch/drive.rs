@@ -59,7 +59,7 @@ pub(crate) enum Start {
 
 impl<'t> Plan<'t> {
     pub(crate) fn new(trace: &'t Trace, device: u32) -> Result<Plan<'t>> {
-        let mut budget = trace.budget();
+        let mut budget = trace.memory_budget();
         let events = &trace.events;
         let next = next_on_addr(events, device, &mut budget)?;
         let completes = events
@@ -89,7 +89,7 @@ impl<'t> Plan<'t> {
             &mut budget,
         )?;
         let recorded = trace.allocator_settings.clone().unwrap_or_default();
-        let probe = Model::new(recorded.clone(), None, 0, trace.budget());
+        let probe = Model::new(recorded.clone(), None, 0, trace.memory_budget());
         let live = live_blocks(trace, device, &initial, &probe);
         let on_device = || events.iter().filter(|e| e.device == device);
         let cap = on_device()
@@ -123,20 +123,21 @@ impl<'t> Plan<'t> {
         })
     }
 
-    /// One run under `settings`.
+    /// One run under `settings`, held to `cap`.
     pub(crate) fn run(
         &self,
         settings: &AllocatorSettings,
+        cap: Option<u64>,
         start: Start,
         releases: Releases<'_>,
     ) -> Result<SimReport> {
         let trace = self.trace;
-        let mut budget = trace.budget();
+        let mut budget = trace.memory_budget();
         let mut model = Model::new(
             settings.clone(),
-            self.cap,
+            cap,
             self.first_address,
-            trace.budget(),
+            trace.memory_budget(),
         );
         model.driver.clone_from(&self.driver);
         let mut live: HashMap<u64, Id> = HashMap::new();
@@ -144,7 +145,7 @@ impl<'t> Plan<'t> {
         let mut report = SimReport {
             settings: settings.clone(),
             from_recorded_state: start == Start::Recorded,
-            cap_bytes: self.cap,
+            cap_bytes: cap,
             ..SimReport::default()
         };
         let mut unplaced = Vec::new();
@@ -197,6 +198,8 @@ impl<'t> Plan<'t> {
                             event,
                             requested_bytes: e.size,
                             recorded: false,
+                            allocated_bytes: model.allocated,
+                            reserved_bytes: model.reserved,
                         }),
                     }
                 }
@@ -216,6 +219,8 @@ impl<'t> Plan<'t> {
                         event,
                         requested_bytes: e.size,
                         recorded: true,
+                        allocated_bytes: model.allocated,
+                        reserved_bytes: model.reserved,
                     }),
                 },
                 Action::SegmentFree | Action::SegmentUnmap

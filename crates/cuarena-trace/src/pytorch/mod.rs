@@ -60,6 +60,11 @@ pub struct ModelOom {
     /// A recorded `oom` that fails again (else an `alloc` that succeeded
     /// in the recording).
     pub recorded: bool,
+    /// Bytes of the blocks handed out then (PyTorch's `allocated_bytes`).
+    pub allocated_bytes: u64,
+    /// Bytes reserved then, after the release of cached blocks that
+    /// preceded the failure.
+    pub reserved_bytes: u64,
 }
 
 /// What one run of the model did.
@@ -91,6 +96,10 @@ pub struct SimReport {
     /// Blocks live before recording that fit in no segment of the
     /// snapshot (allocated afresh before the trace).
     pub unplaced_initial_blocks: u64,
+    /// When the run was held to a limit: the reserved peak of the same run
+    /// without one (every request served, the recorded `oom` ones given
+    /// back at once), what these settings need for the whole trace.
+    pub unlimited_peak_bytes: Option<u64>,
 }
 
 /// What the recording itself says, to check a run under the recorded
@@ -120,11 +129,21 @@ impl<'t> Session<'t> {
     /// budget of the stages after reading is exceeded.
     pub fn new(trace: &'t Trace, device: u32) -> Result<Session<'t>> {
         let plan = drive::Plan::new(trace, device)?;
-        let recorded = plan.run(
+        let mut recorded = plan.run(
             &plan.recorded.clone(),
+            plan.cap,
             drive::Start::Recorded,
             drive::Releases::Detect,
         )?;
+        if plan.cap.is_some() {
+            let free = plan.run(
+                &plan.recorded.clone(),
+                None,
+                drive::Start::Recorded,
+                drive::Releases::At(&recorded.empty_cache_events),
+            )?;
+            recorded.unlimited_peak_bytes = Some(free.reserved_peak_bytes);
+        }
         Ok(Session { plan, recorded })
     }
 
@@ -144,19 +163,37 @@ impl<'t> Session<'t> {
     }
 
     /// A run under `settings`, from an empty allocator, the cache emptied
-    /// where the recorded run found `empty_cache()` calls.
+    /// where the recorded run found `empty_cache()` calls; with a limit, the
+    /// same run without one gives [`SimReport::unlimited_peak_bytes`].
     pub fn run(&self, settings: &AllocatorSettings) -> Result<SimReport> {
-        self.plan.run(
+        let releases = &self.recorded.empty_cache_events;
+        let mut r = self.plan.run(
             settings,
+            self.plan.cap,
             drive::Start::Fresh,
-            drive::Releases::At(&self.recorded.empty_cache_events),
-        )
+            drive::Releases::At(releases),
+        )?;
+        if self.plan.cap.is_some() {
+            let free = self.plan.run(
+                settings,
+                None,
+                drive::Start::Fresh,
+                drive::Releases::At(releases),
+            )?;
+            r.unlimited_peak_bytes = Some(free.reserved_peak_bytes);
+        }
+        Ok(r)
     }
 
-    /// The recorded run, then a run under each of [`candidates`] that
-    /// differs from the recorded settings.
+    /// The recorded run; when the recording began with memory reserved, a
+    /// run under the recorded settings from an empty allocator (what the
+    /// other runs compare with: they start empty too); then a run under
+    /// each of [`candidates`].
     pub fn what_if(&self) -> Result<Vec<SimReport>> {
         let mut out = vec![self.recorded.clone()];
+        if self.recorded.reserved_initial_bytes > 0 {
+            out.push(self.run(&self.plan.recorded)?);
+        }
         for s in candidates(&self.plan.recorded) {
             out.push(self.run(&s)?);
         }

@@ -292,6 +292,7 @@ fn make_chain(
         prev = Some(id);
         if let Some(i) = live {
             ids.insert(i, id);
+            model.allocated += size;
         }
     }
     // Into the pools once the links are final (a pool orders by size).

@@ -27,57 +27,63 @@ pub fn candidates(recorded: &AllocatorSettings) -> Vec<AllocatorSettings> {
     out
 }
 
-/// What to tell the user, from runs whose first is the recorded one.
+/// What to tell the user, from the runs of [`super::Session::what_if`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recommendation {
-    /// The trace has `oom` events and the run at this index serves every
-    /// request within what PyTorch had reserved (the lowest peak of those
-    /// that do).
+    /// The trace has `oom` events and the run at this index, under other
+    /// settings than the recorded ones, serves every request within what
+    /// PyTorch had reserved (the lowest peak of those that do).
     Fits {
         /// Index into the runs.
         index: usize,
     },
-    /// The trace has `oom` events and no run serves every request within
-    /// what PyTorch had.
+    /// The trace has `oom` events and no other settings serve every
+    /// request within what PyTorch had.
     NoneFits,
-    /// No `oom`: the run at this index reserves at least 1% less than the
-    /// recorded one at its peak (the lowest peak).
+    /// No `oom`: the run at this index reserves at least 1% less at its
+    /// peak than the recorded settings from the same start (the lowest
+    /// peak).
     Saves {
         /// Index into the runs.
         index: usize,
+        /// Index of the run it is compared with: the recorded settings,
+        /// from the same start.
+        baseline: usize,
     },
-    /// No `oom`, and no setting tried reserves 1% less than the recorded
-    /// run.
+    /// No `oom`, and no settings tried reserve 1% less than the recorded
+    /// ones.
     KeepRecorded,
 }
 
-/// Picks the recommendation from `runs` (the recorded run first); `ooms`
-/// says whether the recording has `oom` events on the device.
+/// Picks the recommendation from `runs` (the recorded run first; the
+/// others under other settings, except one of the recorded settings from
+/// an empty start); `ooms` says whether the recording has `oom` events.
 pub fn recommend(runs: &[SimReport], ooms: bool) -> Recommendation {
-    let lowest = |it: &mut dyn Iterator<Item = (usize, &SimReport)>| {
-        it.min_by_key(|(_, r)| r.reserved_peak_bytes)
-            .map(|(i, _)| i)
-    };
-    if ooms {
-        let mut fitting = runs
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, r)| r.ooms.is_empty());
-        return match lowest(&mut fitting) {
-            Some(index) => Recommendation::Fits { index },
-            None => Recommendation::NoneFits,
-        };
-    }
     let Some(first) = runs.first() else {
         return Recommendation::KeepRecorded;
     };
-    match lowest(&mut runs.iter().enumerate().skip(1)) {
-        Some(index)
-            if (runs[index].reserved_peak_bytes as f64)
-                < 0.99 * first.reserved_peak_bytes as f64 =>
+    let others = runs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.settings != first.settings);
+    if ooms {
+        return match others
+            .filter(|(_, r)| r.ooms.is_empty())
+            .min_by_key(|(_, r)| r.reserved_peak_bytes)
         {
-            Recommendation::Saves { index }
+            Some((index, _)) => Recommendation::Fits { index },
+            None => Recommendation::NoneFits,
+        };
+    }
+    let baseline = runs
+        .iter()
+        .rposition(|r| r.settings == first.settings)
+        .unwrap_or(0);
+    match others.min_by_key(|(_, r)| r.reserved_peak_bytes) {
+        Some((index, r))
+            if (r.reserved_peak_bytes as f64) < 0.99 * runs[baseline].reserved_peak_bytes as f64 =>
+        {
+            Recommendation::Saves { index, baseline }
         }
         _ => Recommendation::KeepRecorded,
     }
@@ -90,12 +96,18 @@ mod tests {
 
     fn run(peak: u64, ooms: usize) -> SimReport {
         SimReport {
+            settings: AllocatorSettings {
+                max_split_size: peak,
+                ..AllocatorSettings::default()
+            },
             reserved_peak_bytes: peak,
             ooms: vec![
                 ModelOom {
                     event: 1,
                     requested_bytes: 1,
-                    recorded: true
+                    recorded: true,
+                    allocated_bytes: 0,
+                    reserved_bytes: 0,
                 };
                 ooms
             ],
@@ -115,15 +127,23 @@ mod tests {
 
     #[test]
     fn recommendations() {
-        // With an oom: the lowest run that serves everything, never the
-        // recorded one.
+        // With an oom: the lowest run that serves everything, never one of
+        // the recorded settings.
         let runs = [run(100, 1), run(90, 1), run(95, 0), run(99, 0)];
         assert_eq!(recommend(&runs, true), Recommendation::Fits { index: 2 });
         assert_eq!(recommend(&runs[..2], true), Recommendation::NoneFits);
-        // Without: 1% less, or keep.
+        // Without: 1% less than the recorded settings, or keep.
         let runs = [run(100, 0), run(98, 0), run(99, 0)];
-        assert_eq!(recommend(&runs, false), Recommendation::Saves { index: 1 });
-        let runs = [run(100, 0), run(100, 0), run(99, 0)];
+        assert_eq!(
+            recommend(&runs, false),
+            Recommendation::Saves { index: 1, baseline: 0 }
+        );
+        let runs = [run(100, 0), run(101, 0), run(99, 0)];
+        assert_eq!(recommend(&runs, false), Recommendation::KeepRecorded);
+        // The recorded settings again from an empty start: the baseline.
+        let mut fresh = run(100, 0);
+        fresh.reserved_peak_bytes = 90;
+        let runs = [run(100, 0), fresh, run(95, 0)];
         assert_eq!(recommend(&runs, false), Recommendation::KeepRecorded);
     }
 }

@@ -11,9 +11,11 @@ use crate::ToolError;
 /// The limit's name in errors.
 pub(crate) const BUDGET_NAME: &str = "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES";
 
-/// Bytes charged so far against one stage's limit.
+/// The memory budget of one stage after reading: bytes charged so far
+/// against the limit (a clone starts from the same count). Get one from
+/// [`super::Trace::memory_budget`].
 #[derive(Debug, Clone)]
-pub(crate) struct MemoryBudget {
+pub struct MemoryBudget {
     used: u64,
     limit: u64,
     source: String,
@@ -22,7 +24,7 @@ pub(crate) struct MemoryBudget {
 impl MemoryBudget {
     /// The budget of a stage working on a trace of `input_bytes`
     /// (decompressed) read from `source`.
-    pub(crate) fn for_input(input_bytes: u64, source: &str) -> MemoryBudget {
+    pub fn for_input(input_bytes: u64, source: &str) -> MemoryBudget {
         MemoryBudget {
             used: 0,
             limit: input_bytes
@@ -32,8 +34,15 @@ impl MemoryBudget {
         }
     }
 
+    /// The same budget with a limit of `limit` bytes (tests).
+    #[cfg(test)]
+    pub(crate) fn with_limit(mut self, limit: u64) -> MemoryBudget {
+        self.limit = limit;
+        self
+    }
+
     /// The limit, in bytes.
-    pub(crate) fn limit(&self) -> u64 {
+    pub fn limit(&self) -> u64 {
         self.limit
     }
 

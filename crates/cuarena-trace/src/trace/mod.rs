@@ -68,7 +68,7 @@
 //! must be a dict of its own, so `B` is at most `D / 3`). `E` is at most
 //! `D / 8` for a CSV (the shortest line that is kept is 8 bytes).
 
-pub(crate) mod budget;
+mod budget;
 mod counts;
 mod csv;
 mod input;
@@ -86,6 +86,7 @@ use std::path::Path;
 use crate::pytorch::AllocatorSettings;
 use crate::{Result, ToolError};
 
+pub use budget::MemoryBudget;
 pub use counts::ActionCounts;
 #[cfg(feature = "cuda")]
 pub(crate) use ops::round_up;
@@ -348,7 +349,7 @@ impl Trace {
 
     /// The alloc/free program of `device`, frees placed at `free_point`.
     pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Result<Ops> {
-        let mut budget = self.budget();
+        let mut budget = self.memory_budget();
         ops::build(
             &self.events,
             self.segments.as_deref(),
@@ -358,15 +359,11 @@ impl Trace {
         )
     }
 
-    /// Bytes each stage after reading may use on this trace:
+    /// The memory budget of each stage after reading on this trace:
     /// [`limits::MEMORY_PER_INPUT_BYTE`] × [`Trace::input_bytes`] +
-    /// [`limits::MEMORY_BASE_BYTES`], the reader's own budget.
-    pub fn memory_budget(&self) -> u64 {
-        self.budget().limit()
-    }
-
-    pub(crate) fn budget(&self) -> budget::MemoryBudget {
-        budget::MemoryBudget::for_input(self.input_bytes, &self.source)
+    /// [`limits::MEMORY_BASE_BYTES`], the reader's own, nothing charged yet.
+    pub fn memory_budget(&self) -> MemoryBudget {
+        MemoryBudget::for_input(self.input_bytes, &self.source)
     }
 
     /// Bytes the blocks of `device` in `segments` held at the dump (`None`

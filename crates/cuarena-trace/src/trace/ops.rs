@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
-use super::budget::MemoryBudget;
+use super::MemoryBudget;
 use super::{Action, BlockState, Segment, TraceEvent};
 use crate::Result;
 
