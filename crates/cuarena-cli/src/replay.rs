@@ -14,7 +14,7 @@ use cuarena_trace::viz::{memory_map_svg, timeline_svg, MemoryMap, Timeline};
 use crate::args::{Capacity, ReplayArgs, MAX_CAPACITY};
 use crate::progress::Progress;
 use crate::report::{MinJson, Report};
-use crate::units::count;
+use crate::units::{count, exact};
 use crate::{Failure, Res};
 
 fn round_up(v: u64, align: u64) -> u64 {
@@ -96,8 +96,10 @@ pub(crate) fn capacity_bytes(c: Capacity, peak: u64, align: u64) -> Res<u64> {
             let want = (peak.max(1) as f64) * r;
             if want > MAX_CAPACITY as f64 {
                 return Err(Failure::Usage(format!(
-                    "--capacity {r}: {r} x the peak live {peak} B is past the largest capacity \
-                     a replay takes ({MAX_CAPACITY} B)"
+                    "--capacity {r}: {r} x the peak live {} is past the largest capacity a \
+                     replay takes ({})",
+                    exact(peak),
+                    exact(MAX_CAPACITY)
                 )));
             }
             round_up(want.ceil() as u64, align)
@@ -105,7 +107,9 @@ pub(crate) fn capacity_bytes(c: Capacity, peak: u64, align: u64) -> Res<u64> {
     };
     if bytes > MAX_CAPACITY {
         return Err(Failure::Usage(format!(
-            "--capacity: {bytes} B is past the largest capacity a replay takes ({MAX_CAPACITY} B)"
+            "--capacity: {} is past the largest capacity a replay takes ({})",
+            exact(bytes),
+            exact(MAX_CAPACITY)
         )));
     }
     Ok(bytes)
@@ -244,29 +248,28 @@ pub(crate) fn print_details(l: &Loaded, args: &ReplayArgs) -> Res<()> {
     let ops = &l.ops;
     outln!()?;
     outln!(
-        "trace {}: {} events read in {:.0} ms: {}",
+        "trace {}: {} read in {:.0} ms: {}",
         l.name,
-        l.trace.events.len(),
+        count(l.trace.events.len() as u64, "event", "events"),
         l.read_ms,
         l.trace.counts.summary()
     )?;
     outln!(
-        "  before recording: {} blocks, {} live ({} from `segments`, {} freed in the trace); \
-         {} frees matched against them",
-        ops.initial_blocks,
+        "  before recording: {}, {} live ({} from `segments`, {} freed in the trace); \
+         {} matched against them",
+        count(ops.initial_blocks, "block", "blocks"),
         fmt_bytes(ops.initial_bytes),
         ops.initial_from_segments,
         ops.initial_blocks - ops.initial_from_segments,
-        ops.initial_frees
+        count(ops.initial_frees, "free", "frees")
     )?;
     outln!(
-        "  {} allocs, {} frees, {} implicit frees, {} frees still pending at the end, \
-         {} blocks live at the end ({})",
-        ops.allocs,
-        ops.frees,
-        ops.implicit_frees,
-        ops.pending_at_end,
-        ops.live_at_end,
+        "  {}, {}, {}, {} still pending at the end, {} live at the end ({})",
+        count(ops.allocs, "alloc", "allocs"),
+        count(ops.frees, "free", "frees"),
+        count(ops.implicit_frees, "implicit free", "implicit frees"),
+        count(ops.pending_at_end, "free", "frees"),
+        count(ops.live_at_end, "block", "blocks"),
         fmt_bytes(ops.live_bytes_at_end)
     )?;
     match l.trace.active_at_dump(l.device) {
@@ -288,8 +291,8 @@ pub(crate) fn print_details(l: &Loaded, args: &ReplayArgs) -> Res<()> {
                     "the same".to_owned()
                 } else {
                     format!(
-                        "{} B apart (a trace that lost events?)",
-                        active.abs_diff(ops.live_bytes_at_end)
+                        "{} apart (a trace that lost events?)",
+                        exact(active.abs_diff(ops.live_bytes_at_end))
                     )
                 }
             )?;

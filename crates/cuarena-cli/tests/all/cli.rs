@@ -45,9 +45,43 @@ fn cli_replay_find_min_resnet50() {
     );
     let non_moving = out
         .lines()
-        .find(|l| l.starts_with("non-moving best fit, smallest"))
+        .find(|l| l.starts_with("non-moving segregated fit, smallest"))
         .unwrap_or_default();
     assert!(non_moving.contains("1.0093"), "{out}");
+    // The tables' columns line up: right-aligned under headers of their
+    // width, every line of a table is as long as its header.
+    for header in ["allocator ", "  device "] {
+        let at = out.lines().position(|l| l.starts_with(header)).unwrap();
+        let table: Vec<&str> = out
+            .lines()
+            .skip(at)
+            .take_while(|l| !l.is_empty() && !l.starts_with('(') && !l.starts_with("device "))
+            .collect();
+        assert!(table.len() >= 2, "{out}");
+        let width = table[0].chars().count();
+        for l in &table {
+            assert_eq!(l.chars().count(), width, "`{l}` under `{}`", table[0]);
+        }
+    }
+    assert!(
+        out.contains("(cap/peak: capacity / peak live; compactions t/f: targeted / full"),
+        "{out}"
+    );
+}
+
+#[test]
+fn capacities_with_units() {
+    // 13.70 GiB live: 12GB (decimal) and 11000MiB are too small (exit 1),
+    // 15GB is enough; the message says the capacity in the screen's units.
+    for (cap, code) in [("12GB", 1), ("11000MiB", 1), ("15GB", 0), ("14.5GiB", 0)] {
+        let o = cuarena(&["replay", RESNET, "--capacity", cap]);
+        assert_eq!(o.status.code(), Some(code), "{cap}: {}", stderr(&o));
+    }
+    let o = cuarena(&["replay", RESNET, "--capacity", "12GB"]);
+    assert!(stderr(&o).contains("at 11.18 GiB (0.8158 x peak live)"), "{}", stderr(&o));
+    let o = cuarena(&["replay", RESNET, "--capacity", "12 gigs"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("KiB, MiB, GiB, TiB"), "{}", stderr(&o));
 }
 
 #[test]
@@ -178,13 +212,16 @@ mod hostile_files {
     };
 
     use crate::support::{
-        deep_list_pickle, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle, DEEP,
+        deep_list_pickle, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle,
+        memo_bomb_gz, DEEP,
     };
 
     const PROBE_FILE: &str = "CUARENA_RSS_PROBE_FILE";
     const PROBE_STDERR: &str = "CUARENA_RSS_PROBE_STDERR";
     /// Address-space limit (bytes) for the command, when set.
     const PROBE_AS: &str = "CUARENA_RSS_PROBE_AS";
+    /// Seconds the command may run, when not [`timeout`]'s.
+    const PROBE_TIMEOUT: &str = "CUARENA_RSS_PROBE_TIMEOUT_S";
 
     /// What one run of `cuarena replay FILE` did.
     struct Run {
@@ -196,7 +233,10 @@ mod hostile_files {
     }
 
     fn timeout() -> Duration {
-        Duration::from_secs(if cfg!(debug_assertions) { 120 } else { 10 })
+        let set = std::env::var(PROBE_TIMEOUT)
+            .ok()
+            .and_then(|v| v.parse().ok());
+        Duration::from_secs(set.unwrap_or(if cfg!(debug_assertions) { 120 } else { 10 }))
     }
 
     /// This process's `VmHWM` in KiB.
@@ -293,10 +333,18 @@ mod hostile_files {
 
     /// Like [`replay`], with an address-space limit of `limit` bytes.
     fn replay_limited(path: &Path, dir: &Path, limit: Option<u64>) -> Run {
+        replay_within(path, dir, limit, None)
+    }
+
+    /// Like [`replay_limited`], the command given `seconds` to finish.
+    fn replay_within(path: &Path, dir: &Path, limit: Option<u64>, seconds: Option<u64>) -> Run {
         let err_path = dir.join("stderr.txt");
         let mut probe = Command::new(std::env::current_exe().unwrap());
         if let Some(l) = limit {
             probe.env(PROBE_AS, l.to_string());
+        }
+        if let Some(s) = seconds {
+            probe.env(PROBE_TIMEOUT, s.to_string());
         }
         let o = probe
             .args([
@@ -558,5 +606,40 @@ mod hostile_files {
         }
         let _ = std::fs::remove_dir_all(&dir);
         assert!(failures.is_empty(), "{failures:#?}");
+    }
+
+    /// The 31 KB memo bomb: one `alloc` dict shared by 32 million events.
+    /// It passes the readers' limits; building the alloc/free program was
+    /// an abort (`memory allocation of 268435456 bytes failed`) under a
+    /// 4 GiB address-space limit. Now the program's budget refuses it:
+    /// exit status 3 and a message naming the limit.
+    #[test]
+    fn memo_bomb_is_refused_by_the_program_budget() {
+        let dir = std::env::temp_dir().join(format!("cuarena-cli-bomb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bomb = memo_bomb_gz(320);
+        assert!(bomb.len() < 40 << 10, "{} bytes", bomb.len());
+        let path = dir.join("memo_bomb.pickle.gz");
+        std::fs::write(&path, &bomb).unwrap();
+        // Reading 32 million events takes seconds.
+        let seconds = if cfg!(debug_assertions) { 900 } else { 90 };
+        let r = replay_within(&path, &dir, Some(4 << 30), Some(seconds));
+        let _ = std::fs::remove_dir_all(&dir);
+        println!(
+            "memo_bomb.pickle.gz: {} B, exit {}, {:?}, peak RSS {} KiB: {}",
+            bomb.len(),
+            r.code,
+            r.elapsed,
+            r.peak_rss_bytes >> 10,
+            r.stderr
+        );
+        assert_eq!(r.code, 3, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("memory for the alloc/free program")
+                && r.stderr.contains("MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES"),
+            "{}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("memory allocation of"), "{}", r.stderr);
     }
 }

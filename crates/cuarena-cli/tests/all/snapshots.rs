@@ -27,7 +27,7 @@ fn shipped_snapshots() -> Vec<PathBuf> {
     v
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
@@ -59,6 +59,22 @@ fn every_shipped_snapshot_ends_with_what_segments_hold() {
     }
 }
 
+/// `cuarena replay PATH --json`, parsed.
+pub(crate) fn json(args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["replay"];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let o = cuarena(&a);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+pub(crate) fn u(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"))
+}
+
 #[test]
 fn every_shipped_trace_prints_the_verdict_first() {
     let mut all: Vec<PathBuf> = shipped_snapshots();
@@ -69,53 +85,47 @@ fn every_shipped_trace_prints_the_verdict_first() {
         let out = text(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
         let lines: Vec<&str> = out.lines().collect();
+        let t = Trace::read(&p).unwrap();
+        let n = t.devices().len();
+        // The file, the devices' table (a header and a line each), then the
+        // replayed device's three capacities.
         assert!(lines[0].starts_with("cuarena replay: "), "{out}");
-        assert!(lines[1].trim_start().starts_with("peak live"), "{out}");
-        assert!(
-            lines[2].trim_start().starts_with("PyTorch reserved"),
-            "{out}"
-        );
-        assert!(lines[3].contains("cuarena runs it in"), "{out}");
-        assert!(lines[3].contains("x peak live"), "{out}");
+        assert!(lines[1].trim_start().starts_with("device"), "{out}");
+        assert!(lines[2 + n].starts_with("device "), "{out}");
+        let v = &lines[3 + n..];
+        assert!(v[0].trim_start().starts_with("peak live"), "{out}");
+        assert!(v[1].trim_start().starts_with("PyTorch reserved"), "{out}");
+        assert!(v[2].trim_start().starts_with("best fit, one region"), "{out}");
+        assert!(v[3].trim_start().starts_with("cuarena, compacting"), "{out}");
+        assert!(v[3].contains("x peak live"), "{out}");
 
         // The same verdict as JSON, and consistent with the library.
-        let o = cuarena(&["replay", &path, "--json"]);
-        assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
-        let json = text(&o.stdout);
-        assert_eq!(json.lines().count(), 1, "{json}");
-        let t = Trace::read(&p).unwrap();
-        let ops = t.ops(t.devices()[0]).unwrap();
-        let num = |k: &str| -> u64 {
-            let rest = json
-                .split(&format!("\"{k}\":"))
-                .nth(1)
-                .unwrap_or_else(|| panic!("{k}: {json}"));
-            let end = rest.find([',', '}']).unwrap();
-            rest[..end]
-                .parse()
-                .unwrap_or_else(|_| panic!("{k}: {json}"))
-        };
-        assert_eq!(num("peak_live_bytes"), ops.peak_live_rounded(256), "{path}");
-        assert_eq!(num("live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
+        let j = json(&[&path]);
+        let ops = t.ops(u(&j, "device") as u32).unwrap();
+        assert_eq!(u(&j, "peak_live_bytes"), ops.peak_live_rounded(256), "{path}");
+        assert_eq!(u(&j, "live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
         assert_eq!(
-            num("live_before_recording_bytes"),
+            u(&j, "live_before_recording_bytes"),
             ops.initial_bytes,
             "{path}"
         );
         if let Some(a) = t.active_at_dump(ops.device) {
-            assert_eq!(num("segments_active_bytes"), a.allocated + a.pending_free);
-            assert!(num("pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
+            assert_eq!(u(&j, "segments_active_bytes"), a.allocated + a.pending_free);
+            assert!(u(&j, "pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
         }
-        assert!(
-            num("arena_capacity_bytes") >= num("peak_live_bytes"),
-            "{path}"
-        );
+        // No allocator needs less than peak live.
+        let peak = u(&j, "peak_live_bytes");
+        assert!(u(&j, "arena_capacity_bytes") >= peak, "{path}");
+        assert!(u(&j, "best_fit_capacity_bytes") >= peak, "{path}");
+        assert_eq!(j["devices_summary"].as_array().unwrap().len(), n, "{path}");
+        // The model's first run is under the recorded settings.
+        assert_eq!(j["pytorch_sim"][0]["from_recorded_state"], true, "{path}");
     }
 }
 
 // ---- hand-made snapshots -------------------------------------------------
 
-fn ev(action: &str, addr: i64, size: i64) -> Value {
+pub(crate) fn ev(action: &str, addr: i64, size: i64) -> Value {
     dict(vec![
         ("action", Value::String(action.into())),
         ("addr", Value::I64(addr)),
@@ -128,7 +138,7 @@ fn ev(action: &str, addr: i64, size: i64) -> Value {
 
 /// A block in PyTorch 2.1+'s layout, or 2.0's (no address, no requested
 /// size, a `history`).
-fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
+pub(crate) fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
     if v20 {
         dict(vec![
             ("size", Value::I64(size)),
@@ -149,7 +159,7 @@ fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
     }
 }
 
-fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
+pub(crate) fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
     dict(vec![
         ("device", Value::I64(device)),
         ("address", Value::I64(addr)),
@@ -161,7 +171,7 @@ fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
     ])
 }
 
-fn snapshot(devices: Vec<Vec<Value>>, segments: Vec<Value>) -> Vec<u8> {
+pub(crate) fn snapshot(devices: Vec<Vec<Value>>, segments: Vec<Value>) -> Vec<u8> {
     let top = dict(vec![
         ("segments", Value::List(segments)),
         (
@@ -246,7 +256,7 @@ fn a_session_with_an_oom_reads_and_counts_what_was_live_before() {
     }
 }
 
-fn temp(name: &str, bytes: &[u8]) -> String {
+pub(crate) fn temp(name: &str, bytes: &[u8]) -> String {
     let dir = std::env::temp_dir().join(format!("cuarena-snapshots-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
@@ -260,39 +270,52 @@ fn the_verdict_answers_an_oom() {
     let o = cuarena(&["replay", &p]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
-    // Peak live: 1 MiB of weights, 512 KiB freed later, 1 MiB, then 1 MiB.
+    let find = |needle: &str| {
+        out.lines()
+            .position(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no `{needle}`: {out}"))
+    };
     let line = |i: usize| out.lines().nth(i).unwrap_or_default().to_owned();
+    // Peak live: 1 MiB of weights, 512 KiB freed later, 1 MiB, then 1 MiB.
+    let peak = find("  peak live");
     assert!(
-        line(1).contains("3.00 MiB  at event 5, counting 1.50 MiB live before recording"),
+        line(peak).contains("3.00 MiB  at event 5, counting 1.50 MiB live before recording"),
         "{out}"
     );
-    assert!(line(2).contains("6.00 MiB  = 2.000 x peak live"), "{out}");
-    assert!(line(3).contains("3.00 MiB  = 1.0000 x peak live"), "{out}");
-    assert!(line(4).contains("oom at event 4: asked 3.00 MiB, with 2.00 MiB allocated, 6.00 MiB reserved by PyTorch and 1.00 MiB free"), "{out}");
-    // 7 MiB hold the 2 MiB live and the 3 MiB asked for.
+    assert!(line(peak + 1).contains("6.00 MiB = 2.0000 x peak live"), "{out}");
+    assert!(line(peak + 3).contains("3.00 MiB = 1.0000 x peak live"), "{out}");
+    // 2 MiB live and 3 MiB asked: 5 MiB at once, within the 6 MiB reserved.
+    let first = find("  oom at event 4");
     assert!(
-        line(5).contains("an arena of all that memory (7.00 MiB) serves it and runs the rest"),
+        line(first).contains("asked 3.00 MiB, 2.00 MiB live: 5.00 MiB needed at once"),
         "{out}"
     );
-    // 10 MiB asked with nothing free: no arena of 6 MiB serves it.
-    assert!(line(6).contains("oom at event 8: asked 10.00 MiB"), "{out}");
+    assert!(line(first + 1).contains("6.00 MiB reserved; the device had 1.00 MiB free"), "{out}");
     assert!(
-        line(7).contains("(6.00 MiB) would not serve it either"),
+        line(first + 2).contains("an arena of PyTorch's reserved (6.00 MiB) serves it and the rest"),
+        "{out}"
+    );
+    // 10 MiB asked: 12 MiB at once, more than the 6 MiB reserved.
+    let second = find("  oom at event 8");
+    assert!(line(second).contains("12.00 MiB needed at once"), "{out}");
+    assert!(
+        line(second + 2).contains("(6.00 MiB) would not serve it: it needs 12.00 MiB"),
         "{out}"
     );
     assert!(out.contains("skipped: 1 snapshot, 1 `mystery`"), "{out}");
-    let o = cuarena(&["replay", &p, "--json"]);
-    let json = text(&o.stdout);
-    assert!(json.contains("\"oom_events\":2"), "{json}");
-    assert!(
-        json.contains("\"arena_serves_request\":false,\"arena_fails_at_event\":8"),
-        "{json}"
-    );
-    assert!(
-        json.contains("\"arena_serves_request\":true,\"arena_fails_at_event\":null"),
-        "{json}"
-    );
-    assert!(json.contains("\"device_free_bytes\":1048576"), "{json}");
+    assert!(out.contains("; 1 free matched against them"), "{out}");
+    let j = json(&[&p]);
+    assert_eq!(j["oom_events"], 2);
+    let (a, b) = (&j["ooms"][0], &j["ooms"][1]);
+    assert_eq!(a["served_by_arena_of_reserved"], true, "{a}");
+    assert_eq!(a["live_plus_request_bytes"], 5 << 20, "{a}");
+    assert_eq!(a["device_free_bytes"], 1 << 20, "{a}");
+    assert_eq!(a["device_arena_bytes"], 7 << 20, "{a}");
+    assert_eq!(a["process_capped"], false, "{a}");
+    assert_eq!(b["served_by_arena_of_reserved"], false, "{b}");
+    assert_eq!(b["arena_of_reserved_fails_at_event"], 8, "{b}");
+    assert_eq!(b["needed_bytes"], 12 << 20, "{b}");
+    assert_eq!(b["device_free_bytes"], serde_json::Value::Null, "{b}");
 }
 
 #[test]
@@ -463,32 +486,54 @@ fn recorded_after_load_and_ring_buffer_count_what_was_live_before() {
     }
 }
 
+/// The recorded OOM (a 2 GiB cap): the failed requests are counted; an
+/// arena of what PyTorch had reserved would not have served them (live +
+/// request is more); the device had plenty free, so the process was capped.
 #[test]
 fn recorded_oom_session_gets_its_verdict() {
     let p = data().join("snap_oom_caught.pickle.gz");
-    let o = cuarena(&["replay", &p.to_string_lossy(), "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["oom_events"], 2);
-    let ooms = v["ooms"].as_array().unwrap();
+    let j = json(&[&p.to_string_lossy()]);
+    assert_eq!(j["oom_events"], 2);
+    let ooms = j["ooms"].as_array().unwrap();
     assert_eq!(ooms.len(), 2);
     for o in ooms {
-        // The 1.40 GiB and the 3 GiB requests, with the device's free bytes.
-        assert!(o["requested_bytes"].as_u64().unwrap() >= 1_400 << 20, "{o}");
-        assert!(o["device_free_bytes"].as_u64().unwrap() > 0, "{o}");
+        // The 1.40 GiB and the 3 GiB requests, counted with what was live.
+        let (asked, live) = (u(o, "requested_bytes"), u(o, "live_bytes"));
+        assert!(asked >= 1_400 << 20, "{o}");
+        assert_eq!(u(o, "live_plus_request_bytes"), live + asked, "{o}");
+        assert!(live > 0, "{o}");
+        assert!(u(o, "live_plus_request_bytes") > u(o, "reserved_bytes"), "{o}");
+        assert_eq!(o["served_by_arena_of_reserved"], false, "{o}");
+        assert!(u(o, "needed_bytes") >= u(o, "live_plus_request_bytes"), "{o}");
+        // PyTorch's allocated bytes then, from the model, at least live.
+        assert!(u(o, "allocated_bytes") >= live, "{o}");
+        // The device had more free than asked: capped.
+        assert!(u(o, "device_free_bytes") > asked, "{o}");
+        assert_eq!(o["process_capped"], true, "{o}");
         assert_eq!(
-            o["arena_bytes"].as_u64().unwrap(),
-            (o["reserved_bytes"].as_u64().unwrap() + o["device_free_bytes"].as_u64().unwrap())
-                / 256
-                * 256
+            u(o, "device_arena_bytes"),
+            (u(o, "reserved_bytes") + u(o, "device_free_bytes")) / 256 * 256
         );
+        assert_eq!(o["served_by_device_arena"], true, "{o}");
     }
     let f = facts("snap_oom_caught");
+    assert!(u(&j, "peak_live_bytes") as f64 >= 0.95 * f["peak_allocated"].as_f64().unwrap());
+    assert_eq!(j["pytorch_reserved_peak_bytes"], f["peak_reserved"]);
+    // The model reproduces the two failures under the recorded settings,
+    // held to what PyTorch had; the 3 GiB request fails under every setting.
+    let sim = j["pytorch_sim"].as_array().unwrap();
+    assert_eq!(sim[0]["ooms"], 2);
+    assert_eq!(sim[0]["cap_bytes"], f["peak_reserved"]);
+    assert!(sim.iter().all(|r| u(r, "ooms") >= 1));
+    assert_eq!(j["pytorch_recommendation"]["kind"], "none_fits");
+    // The screen says it in words.
+    let o = cuarena(&["replay", &p.to_string_lossy()]);
+    let out = text(&o.stdout);
     assert!(
-        v["peak_live_bytes"].as_u64().unwrap() as f64
-            >= 0.95 * f["peak_allocated"].as_f64().unwrap()
+        out.contains("an arena of PyTorch's reserved (954.00 MiB) would not serve it"),
+        "{out}"
     );
-    assert_eq!(v["pytorch_reserved_peak_bytes"], f["peak_reserved"]);
+    assert!(out.contains("a cap held this process"), "{out}");
 }
 
 #[test]

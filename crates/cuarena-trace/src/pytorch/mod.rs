@@ -41,6 +41,8 @@ mod drive;
 mod expandable;
 mod settings;
 mod start;
+#[cfg(test)]
+mod tests;
 mod whatif;
 
 use crate::trace::{Action, Trace};

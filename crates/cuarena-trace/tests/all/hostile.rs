@@ -547,3 +547,33 @@ fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
     );
     assert_eq!(ops.peak_live_bytes, 1024 + 512 + 512);
 }
+
+/// The memo bomb (one `alloc` dict shared by millions of events) passes the
+/// readers' limits; building its alloc/free program passes the same budget
+/// and is refused, before any work, as the limit it passes, never an
+/// abort. 12 million events here (the 32 million of the 31 KB file run
+/// through the command, under an address-space limit, in the command's
+/// tests).
+#[test]
+fn memo_bomb_program_is_refused_by_the_budget() {
+    let bomb = crate::support::memo_bomb_gz(120);
+    assert!(bomb.len() < 16 << 10, "{} bytes", bomb.len());
+    let t = Trace::from_bytes(&bomb, "bomb").unwrap();
+    assert_eq!(t.events.len(), 12_000_001);
+    assert_eq!(t.decoded_event_dicts, 1);
+    let t0 = std::time::Instant::now();
+    match t.ops(0) {
+        Err(ToolError::Limit { name, asked, limit, .. }) => {
+            assert_eq!(name, "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES");
+            assert!(asked > limit);
+            assert_eq!(limit, t.memory_budget().limit());
+        }
+        other => panic!("{:?}", other.map(|o| o.len())),
+    }
+    assert!(t0.elapsed() < std::time::Duration::from_secs(2), "{:?}", t0.elapsed());
+    // The model of PyTorch's allocator is held to it as well.
+    assert!(matches!(
+        cuarena_trace::pytorch::Session::new(&t, 0),
+        Err(ToolError::Limit { .. })
+    ));
+}
