@@ -340,7 +340,16 @@ mod tests {
         );
         assert_eq!(parse_capacity("4096B").ok(), Some(Capacity::Bytes(4096)));
         for bad in [
-            "", "0", "-1", "1.0.0", "twelve", "0x", "99999999999999T", "12PB", "1e3GiB", "-2GiB",
+            "",
+            "0",
+            "-1",
+            "1.0.0",
+            "twelve",
+            "0x",
+            "99999999999999T",
+            "12PB",
+            "1e3GiB",
+            "-2GiB",
         ] {
             assert!(parse_capacity(bad).is_err(), "{bad}");
         }

@@ -100,9 +100,15 @@ fn with_probe(ops: &Ops, pos: usize, size: u64, event: u64) -> Res<Ops> {
     let t = ops.time_us.get(pos).copied().unwrap_or(0);
     let mut o = Ops::default();
     o.ops.try_reserve_exact(ops.ops.len() + 2).map_err(oom)?;
-    o.event_index.try_reserve_exact(ops.ops.len() + 2).map_err(oom)?;
-    o.time_us.try_reserve_exact(ops.ops.len() + 2).map_err(oom)?;
-    o.sizes.try_reserve_exact(ops.sizes.len() + 1).map_err(oom)?;
+    o.event_index
+        .try_reserve_exact(ops.ops.len() + 2)
+        .map_err(oom)?;
+    o.time_us
+        .try_reserve_exact(ops.ops.len() + 2)
+        .map_err(oom)?;
+    o.sizes
+        .try_reserve_exact(ops.sizes.len() + 1)
+        .map_err(oom)?;
     o.sizes.extend_from_slice(&ops.sizes);
     o.sizes.push(size);
     let pos = pos.min(ops.ops.len());
@@ -173,9 +179,17 @@ pub(crate) fn analyse(
         let device_free = (e.addr != DEVICE_FREE_UNKNOWN).then_some(e.addr);
         let probe = with_probe(ops, pos, e.size, event)?;
         let of_reserved = try_arena(&probe, pos, at, align, event)?;
-        let needed = find_min_capacity(&probe, align).ok().map(|m| m.capacity_bytes);
+        let needed = find_min_capacity(&probe, align)
+            .ok()
+            .map(|m| m.capacity_bytes);
         let of_device = match device_free {
-            Some(free) => Some(try_arena(&probe, pos, at.saturating_add(free), align, event)?),
+            Some(free) => Some(try_arena(
+                &probe,
+                pos,
+                at.saturating_add(free),
+                align,
+                event,
+            )?),
             None => None,
         };
         let allocated = model

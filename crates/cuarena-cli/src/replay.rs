@@ -192,6 +192,8 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
         )));
     }
     let mut devices = Vec::new();
+    // A trace of one device (the usual case) keeps its program.
+    let mut only = None;
     for &device in &list {
         progress.show(&format!("building the program of device {device}"));
         let ops = trace.ops_with(device, args.free_at)?;
@@ -205,6 +207,9 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
             reserved_complete: r.initial.is_some(),
             ooms: events.filter(|e| e.action == Action::Oom).count() as u64,
         });
+        if list.len() == 1 {
+            only = Some(ops);
+        }
     }
     progress.clear();
     let (device, chosen) = match args.device {
@@ -220,7 +225,10 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
             }
         },
     };
-    let ops = trace.ops_with(device, args.free_at)?;
+    let ops = match only {
+        Some(ops) => ops,
+        None => trace.ops_with(device, args.free_at)?,
+    };
     if ops.is_empty() {
         let on_device = trace.events.iter().filter(|e| e.device == device).count();
         return Err(Failure::Io(format!(

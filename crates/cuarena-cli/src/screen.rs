@@ -78,7 +78,10 @@ fn print_oom(o: &Oom, align: u64) -> Res<()> {
         "    PyTorch had {allocated}{} reserved{free}",
         fmt_bytes(o.reserved)
     )?;
-    let needed = match (o.of_reserved.serves && o.of_reserved.fails_at.is_none(), o.needed) {
+    let needed = match (
+        o.of_reserved.serves && o.of_reserved.fails_at.is_none(),
+        o.needed,
+    ) {
         (true, _) => String::new(),
         (false, Some(n)) => format!(": it needs {}", fmt_bytes(n)),
         (false, None) => ": no capacity found that runs the rest".to_owned(),
@@ -118,8 +121,12 @@ pub(crate) fn print(l: &Loaded, v: &Verdict, align: u64) -> Res<()> {
     let why = match (l.chosen, l.devices.len()) {
         (_, 1) => String::new(),
         (Chosen::Asked, _) => " (--device)".to_owned(),
-        (Chosen::FirstOom, _) => ", the first with an oom event (--device N replays another)".to_owned(),
-        (Chosen::LargestPeak, _) => ", the largest peak live (--device N replays another)".to_owned(),
+        (Chosen::FirstOom, _) => {
+            ", the first with an oom event (--device N replays another)".to_owned()
+        }
+        (Chosen::LargestPeak, _) => {
+            ", the largest peak live (--device N replays another)".to_owned()
+        }
     };
     outln!("device {}{why}:", l.device)?;
     let before = if l.ops.initial_blocks > 0 {
@@ -174,7 +181,10 @@ pub(crate) fn print(l: &Loaded, v: &Verdict, align: u64) -> Res<()> {
     }
     if v.ooms_total > v.ooms.len() as u64 {
         let more = v.ooms_total - v.ooms.len() as u64;
-        outln!("  ({} not analysed)", count(more, "more oom event", "more oom events"))?;
+        outln!(
+            "  ({} not analysed)",
+            count(more, "more oom event", "more oom events")
+        )?;
     }
     crate::model::print(&v.pytorch)
 }

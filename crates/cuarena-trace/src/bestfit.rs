@@ -40,7 +40,12 @@ fn round(size: u64, align: u64) -> u64 {
 /// Replays `ops` on a best-fit region of `capacity` bytes, sizes rounded up
 /// to `align` (a zero-byte alloc takes no space). Its memory is charged to
 /// (a copy of) `budget` (a trace's [`crate::trace::Trace::memory_budget`]).
-pub fn replay_best_fit(ops: &Ops, capacity: u64, align: u64, budget: &MemoryBudget) -> Result<BestFit> {
+pub fn replay_best_fit(
+    ops: &Ops,
+    capacity: u64,
+    align: u64,
+    budget: &MemoryBudget,
+) -> Result<BestFit> {
     let mut budget = budget.clone();
     let mut by_size: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut by_addr: BTreeMap<u64, u64> = BTreeMap::new();
@@ -200,7 +205,9 @@ mod tests {
             Op::Free { id: 1 },
             Op::Alloc { id: 2, size: 512 },
         ]);
-        assert!(replay_best_fit(&merged, 512, 256, &mib()).unwrap().completed());
+        assert!(replay_best_fit(&merged, 512, 256, &mib())
+            .unwrap()
+            .completed());
         // Under a budget too small for the block table: the limit, named.
         let none = MemoryBudget::for_input(0, "test").with_limit(1);
         assert!(matches!(

@@ -78,7 +78,11 @@ fn capacities_with_units() {
         assert_eq!(o.status.code(), Some(code), "{cap}: {}", stderr(&o));
     }
     let o = cuarena(&["replay", RESNET, "--capacity", "12GB"]);
-    assert!(stderr(&o).contains("at 11.18 GiB (0.8158 x peak live)"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("at 11.18 GiB (0.8158 x peak live)"),
+        "{}",
+        stderr(&o)
+    );
     let o = cuarena(&["replay", RESNET, "--capacity", "12 gigs"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("KiB, MiB, GiB, TiB"), "{}", stderr(&o));
@@ -636,7 +640,8 @@ mod hostile_files {
         assert_eq!(r.code, 3, "{}", r.stderr);
         assert!(
             r.stderr.contains("memory for the alloc/free program")
-                && r.stderr.contains("MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES"),
+                && r.stderr
+                    .contains("MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES"),
             "{}",
             r.stderr
         );

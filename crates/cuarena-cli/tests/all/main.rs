@@ -4,6 +4,6 @@
 //! crate's (`support`).
 mod cli;
 mod snapshots;
-mod verdict;
 #[path = "../../../cuarena-trace/tests/all/support.rs"]
 mod support;
+mod verdict;

@@ -81,11 +81,17 @@ fn every_shipped_trace_prints_the_verdict_first() {
     all.push(data().join("resnet50_varbatch.csv.gz"));
     for p in all {
         let path = p.to_string_lossy().into_owned();
+        let t = Trace::read(&p).unwrap();
+        let j = json(&[&path]);
+        check_json(&j, &t, &path);
+        // The screen on the small ones (the large ones take seconds each).
+        if std::fs::metadata(&p).unwrap().len() > 300 << 10 {
+            continue;
+        }
         let o = cuarena(&["replay", &path]);
         let out = text(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
         let lines: Vec<&str> = out.lines().collect();
-        let t = Trace::read(&p).unwrap();
         let n = t.devices().len();
         // The file, the devices' table (a header and a line each), then the
         // replayed device's three capacities.
@@ -95,28 +101,43 @@ fn every_shipped_trace_prints_the_verdict_first() {
         let v = &lines[3 + n..];
         assert!(v[0].trim_start().starts_with("peak live"), "{out}");
         assert!(v[1].trim_start().starts_with("PyTorch reserved"), "{out}");
-        assert!(v[2].trim_start().starts_with("best fit, one region"), "{out}");
-        assert!(v[3].trim_start().starts_with("cuarena, compacting"), "{out}");
+        assert!(
+            v[2].trim_start().starts_with("best fit, one region"),
+            "{out}"
+        );
+        assert!(
+            v[3].trim_start().starts_with("cuarena, compacting"),
+            "{out}"
+        );
         assert!(v[3].contains("x peak live"), "{out}");
+    }
+}
 
-        // The same verdict as JSON, and consistent with the library.
-        let j = json(&[&path]);
-        let ops = t.ops(u(&j, "device") as u32).unwrap();
-        assert_eq!(u(&j, "peak_live_bytes"), ops.peak_live_rounded(256), "{path}");
-        assert_eq!(u(&j, "live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
+/// The JSON verdict, consistent with the library.
+fn check_json(j: &serde_json::Value, t: &Trace, path: &str) {
+    {
+        // One device's program: the one replayed.
+        let ops = t.ops(u(j, "device") as u32).unwrap();
         assert_eq!(
-            u(&j, "live_before_recording_bytes"),
+            u(j, "peak_live_bytes"),
+            ops.peak_live_rounded(256),
+            "{path}"
+        );
+        assert_eq!(u(j, "live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
+        assert_eq!(
+            u(j, "live_before_recording_bytes"),
             ops.initial_bytes,
             "{path}"
         );
         if let Some(a) = t.active_at_dump(ops.device) {
-            assert_eq!(u(&j, "segments_active_bytes"), a.allocated + a.pending_free);
-            assert!(u(&j, "pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
+            assert_eq!(u(j, "segments_active_bytes"), a.allocated + a.pending_free);
+            assert!(u(j, "pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
         }
         // No allocator needs less than peak live.
-        let peak = u(&j, "peak_live_bytes");
-        assert!(u(&j, "arena_capacity_bytes") >= peak, "{path}");
-        assert!(u(&j, "best_fit_capacity_bytes") >= peak, "{path}");
+        let peak = u(j, "peak_live_bytes");
+        assert!(u(j, "arena_capacity_bytes") >= peak, "{path}");
+        assert!(u(j, "best_fit_capacity_bytes") >= peak, "{path}");
+        let n = t.devices().len();
         assert_eq!(j["devices_summary"].as_array().unwrap().len(), n, "{path}");
         // The model's first run is under the recorded settings.
         assert_eq!(j["pytorch_sim"][0]["from_recorded_state"], true, "{path}");
@@ -282,17 +303,27 @@ fn the_verdict_answers_an_oom() {
         line(peak).contains("3.00 MiB  at event 5, counting 1.50 MiB live before recording"),
         "{out}"
     );
-    assert!(line(peak + 1).contains("6.00 MiB = 2.0000 x peak live"), "{out}");
-    assert!(line(peak + 3).contains("3.00 MiB = 1.0000 x peak live"), "{out}");
+    assert!(
+        line(peak + 1).contains("6.00 MiB = 2.0000 x peak live"),
+        "{out}"
+    );
+    assert!(
+        line(peak + 3).contains("3.00 MiB = 1.0000 x peak live"),
+        "{out}"
+    );
     // 2 MiB live and 3 MiB asked: 5 MiB at once, within the 6 MiB reserved.
     let first = find("  oom at event 4");
     assert!(
         line(first).contains("asked 3.00 MiB, 2.00 MiB live: 5.00 MiB needed at once"),
         "{out}"
     );
-    assert!(line(first + 1).contains("6.00 MiB reserved; the device had 1.00 MiB free"), "{out}");
     assert!(
-        line(first + 2).contains("an arena of PyTorch's reserved (6.00 MiB) serves it and the rest"),
+        line(first + 1).contains("6.00 MiB reserved; the device had 1.00 MiB free"),
+        "{out}"
+    );
+    assert!(
+        line(first + 2)
+            .contains("an arena of PyTorch's reserved (6.00 MiB) serves it and the rest"),
         "{out}"
     );
     // 10 MiB asked: 12 MiB at once, more than the 6 MiB reserved.
@@ -502,9 +533,15 @@ fn recorded_oom_session_gets_its_verdict() {
         assert!(asked >= 1_400 << 20, "{o}");
         assert_eq!(u(o, "live_plus_request_bytes"), live + asked, "{o}");
         assert!(live > 0, "{o}");
-        assert!(u(o, "live_plus_request_bytes") > u(o, "reserved_bytes"), "{o}");
+        assert!(
+            u(o, "live_plus_request_bytes") > u(o, "reserved_bytes"),
+            "{o}"
+        );
         assert_eq!(o["served_by_arena_of_reserved"], false, "{o}");
-        assert!(u(o, "needed_bytes") >= u(o, "live_plus_request_bytes"), "{o}");
+        assert!(
+            u(o, "needed_bytes") >= u(o, "live_plus_request_bytes"),
+            "{o}"
+        );
         // PyTorch's allocated bytes then, from the model, at least live.
         assert!(u(o, "allocated_bytes") >= live, "{o}");
         // The device had more free than asked: capped.

@@ -42,7 +42,10 @@ fn the_device_with_the_oom_is_replayed() {
     assert!(lines[3].trim_start().starts_with("1 *"), "{out}");
     assert!(lines[4].trim_start().starts_with("2 "), "{out}");
     assert!(lines[3].trim_end().ends_with(" 1"), "the oom count: {out}");
-    assert!(lines[5].starts_with("device 1, the first with an oom event"), "{out}");
+    assert!(
+        lines[5].starts_with("device 1, the first with an oom event"),
+        "{out}"
+    );
     // Events are numbered across devices: device 0's one comes first.
     assert!(out.contains("oom at event 2: asked 40.00 MiB"), "{out}");
     let j = json(&[&p]);
@@ -88,7 +91,10 @@ fn three_capacities() {
         ev("free_completed", c, 8 * MIB),
     ];
     let seg = segment(0, a, 20 * MIB, vec![block(a, 20 * MIB, "inactive", false)]);
-    let p = temp("three_capacities.pickle", &snapshot(vec![events], vec![seg]));
+    let p = temp(
+        "three_capacities.pickle",
+        &snapshot(vec![events], vec![seg]),
+    );
     let j = json(&[&p]);
     assert_eq!(u(&j, "peak_live_bytes"), 12 << 20);
     assert_eq!(u(&j, "pytorch_reserved_peak_bytes"), 20 << 20);
@@ -101,9 +107,18 @@ fn three_capacities() {
     let o = cuarena(&["replay", &p]);
     let out = text(&o.stdout);
     for (label, ratio) in [
-        ("PyTorch reserved", "= 1.6667 x peak live: what PyTorch paid"),
-        ("best fit, one region", "= 1.3333 x peak live: no cache rounding or segments"),
-        ("cuarena, compacting", "= 1.0000 x peak live: compaction removes"),
+        (
+            "PyTorch reserved",
+            "= 1.6667 x peak live: what PyTorch paid",
+        ),
+        (
+            "best fit, one region",
+            "= 1.3333 x peak live: no cache rounding or segments",
+        ),
+        (
+            "cuarena, compacting",
+            "= 1.0000 x peak live: compaction removes",
+        ),
     ] {
         let line = out.lines().find(|l| l.trim_start().starts_with(label));
         assert!(line.is_some_and(|l| l.contains(ratio)), "{label}: {out}");
@@ -163,18 +178,26 @@ fn json_fields_are_the_documented_ones() {
     keys(&j, &mut present);
     let (doc, section) = documented();
     let missing: Vec<_> = doc.difference(&present).collect();
-    assert!(missing.is_empty(), "documented, not in the JSON: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "documented, not in the JSON: {missing:?}"
+    );
     let undocumented: Vec<_> = present
         .iter()
         .filter(|k| {
             if k.contains('_') {
                 !doc.contains(*k)
             } else {
-                !section.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == k.as_str())
+                !section
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .any(|w| w == k.as_str())
             }
         })
         .collect();
-    assert!(undocumented.is_empty(), "in the JSON, not documented: {undocumented:?}");
+    assert!(
+        undocumented.is_empty(),
+        "in the JSON, not documented: {undocumented:?}"
+    );
     assert!(doc.len() >= 50, "{doc:?}");
 }
 

@@ -17,7 +17,8 @@ fn csv(lines: &[(&str, u64, u64)]) -> Trace {
 
 fn run(t: &Trace, conf: &str) -> super::SimReport {
     let s = Session::new(t, 0).unwrap();
-    s.run(&AllocatorSettings::parse_conf(conf).unwrap()).unwrap()
+    s.run(&AllocatorSettings::parse_conf(conf).unwrap())
+        .unwrap()
 }
 
 #[test]

@@ -81,7 +81,8 @@ pub fn recommend(runs: &[SimReport], ooms: bool) -> Recommendation {
         .unwrap_or(0);
     match others.min_by_key(|(_, r)| r.reserved_peak_bytes) {
         Some((index, r))
-            if (r.reserved_peak_bytes as f64) < 0.99 * runs[baseline].reserved_peak_bytes as f64 =>
+            if (r.reserved_peak_bytes as f64)
+                < 0.99 * runs[baseline].reserved_peak_bytes as f64 =>
         {
             Recommendation::Saves { index, baseline }
         }
@@ -136,7 +137,10 @@ mod tests {
         let runs = [run(100, 0), run(98, 0), run(99, 0)];
         assert_eq!(
             recommend(&runs, false),
-            Recommendation::Saves { index: 1, baseline: 0 }
+            Recommendation::Saves {
+                index: 1,
+                baseline: 0
+            }
         );
         let runs = [run(100, 0), run(101, 0), run(99, 0)];
         assert_eq!(recommend(&runs, false), Recommendation::KeepRecorded);

@@ -563,14 +563,23 @@ fn memo_bomb_program_is_refused_by_the_budget() {
     assert_eq!(t.decoded_event_dicts, 1);
     let t0 = std::time::Instant::now();
     match t.ops(0) {
-        Err(ToolError::Limit { name, asked, limit, .. }) => {
-            assert_eq!(name, "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES");
+        Err(ToolError::Limit {
+            name, asked, limit, ..
+        }) => {
+            assert_eq!(
+                name,
+                "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES"
+            );
             assert!(asked > limit);
             assert_eq!(limit, t.memory_budget().limit());
         }
         other => panic!("{:?}", other.map(|o| o.len())),
     }
-    assert!(t0.elapsed() < std::time::Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t0.elapsed()
+    );
     // The model of PyTorch's allocator is held to it as well.
     assert!(matches!(
         cuarena_trace::pytorch::Session::new(&t, 0),
