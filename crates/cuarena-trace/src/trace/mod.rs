@@ -67,6 +67,20 @@
 //! the events) + **48 × B** for the `B` blocks of `segments` (each block
 //! must be a dict of its own, so `B` is at most `D / 3`). `E` is at most
 //! `D / 8` for a CSV (the shortest line that is kept is 8 bytes).
+//!
+//! # Bounded stages after reading
+//!
+//! A few bytes of input can stand for many events (a pickle's memo shares
+//! one event dict among millions), so what is built from the events is
+//! bounded too: the alloc/free program ([`Trace::ops`]), the model of
+//! PyTorch's allocator ([`crate::pytorch`]) and the best-fit replay
+//! ([`crate::bestfit`]) each charge what they build against
+//! [`Trace::memory_budget`], the reader's own budget (16 × `D` + 64 MiB),
+//! and grow their vectors with fallible reservations. Going past it is a
+//! [`ToolError::Limit`] named `MEMORY_PER_INPUT_BYTE × input bytes +
+//! MEMORY_BASE_BYTES`; a failed allocation is a [`ToolError::OutOfMemory`].
+//! A program is refused before any work when its allocs alone (40 bytes
+//! each, at least) would pass the budget.
 
 mod budget;
 mod counts;

@@ -517,15 +517,16 @@ pub(super) fn build(
     free_point: FreePoint,
     budget: &mut MemoryBudget,
 ) -> Result<Ops> {
-    // A program has an op per alloc at least: refused before any work when
-    // those alone pass the budget.
+    // A program holds, per alloc, an op, its event index and time, and a
+    // size (40 bytes): refused before any work when those alone pass the
+    // budget.
     let allocs = events
         .iter()
         .filter(|e| e.device == device && e.action == Action::Alloc)
         .count() as u64;
-    let op_bytes = (std::mem::size_of::<Op>() + 16) as u64;
-    if allocs.saturating_mul(op_bytes) > budget.limit() {
-        return Err(budget.exceeded(WHAT, allocs.saturating_mul(op_bytes)));
+    let alloc_bytes = (std::mem::size_of::<Op>() + 24) as u64;
+    if allocs.saturating_mul(alloc_bytes) > budget.limit() {
+        return Err(budget.exceeded(WHAT, allocs.saturating_mul(alloc_bytes)));
     }
     let Initial {
         blocks: initial,

@@ -1,7 +1,7 @@
 //! Bytes moved against naive compact-on-failure on every trace, checked at
 //! every prefix: `Auto` never more, `Budgeted` never more than naive plus
 //! its handover and overrun bytes, and neither anything where a non-moving
-//! best fit needs nothing; the targeted policy's figures beside them.
+//! segregated fit needs nothing; the targeted policy's figures beside them.
 
 use cuarena::backend::MetaBackend;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
@@ -60,7 +60,7 @@ impl Run {
 }
 
 /// A row of the table: bytes moved by `Auto`, naive and the targeted
-/// policy, and whether a non-moving best fit completes.
+/// policy, and whether a non-moving segregated fit completes.
 struct Row {
     auto: u64,
     budgeted: u64,
@@ -70,7 +70,7 @@ struct Row {
 }
 
 /// Replays `ops` at `cap` on `Auto`, naive, the targeted policy (large-block
-/// divisor `divisor`) and a non-moving best fit side by side, and checks at
+/// divisor `divisor`) and a non-moving segregated fit side by side, and checks at
 /// every op that `Auto` has moved no more than naive, that its own count of
 /// naive's bytes is naive's, and that what it has deferred is covered.
 fn lockstep(name: &str, ops: &Ops, cap: u64, divisor: u64) -> Row {
@@ -151,7 +151,7 @@ fn lockstep(name: &str, ops: &Ops, cap: u64, divisor: u64) -> Row {
 /// Bytes moved by `Auto` against naive compact-on-failure on every trace
 /// at 1.00, 1.01 and 1.05 x peak live (and 1.001), checked at every prefix
 /// (the shipped traces and two synthetic programs): never more, and
-/// nothing at a capacity where a non-moving best fit completes. Prints the
+/// nothing at a capacity where a non-moving segregated fit completes. Prints the
 /// table, with the targeted policy beside (`--nocapture`), and the median
 /// ratios. The targeted policy is held to its former median (it is not
 /// bounded by naive, and is not checked against it).
@@ -193,7 +193,7 @@ fn bytes_moved_never_exceed_naive() {
             assert!(row.auto <= row.naive, "{name} at {ratio}");
             assert!(
                 !row.non_moving_completes || (row.auto == 0 && row.budgeted == 0),
-                "{name} at {ratio}: a non-moving best fit completes, the arena moved {} B",
+                "{name} at {ratio}: a non-moving segregated fit completes, the arena moved {} B",
                 row.auto.max(row.budgeted)
             );
             if row.naive > 0 {
