@@ -129,13 +129,16 @@ fn segments_at_start(trace: &Trace, device: u32) -> Vec<SegmentStart> {
     segs.into_values().collect()
 }
 
+/// Per `(stream, small pool)`: the lowest address seen and the mapped
+/// ranges (start -> end).
+type Groups = BTreeMap<(u64, bool), (u64, BTreeMap<u64, u64>)>;
+
 /// The expandable segments of `device` when recording began: per stream
 /// and pool, the lowest address seen (taken as the range's start) and the
 /// mapped ranges `(start, end)`.
 fn expandable_at_start(trace: &Trace, device: u32) -> Vec<(SegmentStart, Vec<(u64, u64)>)> {
-    // (stream, small) -> address -> end of the mapped ranges.
-    let mut groups: BTreeMap<(u64, bool), (u64, BTreeMap<u64, u64>)> = BTreeMap::new();
-    let seen = |g: &mut BTreeMap<(u64, bool), (u64, BTreeMap<u64, u64>)>, key, addr| {
+    let mut groups: Groups = BTreeMap::new();
+    let seen = |g: &mut Groups, key, addr| {
         let e = g.entry(key).or_insert((u64::MAX, BTreeMap::new()));
         e.0 = e.0.min(addr);
     };
@@ -159,15 +162,14 @@ fn expandable_at_start(trace: &Trace, device: u32) -> Vec<(SegmentStart, Vec<(u6
         );
     }
     // Unmaps go to the pool of the stream whose range starts closest below.
-    let pool_of =
-        |groups: &BTreeMap<(u64, bool), (u64, BTreeMap<u64, u64>)>, stream: u64, addr: u64| {
-            groups
-                .iter()
-                .filter(|((s, _), (min, _))| *s == stream && *min <= addr)
-                .max_by_key(|(_, (min, _))| *min)
-                .map(|(k, _)| *k)
-                .unwrap_or((stream, false))
-        };
+    let pool_of = |groups: &Groups, stream: u64, addr: u64| {
+        groups
+            .iter()
+            .filter(|((s, _), (min, _))| *s == stream && *min <= addr)
+            .max_by_key(|(_, (min, _))| *min)
+            .map(|(k, _)| *k)
+            .unwrap_or((stream, false))
+    };
     for e in trace.events.iter().rev().filter(|e| e.device == device) {
         let stream = e.stream as u64;
         match e.action {
