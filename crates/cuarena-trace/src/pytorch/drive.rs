@@ -10,7 +10,7 @@ use super::caching::{allocation_size, Model, SMALL_SIZE};
 use super::settings::AllocatorSettings;
 use super::start::{live_blocks, recorded_start, LiveBlock};
 use super::{ModelOom, SimReport};
-use crate::trace::ops::{initial_blocks, next_on_addr, Next};
+use crate::trace::pairing::{initial_blocks, next_on_addr, Next};
 use crate::trace::{Action, FreePoint, Trace, TraceEvent};
 use crate::Result;
 

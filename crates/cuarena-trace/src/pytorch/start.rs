@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::blocks::{Block, Id};
 use super::caching::{Expandable, Model, LARGE_BUFFER, SMALL_BUFFER};
-use crate::trace::ops::Initial;
+use crate::trace::pairing::Initial;
 use crate::trace::{Action, Trace};
 use crate::Result;
 

@@ -88,6 +88,7 @@ mod csv;
 mod input;
 pub mod limits;
 pub(crate) mod ops;
+pub(crate) mod pairing;
 mod pickle;
 pub mod replay;
 mod segments;
