@@ -81,10 +81,15 @@ fn check_line(m: &Modelled) -> String {
     if parts.is_empty() {
         parts.push("no segment events".to_owned());
     }
-    let verb = if same_events && r.reserved_peak_bytes == m.truth.reserved_peak_bytes {
-        "recorded settings: the model reproduces the recording's"
+    let which = if m.settings_recorded {
+        "recorded settings"
     } else {
-        "recorded settings: the model makes"
+        "PyTorch's defaults"
+    };
+    let verb = if same_events && r.reserved_peak_bytes == m.truth.reserved_peak_bytes {
+        format!("{which}: the model reproduces the recording's")
+    } else {
+        format!("{which}: the model makes")
     };
     format!("{verb} {}, {peak}", parts.join(", "))
 }
@@ -112,10 +117,15 @@ pub(crate) fn print(m: &Modelled) -> Res<()> {
         .enumerate()
         .map(|(i, r)| {
             let mut label = conf(r);
+            let which = if m.settings_recorded {
+                "recorded"
+            } else {
+                "assumed"
+            };
             if i == 0 {
-                label.push_str(" (recorded)");
+                label.push_str(&format!(" ({which})"));
             } else if r.settings == m.runs[0].settings {
-                label.push_str(" (recorded, empty start)");
+                label.push_str(&format!(" ({which}, empty start)"));
             }
             label
         })

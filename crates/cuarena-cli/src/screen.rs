@@ -41,9 +41,9 @@ fn print_devices(l: &Loaded) -> Res<()> {
 
 /// One of the three capacities: bytes, ratio to peak live, what it says.
 fn capacity_line(label: &str, bytes: u64, peak: u64, at_least: bool, what: &str) -> Res<()> {
-    let ge = if at_least { ">=" } else { "= " };
+    let ge = if at_least { ">=" } else { "=" };
     outln!(
-        "  {label:<22} {:>10} {ge}{:.4} x peak live: {what}",
+        "  {label:<22} {:>10} {ge} {:.4} x peak live: {what}",
         fmt_bytes(bytes),
         ratio(bytes, peak)
     )
