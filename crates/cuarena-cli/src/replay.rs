@@ -369,7 +369,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
     let verdict = crate::verdict::compute(&loaded, args.align)?;
     if args.json {
         let min = if args.find_min {
-            let arena = find_min(&loaded.ops, args.align, Allocator::Compacting, loaded.peak).ok();
+            let arena = find_min(&loaded.ops, args.align, Allocator::default(), loaded.peak).ok();
             let fixed = find_min(&loaded.ops, args.align, Allocator::NonMoving, loaded.peak).ok();
             Some(MinJson::new(arena.as_ref(), fixed.as_ref()))
         } else {
@@ -406,13 +406,13 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
     print_header()?;
     let mut arena_at_cap = None;
     for allocator in Allocator::ALL {
-        let points = if want_timeline && allocator == Allocator::Compacting && !args.find_min {
+        let points = if want_timeline && allocator == Allocator::default() && !args.find_min {
             2000
         } else {
             0
         };
         // The verdict replayed the arena at peak live already.
-        let reuse = allocator == Allocator::Compacting
+        let reuse = allocator == Allocator::default()
             && points == 0
             && verdict.at_peak.capacity_bytes == config.capacity_bytes;
         let r = if reuse {
@@ -421,7 +421,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
             replay_one(&ops, &config, allocator, points)?
         };
         print_row(label(allocator), &r, peak)?;
-        if allocator == Allocator::Compacting {
+        if allocator == Allocator::default() {
             arena_at_cap = Some(r);
         }
     }
@@ -436,7 +436,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
     let mut pictured = arena_at_cap;
     let mut non_moving_min = None;
     if args.find_min {
-        let m = find_min(&ops, args.align, Allocator::Compacting, peak).map_err(|e| {
+        let m = find_min(&ops, args.align, Allocator::default(), peak).map_err(|e| {
             Failure::Arena(format!("the arena completes the trace at no capacity: {e}"))
         })?;
         let min_config = ArenaConfig::new(m.capacity_bytes).with_alignment_bytes(args.align);
@@ -466,7 +466,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
         outln!("smallest capacity / peak live = {:.4}", m.ratio())?;
         non_moving_min = fixed.ok().map(|f| f.capacity_bytes);
         if want_timeline {
-            pictured = Some(replay_one(&ops, &min_config, Allocator::Compacting, 2000)?);
+            pictured = Some(replay_one(&ops, &min_config, Allocator::default(), 2000)?);
         }
     }
 
@@ -544,7 +544,7 @@ pub(crate) fn write_map(
     let op = ops.event_index.partition_point(|&e| e < event);
     let config = ArenaConfig::new(capacity).with_alignment_bytes(align);
     let snapshot = |n: usize, title: String| -> Res<MemoryMap> {
-        let arena = replay_prefix(ops, &config, Allocator::Compacting, n)?;
+        let arena = replay_prefix(ops, &config, Allocator::default(), n)?;
         Ok(MemoryMap {
             title,
             capacity_bytes: capacity,
