@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the `cuarena` wheel (maturin, `bin` bindings), installs it into a
-# fresh virtual environment and checks that the command installed there
-# gives the same answer as the one cargo builds, on shipped snapshots.
+# Builds the `cuarena` wheel (maturin, `bin` bindings, linked by zig against
+# glibc 2.17: a manylinux2014 wheel), installs it into a fresh virtual
+# environment and checks that the command installed there gives the same
+# answer as the one cargo builds, on shipped snapshots.
 #
 #   bash scripts/check-wheel.sh            # needs python3 with venv, and cargo
 set -euo pipefail
@@ -10,10 +11,18 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 python3 -m venv "$work/build"
-"$work/build/bin/pip" install --quiet "maturin>=1.5,<2"
-"$work/build/bin/maturin" build --quiet --out "$work/wheels"
+"$work/build/bin/pip" install --quiet "maturin[zig]>=1.5,<2"
+# maturin finds zig through the environment's python (`python -m ziglang`).
+PATH="$work/build/bin:$PATH" maturin build --release --zig --quiet --out "$work/wheels"
 wheel=$(ls "$work"/wheels/cuarena-*.whl)
 echo "built $(basename "$wheel")"
+case "$(basename "$wheel")" in
+*manylinux_2_17_*) ;;
+*)
+    echo "error: the wheel is not tagged manylinux_2_17 (glibc 2.17)" >&2
+    exit 1
+    ;;
+esac
 
 python3 -m venv "$work/user"
 "$work/user/bin/pip" install --quiet "$wheel"

@@ -8,133 +8,8 @@ use std::str::FromStr;
 use cuarena_trace::trace::{Allocator, FreePoint};
 use lexopt::prelude::*;
 
+use crate::help::{MAIN_HELP, REPLAY_HELP};
 use crate::{Failure, Res};
-
-pub(crate) const MAIN_HELP: &str = "\
-cuarena: a compacting GPU tensor arena, tried on your PyTorch program's allocations
-
-usage: cuarena COMMAND [options]
-
-commands:
-  replay TRACE       replay a PyTorch memory snapshot or CSV trace on a compacting
-                     arena and two non-compacting baselines: peak live bytes, the
-                     smallest capacity that completes (--find-min), bytes moved,
-                     SVG pictures; --gpu with real bytes on a CUDA GPU
-  help [COMMAND]     this text, or a command's
-
-options:
-  -h, --help         this text (`cuarena replay --help` for replay's options)
-  -V, --version      the version
-
-exit status:
-  0  done, or stdout was closed by its reader (`| head`): the output stops
-     there, quietly
-  1  the arena failed: it did not complete the trace at the capacity asked for,
-     or a check of the bytes on the GPU failed
-  2  bad command line
-  3  the trace cannot be read or parsed, or an output file or stdout cannot be
-     written
-  4  --gpu, and no usable CUDA GPU (or a build without the `cuda` feature)
-
-Record a trace in PyTorch (2.0 or later) around a few training steps:
-  torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-  ...  # the steps
-  torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")
-then:
-  cuarena replay snapshot.pickle --find-min --svg timeline.svg";
-
-pub(crate) const REPLAY_HELP: &str = "\
-cuarena replay: replay a PyTorch allocation trace on cuarena and two baselines
-
-usage: cuarena replay TRACE [options]
-
-  TRACE                      a torch.cuda.memory._dump_snapshot pickle (PyTorch 2.x),
-                             or a CSV with the header action,addr,size,stream,time_us;
-                             either may be gzipped
-
-The first lines answer the question: the peak live bytes (counting the tensors
-live before recording began, from the snapshot's `segments`); what PyTorch's
-caching allocator reserved at its peak, and its ratio to peak live (what
-caching and fragmentation cost); the capacity at which cuarena runs the trace;
-and for each `oom` event, what was asked, what PyTorch had allocated and
-reserved and the device had free, and whether an arena holding all of that
-memory would have served it (and where it would still fail, if it would).
-Then the details: the replays run on metadata-only arenas (placement and
-planning, no bytes, no GPU needed): cuarena's two policies (auto, the
-default, which never moves more bytes than naive; targeted), a naive
-compacting arena (full compaction on failure) and a non-moving best-fit
-allocator, all at the same capacity.
-
-options:
-  --capacity BYTES|RATIO     arena capacity: bytes (e.g. 15000000000, 14GiB, 512MiB)
-                             or a ratio of peak live bytes (e.g. 1.02 or 1.02x);
-                             default 1.0, with --gpu the smallest the metadata
-                             search finds; at most 2^60 bytes
-  --find-min                 also search for the smallest capacity that completes,
-                             for cuarena and for the non-moving baseline
-  --device N                 device of the trace to replay (default: first with events)
-  --align BYTES              arena alignment, a power of two up to 2^30 (default 256)
-  --free-at completed|first  free at free_completed (default) or at the first free event
-  --json                     print the verdict alone, as one JSON object (fields below)
-  --svg FILE                 write a timeline of the arena replay as SVG
-  --map FILE                 write memory maps before/after the largest compaction as SVG
-  --gpu                      replay on the GPU with real bytes, against a capped CUDA
-                             memory pool and cuMemAlloc (capacity default: the
-                             smallest the metadata search finds)
-  --gpu-ordinal N            CUDA device for --gpu (default 0)
-  --gpu-policy auto|targeted|naive
-                             the policy the GPU arena runs (default auto; naive
-                             times naive compact-on-failure's moves on the device)
-  --gpu-no-baselines         with --gpu, skip the CUDA pool and cuMemAlloc replays
-  --gpu-warmup N             passes over the trace before the timed one on the same
-                             arena, checked too (default 1)
-  --gpu-corrupt ID           self-test of the checks: overwrite block ID after its fill;
-                             the GPU replay must fail at its free (no baselines run)
-  --check-all                with --gpu, check every byte of every tensor at its free
-                             (default: moved tensors and every 8th in full, 64 KiB at
-                             each end of the others)
-  -h, --help                 this text
-
---json fields (bytes are integers; null where the trace does not say):
-  trace, format (pickle|csv), device, devices, events (kept), events_skipped
-  alignment_bytes            every size is rounded up to it
-  peak_live_bytes            peak of the bytes live at once, sizes rounded
-  peak_live_event            index of the (kept) event where it is first reached
-  live_before_recording_bytes, blocks_before_recording
-                             tensors live when recording began (from `segments`
-                             and from frees of blocks the trace never allocated)
-  frees_matched_before_recording
-                             frees in the trace matched against those blocks
-  live_at_end_bytes          live at the end of the replay; equals
-  segments_active_bytes      the bytes `segments` held active at the dump
-  pytorch_reserved_initial_bytes, pytorch_reserved_peak_bytes
-                             what the caching allocator reserved from the driver
-                             when recording began and at its peak
-  pytorch_reserved_complete  false when the trace has no `segments` (a CSV): the
-                             reserved figures then omit what was reserved before
-  pytorch_reserved_over_peak_live
-  arena_capacity_bytes, arena_capacity_over_peak_live
-                             the capacity at which cuarena completes the trace
-  oom_events                 number of `oom` events on the device
-  ooms                       the first 8, each: event, requested_bytes,
-                             allocated_bytes, reserved_bytes, device_free_bytes,
-                             arena_bytes (reserved + device free),
-                             arena_serves_request, arena_fails_at_event (null: it
-                             runs the rest of the trace)
-
-exit status:
-  0  done: cuarena completed the trace at the capacity replayed (with --find-min
-     and no --capacity: a smallest capacity was found); or stdout was closed by
-     its reader (`| head`): the command stops there, quietly
-  1  cuarena did not complete the trace at --capacity (default 1.0 x peak live),
-     or no capacity completes, or a check of the bytes on the GPU failed
-  2  bad command line (the message names the value)
-  3  the trace cannot be read or parsed (the message names the record and the
-     value), or an output file or stdout cannot be written
-  4  --gpu, and no usable CUDA GPU (or a build without the `cuda` feature)
-
-A progress line goes to stderr while the capacities are searched (when stderr
-is a terminal); the results go to stdout.";
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -177,9 +52,9 @@ pub(crate) struct ReplayArgs {
     pub(crate) align: u64,
     pub(crate) free_at: FreePoint,
     pub(crate) json: bool,
-    /// The allocator the GPU arena runs (`--gpu-policy`).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) gpu_policy: Allocator,
+    /// The arena's policy (`--policy`): the verdict's capacity, the
+    /// search, the pictures and the GPU replay run it.
+    pub(crate) policy: Allocator,
     /// `--gpu-no-baselines`: the CUDA pool and cuMemAlloc are not replayed.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) gpu_baselines: bool,
@@ -248,7 +123,7 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
         align: 256,
         free_at: FreePoint::Completed,
         json: false,
-        gpu_policy: Allocator::Bounded,
+        policy: Allocator::default(),
         gpu_baselines: true,
     };
     let mut gpu_only = None;
@@ -274,19 +149,13 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
                 a.gpu_warmup = value(p, "--gpu-warmup", "a number of passes")?;
                 gpu_only = Some("--gpu-warmup");
             }
-            Long("gpu-policy") => {
+            Long("policy") => {
                 let v = p.value().map_err(usage)?;
-                a.gpu_policy = match v.to_string_lossy().as_ref() {
-                    "bounded" => Allocator::Bounded,
-                    "auto" => Allocator::Auto,
-                    "naive" => Allocator::NaiveCompacting,
-                    other => {
-                        return Err(usage(format!(
-                            "--gpu-policy: `{other}` is none of bounded, auto, naive"
-                        )))
-                    }
-                };
-                gpu_only = Some("--gpu-policy");
+                let name = v.to_string_lossy();
+                a.policy = Allocator::from_name(name.trim()).ok_or_else(|| {
+                    let names: Vec<&str> = Allocator::ALL.iter().map(|a| a.name()).collect();
+                    usage(format!("--policy: `{name}` is none of {}", names.join(", ")))
+                })?;
             }
             Long("gpu-no-baselines") => {
                 a.gpu_baselines = false;
@@ -343,11 +212,11 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
             (a.svg.is_some(), "--svg"),
             (a.map.is_some(), "--map"),
             (a.capacity.is_some(), "--capacity"),
-            (a.find_min, "--find-min"),
         ];
         if let Some((_, o)) = clash.iter().find(|c| c.0) {
             return Err(usage(format!(
-                "--json prints the verdict alone; it does not go with {o}"
+                "--json prints the verdict alone (with --find-min, the smallest capacities \
+                 too); it does not go with {o}"
             )));
         }
     }
@@ -355,40 +224,67 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
     Ok(Command::Replay(a))
 }
 
-/// Parses `14GiB`, `512MiB`, `1000000` as bytes, `1.02` / `1.02x` as a ratio.
+/// The units `--capacity` takes, for its messages.
+const CAPACITY_UNITS: &str = "bytes (15000000000), with a unit (B, KB, MB, GB, TB: powers of \
+     1000; KiB, MiB, GiB, TiB or K, M, G, T: powers of 1024; e.g. 12GiB, 12GB, 11000MiB, 11.5GiB), \
+     or a ratio of peak live bytes (1.02 or 1.02x)";
+
+/// Parses `--capacity`: bytes with an optional unit, or a ratio of peak live
+/// bytes (`1.02`, `1.02x`).
 pub(crate) fn parse_capacity(s: &str) -> Res<Capacity> {
     let t = s.trim();
     if let Some(r) = t.strip_suffix(['x', 'X']) {
         return parse_ratio(r, s);
     }
-    if t.contains('.') {
-        return parse_ratio(t, s);
-    }
     let lower = t.to_ascii_lowercase();
-    let units: [(&str, u64); 8] = [
+    let units: [(&str, u64); 13] = [
         ("kib", 1 << 10),
         ("mib", 1 << 20),
         ("gib", 1 << 30),
         ("tib", 1 << 40),
+        ("kb", 1_000),
+        ("mb", 1_000_000),
+        ("gb", 1_000_000_000),
+        ("tb", 1_000_000_000_000),
         ("k", 1 << 10),
         ("m", 1 << 20),
         ("g", 1 << 30),
         ("t", 1 << 40),
+        ("b", 1),
     ];
-    let (digits, mult) = units
+    let unit = units
         .iter()
-        .find_map(|(u, m)| lower.strip_suffix(u).map(|d| (d, *m)))
-        .unwrap_or((lower.as_str(), 1));
-    let n: u64 = digits.trim().parse().map_err(|_| {
+        .find_map(|(u, m)| lower.strip_suffix(u).map(|d| (d.trim(), *m)));
+    let bad = || {
         usage(format!(
-            "--capacity: `{s}` is neither a byte count nor a ratio"
+            "--capacity: `{s}` is not a capacity: give {CAPACITY_UNITS}"
         ))
-    })?;
-    match n.checked_mul(mult) {
+    };
+    let bytes = match unit {
+        // A unit: whole or fractional numbers of it.
+        Some((digits, mult)) => {
+            if let Ok(n) = digits.parse::<u64>() {
+                n.checked_mul(mult)
+            } else {
+                match digits.parse::<f64>() {
+                    Ok(v) if v.is_finite() && v >= 0.0 && !digits.contains(['e', 'E']) => {
+                        let b = v * mult as f64;
+                        (b < MAX_CAPACITY as f64 * 2.0).then(|| b.ceil() as u64)
+                    }
+                    _ => return Err(bad()),
+                }
+            }
+        }
+        // No unit: a fraction is a ratio, a whole number bytes.
+        None if t.contains('.') => return parse_ratio(t, s),
+        None => Some(t.parse::<u64>().map_err(|_| bad())?),
+    };
+    match bytes {
         Some(0) => Err(usage(format!("--capacity: `{s}` is zero"))),
         Some(b) if b <= MAX_CAPACITY => Ok(Capacity::Bytes(b)),
         _ => Err(usage(format!(
-            "--capacity: `{s}` is past the largest capacity a replay takes ({MAX_CAPACITY} B)"
+            "--capacity: `{s}` is past the largest capacity a replay takes ({})",
+            crate::units::exact(MAX_CAPACITY)
         ))),
     }
 }
@@ -397,7 +293,8 @@ fn parse_ratio(r: &str, orig: &str) -> Res<Capacity> {
     match r.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v < 1e6 => Ok(Capacity::Ratio(v)),
         _ => Err(usage(format!(
-            "--capacity: `{orig}` is not a positive ratio (e.g. 1.02)"
+            "--capacity: `{orig}` is not a positive ratio (e.g. 1.02); a capacity is \
+             {CAPACITY_UNITS}"
         ))),
     }
 }
@@ -423,9 +320,37 @@ mod tests {
         assert_eq!(parse_capacity("1000").ok(), Some(Capacity::Bytes(1000)));
         assert_eq!(parse_capacity("1.02").ok(), Some(Capacity::Ratio(1.02)));
         assert_eq!(parse_capacity("2x").ok(), Some(Capacity::Ratio(2.0)));
-        for bad in ["", "0", "-1", "1.0.0", "twelve", "0x", "99999999999999T"] {
+        assert_eq!(
+            parse_capacity("12GB").ok(),
+            Some(Capacity::Bytes(12_000_000_000))
+        );
+        assert_eq!(
+            parse_capacity("11000MiB").ok(),
+            Some(Capacity::Bytes(11000 << 20))
+        );
+        assert_eq!(
+            parse_capacity("11.5 GiB").ok(),
+            Some(Capacity::Bytes(23 << 29))
+        );
+        assert_eq!(parse_capacity("4096B").ok(), Some(Capacity::Bytes(4096)));
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "1.0.0",
+            "twelve",
+            "0x",
+            "99999999999999T",
+            "12PB",
+            "1e3GiB",
+            "-2GiB",
+        ] {
             assert!(parse_capacity(bad).is_err(), "{bad}");
         }
+        let Err(e) = parse_capacity("12 gigs") else {
+            panic!("parsed")
+        };
+        assert!(e.to_string().contains("KiB, MiB, GiB"), "{e}");
     }
 
     #[test]

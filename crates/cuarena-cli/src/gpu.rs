@@ -41,8 +41,8 @@ mod imp {
             )));
         }
         let loaded = load(args)?;
-        let verdict = crate::verdict::compute(&loaded, args.align)?;
-        crate::verdict::print(&loaded, &verdict)?;
+        let verdict = crate::verdict::compute(&loaded, args.align, args.policy)?;
+        crate::screen::print(&loaded, &verdict, args.align)?;
         print_details(&loaded, args)?;
         let Loaded {
             trace,
@@ -80,7 +80,7 @@ mod imp {
             &ops,
             &config,
             &ReplayOptions::default()
-                .with_allocator(args.gpu_policy)
+                .with_allocator(args.policy)
                 .with_timeline_points(2000),
         )?;
 
@@ -95,8 +95,8 @@ mod imp {
             })
             .with_warmup_passes(args.gpu_warmup)
             .with_corrupt_block(args.gpu_corrupt)
-            .with_allocator(args.gpu_policy);
-        outln!("  GPU arena policy: {}", args.gpu_policy.label())?;
+            .with_allocator(args.policy);
+        outln!("  GPU arena policy: {}", args.policy.label())?;
         let gpu = replay_gpu(&ops, &config, &options);
         let mut rows = Vec::new();
         match &gpu {
@@ -271,7 +271,7 @@ mod imp {
                     write_file(path, &timeline_svg(&timeline))?;
                 }
                 if let Some(path) = &args.map {
-                    write_map(path, &ops, align, capacity, &timeline)?;
+                    write_map(path, &ops, align, capacity, args.policy, &timeline)?;
                 }
             }
         }

@@ -21,9 +21,14 @@ mod args;
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_table;
-mod json;
+mod help;
+mod model;
+mod oom;
 mod progress;
 mod replay;
+mod report;
+mod screen;
+mod units;
 mod verdict;
 
 use std::fmt;
@@ -83,6 +88,19 @@ impl From<ToolError> for Failure {
                 record: 0,
                 message,
             } => Failure::Io(format!("trace {path}: {message}")),
+            // Byte counts in the units the screen uses, the exact count beside.
+            ToolError::Limit {
+                path,
+                what,
+                name,
+                asked,
+                limit,
+            } if what.ends_with("in bytes") => Failure::Io(format!(
+                "trace {path}: {} reached {}, past the limit {name} = {}",
+                what.trim_end_matches(", in bytes"),
+                units::exact(asked),
+                units::exact(limit)
+            )),
             // A program the trace made that cannot run is the trace's fault.
             ToolError::Trace { .. }
             | ToolError::Limit { .. }

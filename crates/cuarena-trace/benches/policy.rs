@@ -88,7 +88,7 @@ fn main() {
         let Some(&device) = t.devices().first() else {
             continue;
         };
-        let ops = t.ops(device);
+        let ops = t.ops(device).unwrap();
         let peak = ops.peak_live_rounded(ALIGN);
         for r in RATIOS {
             let cap = ((peak as f64 * r).ceil() as u64).div_ceil(ALIGN) * ALIGN;

@@ -118,7 +118,7 @@ fn main() {
         let t0 = Instant::now();
         let t = Trace::read(&path).unwrap();
         let read = t0.elapsed();
-        let ops = t.ops(0);
+        let ops = t.ops(0).unwrap();
         let program = t0.elapsed() - read;
         let cap = ops.peak_live_rounded(256);
         let config = ArenaConfig::new(cap).with_alignment_bytes(256);

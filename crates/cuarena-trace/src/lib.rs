@@ -5,7 +5,11 @@
 //!   memory, turned into alloc/free programs and replayed on a metadata-only
 //!   arena against non-moving baselines.
 //! - [`viz`]: SVG timelines and memory maps.
+//! - [`bestfit`]: an exact best-fit allocator in one region, the
+//!   non-moving reference beside the arena.
 //! - [`fragment`]: fragmentation shapes that stress the compaction policy.
+//! - [`pytorch`]: a model of PyTorch's CUDA caching allocator, to replay a
+//!   trace under other `PYTORCH_CUDA_ALLOC_CONF` settings.
 //! - `gpu` (feature `cuda`, on by default): the real-bytes replay on a CUDA
 //!   GPU, its pattern kernels, and the `cuMemAlloc` / CUDA memory-pool
 //!   baselines.
@@ -34,11 +38,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod bestfit;
 mod error;
 pub mod fragment;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod gpu;
+pub mod pytorch;
 pub mod trace;
 pub mod viz;
 

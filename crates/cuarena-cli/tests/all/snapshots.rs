@@ -27,7 +27,7 @@ fn shipped_snapshots() -> Vec<PathBuf> {
     v
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
@@ -36,7 +36,7 @@ fn every_shipped_snapshot_ends_with_what_segments_hold() {
     for p in shipped_snapshots() {
         let t = Trace::read(&p).unwrap();
         for device in t.devices() {
-            let ops = t.ops(device);
+            let ops = t.ops(device).unwrap();
             let active = t.active_at_dump(device).expect("snapshots have segments");
             // The invariant: what the replay leaves live is what PyTorch
             // said was active at the dump (allocated, or pending free).
@@ -49,7 +49,7 @@ fn every_shipped_snapshot_ends_with_what_segments_hold() {
             // Peak live counts the tensors live before recording.
             assert!(ops.peak_live_bytes >= ops.initial_bytes, "{}", p.display());
             assert!(ops.peak_live_bytes >= active.allocated, "{}", p.display());
-            let first = t.ops_with(device, FreePoint::FirstFree);
+            let first = t.ops_with(device, FreePoint::FirstFree).unwrap();
             assert_eq!(first.live_bytes_at_end, active.allocated, "{}", p.display());
             // Reserved at the start is what the segments hold less what
             // the segment events added.
@@ -59,63 +59,94 @@ fn every_shipped_snapshot_ends_with_what_segments_hold() {
     }
 }
 
+/// `cuarena replay PATH --json`, parsed.
+pub(crate) fn json(args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["replay"];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let o = cuarena(&a);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+pub(crate) fn u(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"))
+}
+
 #[test]
 fn every_shipped_trace_prints_the_verdict_first() {
     let mut all: Vec<PathBuf> = shipped_snapshots();
     all.push(data().join("resnet50_varbatch.csv.gz"));
     for p in all {
         let path = p.to_string_lossy().into_owned();
+        let t = Trace::read(&p).unwrap();
+        let j = json(&[&path]);
+        check_json(&j, &t, &path);
+        // The screen on the small ones (the large ones take seconds each).
+        if std::fs::metadata(&p).unwrap().len() > 300 << 10 {
+            continue;
+        }
         let o = cuarena(&["replay", &path]);
         let out = text(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
         let lines: Vec<&str> = out.lines().collect();
+        let n = t.devices().len();
+        // The file, the devices' table (a header and a line each), then the
+        // replayed device's three capacities.
         assert!(lines[0].starts_with("cuarena replay: "), "{out}");
-        assert!(lines[1].trim_start().starts_with("peak live"), "{out}");
+        assert!(lines[1].trim_start().starts_with("device"), "{out}");
+        assert!(lines[2 + n].starts_with("device "), "{out}");
+        let v = &lines[3 + n..];
+        assert!(v[0].trim_start().starts_with("peak live"), "{out}");
+        assert!(v[1].trim_start().starts_with("PyTorch reserved"), "{out}");
         assert!(
-            lines[2].trim_start().starts_with("PyTorch reserved"),
+            v[2].trim_start().starts_with("best fit, one region"),
             "{out}"
         );
-        assert!(lines[3].contains("cuarena runs it in"), "{out}");
-        assert!(lines[3].contains("x peak live"), "{out}");
+        assert!(
+            v[3].trim_start().starts_with("cuarena, compacting"),
+            "{out}"
+        );
+        assert!(v[3].contains("x peak live"), "{out}");
+    }
+}
 
-        // The same verdict as JSON, and consistent with the library.
-        let o = cuarena(&["replay", &path, "--json"]);
-        assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o.stderr));
-        let json = text(&o.stdout);
-        assert_eq!(json.lines().count(), 1, "{json}");
-        let t = Trace::read(&p).unwrap();
-        let ops = t.ops(t.devices()[0]);
-        let num = |k: &str| -> u64 {
-            let rest = json
-                .split(&format!("\"{k}\":"))
-                .nth(1)
-                .unwrap_or_else(|| panic!("{k}: {json}"));
-            let end = rest.find([',', '}']).unwrap();
-            rest[..end]
-                .parse()
-                .unwrap_or_else(|_| panic!("{k}: {json}"))
-        };
-        assert_eq!(num("peak_live_bytes"), ops.peak_live_rounded(256), "{path}");
-        assert_eq!(num("live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
+/// The JSON verdict, consistent with the library.
+fn check_json(j: &serde_json::Value, t: &Trace, path: &str) {
+    {
+        // One device's program: the one replayed.
+        let ops = t.ops(u(j, "device") as u32).unwrap();
         assert_eq!(
-            num("live_before_recording_bytes"),
+            u(j, "peak_live_bytes"),
+            ops.peak_live_rounded(256),
+            "{path}"
+        );
+        assert_eq!(u(j, "live_at_end_bytes"), ops.live_bytes_at_end, "{path}");
+        assert_eq!(
+            u(j, "live_before_recording_bytes"),
             ops.initial_bytes,
             "{path}"
         );
         if let Some(a) = t.active_at_dump(ops.device) {
-            assert_eq!(num("segments_active_bytes"), a.allocated + a.pending_free);
-            assert!(num("pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
+            assert_eq!(u(j, "segments_active_bytes"), a.allocated + a.pending_free);
+            assert!(u(j, "pytorch_reserved_peak_bytes") >= a.reserved, "{path}");
         }
-        assert!(
-            num("arena_capacity_bytes") >= num("peak_live_bytes"),
-            "{path}"
-        );
+        // No allocator needs less than peak live.
+        let peak = u(j, "peak_live_bytes");
+        assert!(u(j, "arena_capacity_bytes") >= peak, "{path}");
+        assert!(u(j, "best_fit_capacity_bytes") >= peak, "{path}");
+        let n = t.devices().len();
+        assert_eq!(j["devices_summary"].as_array().unwrap().len(), n, "{path}");
+        // The model's first run is under the recorded settings.
+        assert_eq!(j["pytorch_sim"][0]["from_recorded_state"], true, "{path}");
     }
 }
 
 // ---- hand-made snapshots -------------------------------------------------
 
-fn ev(action: &str, addr: i64, size: i64) -> Value {
+pub(crate) fn ev(action: &str, addr: i64, size: i64) -> Value {
     dict(vec![
         ("action", Value::String(action.into())),
         ("addr", Value::I64(addr)),
@@ -128,7 +159,7 @@ fn ev(action: &str, addr: i64, size: i64) -> Value {
 
 /// A block in PyTorch 2.1+'s layout, or 2.0's (no address, no requested
 /// size, a `history`).
-fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
+pub(crate) fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
     if v20 {
         dict(vec![
             ("size", Value::I64(size)),
@@ -149,7 +180,7 @@ fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
     }
 }
 
-fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
+pub(crate) fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
     dict(vec![
         ("device", Value::I64(device)),
         ("address", Value::I64(addr)),
@@ -161,7 +192,7 @@ fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
     ])
 }
 
-fn snapshot(devices: Vec<Vec<Value>>, segments: Vec<Value>) -> Vec<u8> {
+pub(crate) fn snapshot(devices: Vec<Vec<Value>>, segments: Vec<Value>) -> Vec<u8> {
     let top = dict(vec![
         ("segments", Value::List(segments)),
         (
@@ -232,7 +263,7 @@ fn a_session_with_an_oom_reads_and_counts_what_was_live_before() {
         assert_eq!((t.counts.snapshot, t.counts.unknown.len()), (1, 1));
         let oom = t.events.iter().find(|e| e.action == Action::Oom).unwrap();
         assert_eq!((oom.addr, oom.size), (1 << 20, 3 << 20));
-        let ops = t.ops(0);
+        let ops = t.ops(0).unwrap();
         // The weights (from `segments`) and the 512 KiB freed in the trace.
         assert_eq!(ops.initial_blocks, 2, "v20 {v20}");
         assert_eq!(ops.initial_bytes, (1 << 20) + (1 << 19));
@@ -246,7 +277,7 @@ fn a_session_with_an_oom_reads_and_counts_what_was_live_before() {
     }
 }
 
-fn temp(name: &str, bytes: &[u8]) -> String {
+pub(crate) fn temp(name: &str, bytes: &[u8]) -> String {
     let dir = std::env::temp_dir().join(format!("cuarena-snapshots-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
@@ -260,39 +291,62 @@ fn the_verdict_answers_an_oom() {
     let o = cuarena(&["replay", &p]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
-    // Peak live: 1 MiB of weights, 512 KiB freed later, 1 MiB, then 1 MiB.
+    let find = |needle: &str| {
+        out.lines()
+            .position(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no `{needle}`: {out}"))
+    };
     let line = |i: usize| out.lines().nth(i).unwrap_or_default().to_owned();
+    // Peak live: 1 MiB of weights, 512 KiB freed later, 1 MiB, then 1 MiB.
+    let peak = find("  peak live");
     assert!(
-        line(1).contains("3.00 MiB  at event 5, counting 1.50 MiB live before recording"),
+        line(peak).contains("3.00 MiB  at event 5, counting 1.50 MiB live before recording"),
         "{out}"
     );
-    assert!(line(2).contains("6.00 MiB  = 2.000 x peak live"), "{out}");
-    assert!(line(3).contains("3.00 MiB  = 1.0000 x peak live"), "{out}");
-    assert!(line(4).contains("oom at event 4: asked 3.00 MiB, with 2.00 MiB allocated, 6.00 MiB reserved by PyTorch and 1.00 MiB free"), "{out}");
-    // 7 MiB hold the 2 MiB live and the 3 MiB asked for.
     assert!(
-        line(5).contains("an arena of all that memory (7.00 MiB) serves it and runs the rest"),
+        line(peak + 1).contains("6.00 MiB = 2.0000 x peak live"),
         "{out}"
     );
-    // 10 MiB asked with nothing free: no arena of 6 MiB serves it.
-    assert!(line(6).contains("oom at event 8: asked 10.00 MiB"), "{out}");
     assert!(
-        line(7).contains("(6.00 MiB) would not serve it either"),
+        line(peak + 3).contains("3.00 MiB = 1.0000 x peak live"),
+        "{out}"
+    );
+    // 2 MiB live and 3 MiB asked: 5 MiB at once, within the 6 MiB reserved.
+    let first = find("  oom at event 4");
+    assert!(
+        line(first).contains("asked 3.00 MiB, 2.00 MiB live: 5.00 MiB needed at once"),
+        "{out}"
+    );
+    assert!(
+        line(first + 1).contains("6.00 MiB reserved; the device had 1.00 MiB free"),
+        "{out}"
+    );
+    assert!(
+        line(first + 2)
+            .contains("an arena of PyTorch's reserved (6.00 MiB) serves it and the rest"),
+        "{out}"
+    );
+    // 10 MiB asked: 12 MiB at once, more than the 6 MiB reserved.
+    let second = find("  oom at event 8");
+    assert!(line(second).contains("12.00 MiB needed at once"), "{out}");
+    assert!(
+        line(second + 2).contains("(6.00 MiB) would not serve it: it needs 12.00 MiB"),
         "{out}"
     );
     assert!(out.contains("skipped: 1 snapshot, 1 `mystery`"), "{out}");
-    let o = cuarena(&["replay", &p, "--json"]);
-    let json = text(&o.stdout);
-    assert!(json.contains("\"oom_events\":2"), "{json}");
-    assert!(
-        json.contains("\"arena_serves_request\":false,\"arena_fails_at_event\":8"),
-        "{json}"
-    );
-    assert!(
-        json.contains("\"arena_serves_request\":true,\"arena_fails_at_event\":null"),
-        "{json}"
-    );
-    assert!(json.contains("\"device_free_bytes\":1048576"), "{json}");
+    assert!(out.contains("; 1 free matched against them"), "{out}");
+    let j = json(&[&p]);
+    assert_eq!(j["oom_events"], 2);
+    let (a, b) = (&j["ooms"][0], &j["ooms"][1]);
+    assert_eq!(a["served_by_arena_of_reserved"], true, "{a}");
+    assert_eq!(a["live_plus_request_bytes"], 5 << 20, "{a}");
+    assert_eq!(a["device_free_bytes"], 1 << 20, "{a}");
+    assert_eq!(a["device_arena_bytes"], 7 << 20, "{a}");
+    assert_eq!(a["process_capped"], false, "{a}");
+    assert_eq!(b["served_by_arena_of_reserved"], false, "{b}");
+    assert_eq!(b["arena_of_reserved_fails_at_event"], 8, "{b}");
+    assert_eq!(b["needed_bytes"], 12 << 20, "{b}");
+    assert_eq!(b["device_free_bytes"], serde_json::Value::Null, "{b}");
 }
 
 #[test]
@@ -372,136 +426,6 @@ fn bad_values_exit_with_their_own_codes() {
             text(&o.stderr)
         );
     }
-}
-
-// ---- the recorded fixtures, against the facts Python computed ------------
-
-/// The facts recorded beside `snap_NAME.pickle.gz`.
-fn facts(name: &str) -> serde_json::Value {
-    let p = data().join(format!("{name}.json"));
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-}
-
-fn fixture(name: &str) -> Trace {
-    Trace::read(&data().join(format!("{name}.pickle.gz"))).unwrap()
-}
-
-#[test]
-fn recorded_fixtures_read_as_python_reads_them() {
-    for name in [
-        "snap_after_load",
-        "snap_ring_buffer",
-        "snap_oom_caught",
-        "snap_expandable",
-        "snap_two_devices",
-    ] {
-        let t = fixture(name);
-        let f = facts(name);
-        let devices = f["devices"].as_object().unwrap();
-        assert_eq!(t.devices().len(), devices.len(), "{name}");
-        for (d, df) in devices {
-            let device: u32 = d.parse().unwrap();
-            // Every event of every action, per device.
-            for (action, n) in df["events"].as_object().unwrap() {
-                let a = Action::parse(action).unwrap_or_else(|| panic!("{name}: {action}"));
-                let got = t
-                    .events
-                    .iter()
-                    .filter(|e| e.device == device && e.action == a)
-                    .count() as u64;
-                assert_eq!(got, n.as_u64().unwrap(), "{name} device {d} {action}");
-            }
-            let active = t.active_at_dump(device).unwrap();
-            let num = |k: &str| df[k].as_u64().unwrap();
-            assert_eq!(active.allocated, num("active_allocated_size"), "{name}");
-            assert_eq!(
-                active.requested,
-                num("active_allocated_requested_size"),
-                "{name}"
-            );
-            assert_eq!(
-                active.allocated_blocks,
-                num("active_allocated_blocks"),
-                "{name}"
-            );
-            assert_eq!(active.reserved, num("segments_total_size"), "{name}");
-            // The program ends with what PyTorch had allocated at the dump,
-            // and its peak is at least that.
-            let ops = t.ops(device);
-            assert_eq!(ops.live_bytes_at_end, active.allocated, "{name}");
-            assert!(ops.peak_live_rounded(256) >= active.allocated, "{name}");
-            let r = t.reserved(device);
-            assert_eq!(r.at_dump, Some(num("segments_total_size")), "{name}");
-        }
-    }
-}
-
-#[test]
-fn recorded_after_load_and_ring_buffer_count_what_was_live_before() {
-    for name in ["snap_after_load", "snap_ring_buffer"] {
-        let t = fixture(name);
-        let ops = t.ops(0);
-        let f = facts(name);
-        // Weights and optimizer state were live before recording (115
-        // blocks at the dump, of which the trace allocated none): the
-        // program holds them from its start.
-        assert!(ops.initial_from_segments > 0, "{name}");
-        assert!(ops.initial_frees > 0, "{name}");
-        assert_eq!(
-            ops.initial_frees,
-            ops.initial_blocks - ops.initial_from_segments
-        );
-        // PyTorch's own peak counts them too: ours is within the rounding
-        // of its block sizes, where the program dropped them before.
-        let torch_peak = f["peak_allocated"].as_u64().unwrap();
-        let peak = ops.peak_live_rounded(512);
-        assert!(
-            peak as f64 >= 0.95 * torch_peak as f64,
-            "{name}: {peak} vs {torch_peak}"
-        );
-        assert!(peak > ops.initial_bytes, "{name}");
-    }
-}
-
-#[test]
-fn recorded_oom_session_gets_its_verdict() {
-    let p = data().join("snap_oom_caught.pickle.gz");
-    let o = cuarena(&["replay", &p.to_string_lossy(), "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["oom_events"], 2);
-    let ooms = v["ooms"].as_array().unwrap();
-    assert_eq!(ooms.len(), 2);
-    for o in ooms {
-        // The 1.40 GiB and the 3 GiB requests, with the device's free bytes.
-        assert!(o["requested_bytes"].as_u64().unwrap() >= 1_400 << 20, "{o}");
-        assert!(o["device_free_bytes"].as_u64().unwrap() > 0, "{o}");
-        assert_eq!(
-            o["arena_bytes"].as_u64().unwrap(),
-            (o["reserved_bytes"].as_u64().unwrap() + o["device_free_bytes"].as_u64().unwrap())
-                / 256
-                * 256
-        );
-    }
-    let f = facts("snap_oom_caught");
-    assert!(
-        v["peak_live_bytes"].as_u64().unwrap() as f64
-            >= 0.95 * f["peak_allocated"].as_f64().unwrap()
-    );
-    assert_eq!(v["pytorch_reserved_peak_bytes"], f["peak_reserved"]);
-}
-
-#[test]
-fn recorded_expandable_segments_follow_map_and_unmap() {
-    let t = fixture("snap_expandable");
-    let f = facts("snap_expandable");
-    let segs = t.segments.as_ref().unwrap();
-    assert!(segs.iter().all(|s| s.expandable));
-    let r = t.reserved(0);
-    // Nothing was reserved before recording: the expandable segments grew
-    // from empty, and the peak is PyTorch's.
-    assert_eq!(r.initial, Some(0));
-    assert_eq!(r.peak, f["peak_reserved"].as_u64().unwrap());
 }
 
 /// A snapshot whose pending-free and allocated blocks sum past 2^64: the

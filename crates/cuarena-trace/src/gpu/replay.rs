@@ -488,7 +488,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/resnet50_varbatch_h100.pickle.gz");
         let trace = crate::trace::Trace::read(&path).unwrap();
-        let ops = trace.ops(0);
+        let ops = trace.ops(0).unwrap();
         let cap = crate::trace::find_min_capacity(&ops, 256)
             .unwrap()
             .capacity_bytes;

@@ -33,6 +33,20 @@ pub(super) fn out_of_memory(source: &str, what: &'static str, asked: u64) -> Too
     }
 }
 
+/// Counts the bytes read through it (a CSV's decompressed size).
+pub(super) struct Counting<R> {
+    pub(super) inner: R,
+    pub(super) bytes: u64,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
 /// Counts the bytes read through it (the compressed side of gzip).
 struct Counted<R> {
     inner: R,

@@ -56,7 +56,7 @@
 //!   [`limits::MEMORY_BASE_BYTES`] (64 MiB);
 //! - an event is [`EVENT_BYTES`] (40) bytes, and the events vector grows by
 //!   an eighth at a time; a dict keeps each key a trace reads once (a key
-//!   set again replaces its value), so a lookup scans at most 15 keys;
+//!   set again replaces its value), so a lookup scans at most 38 keys;
 //! - an event list, a segment or a block that is the same object as an
 //!   earlier one is an error (PyTorch writes each once).
 //!
@@ -67,12 +67,28 @@
 //! the events) + **48 × B** for the `B` blocks of `segments` (each block
 //! must be a dict of its own, so `B` is at most `D / 3`). `E` is at most
 //! `D / 8` for a CSV (the shortest line that is kept is 8 bytes).
+//!
+//! # Bounded stages after reading
+//!
+//! A few bytes of input can stand for many events (a pickle's memo shares
+//! one event dict among millions), so what is built from the events is
+//! bounded too: the alloc/free program ([`Trace::ops`]), the model of
+//! PyTorch's allocator ([`crate::pytorch`]) and the best-fit replay
+//! ([`crate::bestfit`]) each charge what they build against
+//! [`Trace::memory_budget`], the reader's own budget (16 × `D` + 64 MiB),
+//! and grow their vectors with fallible reservations. Going past it is a
+//! [`ToolError::Limit`] named `MEMORY_PER_INPUT_BYTE × input bytes +
+//! MEMORY_BASE_BYTES`; a failed allocation is a [`ToolError::OutOfMemory`].
+//! A program is refused before any work when its allocs alone (40 bytes
+//! each, at least) would pass the budget.
 
+mod budget;
 mod counts;
 mod csv;
 mod input;
 pub mod limits;
-mod ops;
+pub(crate) mod ops;
+pub(crate) mod pairing;
 mod pickle;
 pub mod replay;
 mod segments;
@@ -82,8 +98,10 @@ mod tests;
 use std::io::Read;
 use std::path::Path;
 
+use crate::pytorch::AllocatorSettings;
 use crate::{Result, ToolError};
 
+pub use budget::MemoryBudget;
 pub use counts::ActionCounts;
 #[cfg(feature = "cuda")]
 pub(crate) use ops::round_up;
@@ -230,6 +248,13 @@ pub struct Trace {
     /// done: a dict the file shares through its memo is decoded once); 0 for
     /// a CSV.
     pub decoded_event_dicts: u64,
+    /// The allocator settings the snapshot recorded (`allocator_settings`,
+    /// PyTorch 2.1 and later); `None` for a CSV or an older snapshot.
+    pub allocator_settings: Option<AllocatorSettings>,
+    /// Bytes of the trace once decompressed: the stages after reading (the
+    /// program, the allocator models, the replays) are each bounded by
+    /// [`limits::MEMORY_PER_INPUT_BYTE`] × these + [`limits::MEMORY_BASE_BYTES`].
+    pub input_bytes: u64,
 }
 
 /// gzip's magic bytes.
@@ -273,7 +298,11 @@ impl Trace {
     /// names it in errors, whose `record` is the 1-based line.
     pub fn from_csv_reader<R: Read>(reader: R, source: &str) -> Result<Trace> {
         let mut counts = ActionCounts::default();
-        let events = csv::parse(std::io::BufReader::new(reader), source, &mut counts)?;
+        let mut counted = input::Counting {
+            inner: reader,
+            bytes: 0,
+        };
+        let events = csv::parse(std::io::BufReader::new(&mut counted), source, &mut counts)?;
         Ok(Trace {
             source: source.to_owned(),
             format: TraceFormat::Csv,
@@ -281,6 +310,8 @@ impl Trace {
             segments: None,
             counts,
             decoded_event_dicts: 0,
+            allocator_settings: None,
+            input_bytes: counted.bytes,
         })
     }
 
@@ -297,6 +328,8 @@ impl Trace {
             segments: p.segments,
             counts,
             decoded_event_dicts: p.decoded_event_dicts,
+            allocator_settings: p.allocator_settings,
+            input_bytes: bytes.len() as u64,
         })
     }
 
@@ -321,13 +354,31 @@ impl Trace {
     /// Blocks live at the dump take the size `segments` gives them (the
     /// caching allocator's block, at least the size asked for), so the bytes
     /// live at the end of the program are the bytes active in `segments`.
-    pub fn ops(&self, device: u32) -> Ops {
+    ///
+    /// The program's memory is bounded by [`Trace::memory_budget`]: a trace
+    /// whose program would need more is a [`ToolError::Limit`] that names
+    /// the budget, and a failed allocation a [`ToolError::OutOfMemory`].
+    pub fn ops(&self, device: u32) -> Result<Ops> {
         self.ops_with(device, FreePoint::Completed)
     }
 
     /// The alloc/free program of `device`, frees placed at `free_point`.
-    pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Ops {
-        ops::build(&self.events, self.segments.as_deref(), device, free_point)
+    pub fn ops_with(&self, device: u32, free_point: FreePoint) -> Result<Ops> {
+        let mut budget = self.memory_budget();
+        ops::build(
+            &self.events,
+            self.segments.as_deref(),
+            device,
+            free_point,
+            &mut budget,
+        )
+    }
+
+    /// The memory budget of each stage after reading on this trace:
+    /// [`limits::MEMORY_PER_INPUT_BYTE`] × [`Trace::input_bytes`] +
+    /// [`limits::MEMORY_BASE_BYTES`], the reader's own, nothing charged yet.
+    pub fn memory_budget(&self) -> MemoryBudget {
+        MemoryBudget::for_input(self.input_bytes, &self.source)
     }
 
     /// Bytes the blocks of `device` in `segments` held at the dump (`None`

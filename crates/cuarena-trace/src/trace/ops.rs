@@ -10,7 +10,13 @@
 
 use std::collections::HashMap;
 
-use super::{Action, BlockState, Segment, TraceEvent};
+use super::pairing::{initial_blocks, insert, pair, Initial};
+use super::MemoryBudget;
+use super::{Action, Segment, TraceEvent};
+use crate::Result;
+
+/// What the budget calls the program's memory.
+pub(super) const WHAT: &str = "memory for the alloc/free program, in bytes";
 
 /// Where a program frees a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -135,8 +141,8 @@ impl Ops {
 
     /// Recomputes the summary from the ops and sizes: each alloc takes its
     /// block's size, then peak, totals and what is live at the end.
-    pub(crate) fn finish(&mut self) {
-        let mut live_flag = vec![false; self.sizes.len()];
+    pub(crate) fn finish(&mut self, budget: &mut MemoryBudget) -> Result<()> {
+        let mut live_flag = budget.vec_of(self.sizes.len(), false, WHAT)?;
         let mut live: u64 = 0;
         self.peak_live_bytes = 0;
         self.peak_op = 0;
@@ -167,6 +173,25 @@ impl Ops {
         }
         self.live_at_end = live_flag.iter().filter(|&&f| f).count() as u64;
         self.live_bytes_at_end = live;
+        Ok(())
+    }
+
+    /// Appends one op made from event `event` (at `time_us`), with room
+    /// reserved in the three parallel arrays first.
+    pub(super) fn push(
+        &mut self,
+        op: Op,
+        event: u64,
+        time_us: i64,
+        budget: &mut MemoryBudget,
+    ) -> Result<()> {
+        budget.reserve(&mut self.ops, 1, WHAT)?;
+        budget.reserve(&mut self.event_index, 1, WHAT)?;
+        budget.reserve(&mut self.time_us, 1, WHAT)?;
+        self.ops.push(op);
+        self.event_index.push(event);
+        self.time_us.push(time_us);
+        Ok(())
     }
 
     /// Builds a program from explicit ops (synthetic workloads, tests).
@@ -227,220 +252,33 @@ pub(crate) fn round_up(size: u64, align: u64) -> u64 {
     }
 }
 
-/// What the builder knows about one address.
-#[derive(Clone, Copy, Default)]
-struct AddrState {
-    /// Id of the live block at this address.
-    live: Option<u32>,
-    /// The block here was freed at a `free_requested`; the matching
-    /// `free_completed` is still to come and must be ignored.
-    awaiting_completed: bool,
-}
-
-/// What follows a `free_requested` on its address.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Next {
-    /// A `free_completed`: that one frees the block.
-    Completed,
-    /// An `alloc` (the completion was not recorded) or nothing at all.
-    Alloc,
-    /// Nothing: the free was still pending at the dump.
-    End,
-}
-
-/// For each `free_requested` event (by index) on `device`: what comes next
-/// on its address. One backward pass.
-fn next_on_addr(events: &[TraceEvent], device: u32) -> Vec<Next> {
-    let mut out = vec![Next::End; events.len()];
-    let mut seen: HashMap<u64, Next> = HashMap::new();
-    for (i, e) in events.iter().enumerate().rev() {
-        if e.device != device {
-            continue;
-        }
-        match e.action {
-            Action::FreeCompleted => {
-                seen.insert(e.addr, Next::Completed);
-            }
-            Action::Alloc => {
-                seen.insert(e.addr, Next::Alloc);
-            }
-            Action::FreeRequested => {
-                out[i] = seen.get(&e.addr).copied().unwrap_or(Next::End);
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-/// One pass of pairing over the events.
-struct Pass {
-    ops: Ops,
-    /// Frees of addresses with no live block: `(addr, size, event)`, once
-    /// per block.
-    unmatched: Vec<(u64, u64, u64)>,
-    /// Address -> id of the blocks live at the end.
-    live: HashMap<u64, u32>,
-}
-
-/// Pairs allocs with frees; `seeds` maps the index of a free event that
-/// finds no live block to the block live before recording it frees (its
-/// alloc already in `base`).
-fn pair(
-    events: &[TraceEvent],
-    device: u32,
-    free_point: FreePoint,
-    base: Ops,
-    seeds: &HashMap<u64, u32>,
-) -> Pass {
-    let mut out = base;
-    let next = match free_point {
-        FreePoint::Completed => next_on_addr(events, device),
-        FreePoint::FirstFree => Vec::new(),
-    };
-    // A trace with no completions at all (an old or hand-made one) frees
-    // at the request; otherwise a request still pending at the end keeps
-    // its block live to the end, as the memory was not reusable yet.
-    let completes = events
-        .iter()
-        .any(|e| e.device == device && e.action == Action::FreeCompleted);
-    let mut addrs: HashMap<u64, AddrState> = HashMap::new();
-    let mut unmatched = Vec::new();
-
-    for (i, e) in events.iter().enumerate() {
-        if e.device != device {
-            continue;
-        }
-        let free = |out: &mut Ops, id: u32| {
-            out.ops.push(Op::Free { id });
-            out.event_index.push(i as u64);
-            out.time_us.push(e.time_us);
-        };
-        match e.action {
-            Action::Alloc => {
-                let Ok(id) = u32::try_from(out.sizes.len()) else {
-                    out.truncated_at_event = Some(i as u64);
-                    break;
-                };
-                let st = addrs.entry(e.addr).or_default();
-                if let Some(prev) = st.live.take() {
-                    out.implicit_frees += 1;
-                    free(&mut out, prev);
-                }
-                *st = AddrState {
-                    live: Some(id),
-                    awaiting_completed: false,
-                };
-                out.sizes.push(e.size);
-                out.allocs += 1;
-                out.ops.push(Op::Alloc { id, size: e.size });
-                out.event_index.push(i as u64);
-                out.time_us.push(e.time_us);
-            }
-            Action::FreeRequested => {
-                match next.get(i) {
-                    // The free_completed that follows frees it.
-                    Some(Next::Completed) => continue,
-                    Some(Next::End) if completes => {
-                        out.pending_at_end += 1;
-                        let st = addrs.entry(e.addr).or_default();
-                        if st.live.is_none() {
-                            unmatched.push((e.addr, e.size, i as u64));
-                            st.awaiting_completed = true;
-                        }
-                        continue;
-                    }
-                    _ => {}
-                }
-                let st = addrs.entry(e.addr).or_default();
-                st.awaiting_completed = true;
-                match st.live.take().or_else(|| seeds.get(&(i as u64)).copied()) {
-                    Some(id) => {
-                        out.frees += 1;
-                        free(&mut out, id);
-                    }
-                    None => {
-                        out.skipped_frees += 1;
-                        unmatched.push((e.addr, e.size, i as u64));
-                    }
-                }
-            }
-            Action::FreeCompleted => {
-                let st = addrs.entry(e.addr).or_default();
-                if std::mem::take(&mut st.awaiting_completed) {
-                    // The companion of a free_requested already paired.
-                    continue;
-                }
-                match st.live.take().or_else(|| seeds.get(&(i as u64)).copied()) {
-                    Some(id) => {
-                        out.frees += 1;
-                        free(&mut out, id);
-                    }
-                    None => {
-                        out.skipped_frees += 1;
-                        unmatched.push((e.addr, e.size, i as u64));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    let live = addrs
-        .into_iter()
-        .filter_map(|(a, s)| s.live.map(|id| (a, id)))
-        .collect();
-    Pass {
-        ops: out,
-        unmatched,
-        live,
-    }
-}
-
 pub(super) fn build(
     events: &[TraceEvent],
     segments: Option<&[Segment]>,
     device: u32,
     free_point: FreePoint,
-) -> Ops {
-    let fresh = || Ops {
+    budget: &mut MemoryBudget,
+) -> Result<Ops> {
+    // A program holds, per alloc, an op, its event index and time, and a
+    // size (40 bytes): refused before any work when those alone pass the
+    // budget.
+    let allocs = events
+        .iter()
+        .filter(|e| e.device == device && e.action == Action::Alloc)
+        .count() as u64;
+    let alloc_bytes = (std::mem::size_of::<Op>() + 24) as u64;
+    if allocs.saturating_mul(alloc_bytes) > budget.limit() {
+        return Err(budget.exceeded(WHAT, allocs.saturating_mul(alloc_bytes)));
+    }
+    let Initial {
+        blocks: initial,
+        active,
+    } = initial_blocks(events, segments, device, free_point, budget)?;
+
+    let mut base = Ops {
         device,
         ..Ops::default()
     };
-    // First pass: which blocks the trace frees without having allocated
-    // them, and which it leaves live.
-    let first = pair(events, device, free_point, fresh(), &HashMap::new());
-
-    // Blocks live when recording began: freed without an alloc (each free
-    // its own block, `Some(event)`), or active in `segments` at the dump at
-    // an address the trace left no block of (`None`). A block pending free
-    // at the dump that the trace never mentions was freed by its tensor
-    // before recording, but its memory stayed in use throughout: live from
-    // the start when frees are placed where memory is reusable.
-    let mut initial: Vec<(u64, u64, Option<u64>)> = first
-        .unmatched
-        .iter()
-        .map(|&(addr, size, event)| (addr, size, Some(event)))
-        .collect();
-    let from_frees: std::collections::HashSet<u64> = first.unmatched.iter().map(|u| u.0).collect();
-    let mut active: HashMap<u64, u64> = HashMap::new();
-    for seg in segments.unwrap_or_default() {
-        if seg.device != device {
-            continue;
-        }
-        for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
-            active.insert(b.address, b.size);
-            let held = match b.state {
-                BlockState::ActiveAllocated => true,
-                _ => free_point == FreePoint::Completed,
-            };
-            if held && !first.live.contains_key(&b.address) && !from_frees.contains(&b.address) {
-                initial.push((b.address, b.size, None));
-            }
-        }
-    }
-    initial.sort_unstable_by_key(|b| (b.0, b.2));
-
-    let mut base = fresh();
     let (first_event, first_time) = events
         .iter()
         .enumerate()
@@ -449,21 +287,19 @@ pub(super) fn build(
     let mut seeds = HashMap::new();
     for (id, &(_, size, freed_at)) in initial.iter().enumerate() {
         let Ok(id) = u32::try_from(id) else { break };
+        budget.reserve(&mut base.sizes, 1, WHAT)?;
         base.sizes.push(size);
-        base.ops.push(Op::Alloc { id, size });
-        base.event_index.push(first_event);
-        base.time_us.push(first_time);
+        base.push(Op::Alloc { id, size }, first_event, first_time, budget)?;
         base.initial_blocks += 1;
         base.initial_bytes = base.initial_bytes.saturating_add(size);
         match freed_at {
-            Some(event) => {
-                seeds.insert(event, id);
-            }
+            Some(event) => insert(&mut seeds, event, id, budget)?,
             None => base.initial_from_segments += 1,
         }
     }
+    drop(initial);
     let k = base.initial_blocks;
-    let mut second = pair(events, device, free_point, base, &seeds);
+    let mut second = pair(events, device, free_point, base, &seeds, budget)?;
     let mut out = std::mem::take(&mut second.ops);
 
     // Blocks live at the dump take the block size `segments` gives them.
@@ -483,12 +319,18 @@ pub(super) fn build(
         .iter()
         .filter(|op| matches!(op, Op::Free { id } if u64::from(*id) < k))
         .count() as u64;
-    out.finish();
-    out
+    out.finish(budget)?;
+    Ok(out)
 }
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The program, under a budget as for a 1 MiB file.
+    fn b(events: &[TraceEvent], segments: Option<&[Segment]>, device: u32, at: FreePoint) -> Ops {
+        let mut budget = MemoryBudget::for_input(1 << 20, "test");
+        build(events, segments, device, at, &mut budget).unwrap()
+    }
 
     fn ev(action: &str, addr: u64, size: u64) -> TraceEvent {
         TraceEvent {
@@ -510,7 +352,7 @@ mod tests {
         }
     }
 
-    use super::super::Block;
+    use super::super::{Block, BlockState};
 
     #[test]
     fn pairs_each_alloc_once_in_both_modes() {
@@ -527,8 +369,8 @@ mod tests {
             ev("free_completed", 1, 30),
             ev("free_requested", 3, 10), // still pending at the end
         ];
-        let done = build(&events, None, 0, FreePoint::Completed);
-        let first = build(&events, None, 0, FreePoint::FirstFree);
+        let done = b(&events, None, 0, FreePoint::Completed);
+        let first = b(&events, None, 0, FreePoint::FirstFree);
         for ops in [&done, &first] {
             assert_eq!(ops.allocs, 4);
             assert_eq!(ops.initial_blocks, 1);
@@ -569,6 +411,7 @@ mod tests {
             total_size: 4096,
             stream: 0,
             expandable: false,
+            is_small: None,
             blocks: vec![
                 block(0, 300, BlockState::ActiveAllocated), // weights: initial
                 block(500, 40, BlockState::Inactive),
@@ -577,7 +420,7 @@ mod tests {
             ],
         };
         // Event 0's block is freed with no record: the segment says inactive.
-        let ops = build(
+        let ops = b(
             &events,
             Some(std::slice::from_ref(&seg)),
             0,
@@ -592,19 +435,19 @@ mod tests {
         assert_eq!(ops.live_bytes_at_end, 912);
         assert_eq!(ops.peak_live_bytes, 300 + 40 + 100 + 512 - 40);
         let other = Segment { device: 1, ..seg };
-        let ops = build(&events, Some(&[other]), 0, FreePoint::Completed);
+        let ops = b(&events, Some(&[other]), 0, FreePoint::Completed);
         assert_eq!((ops.initial_blocks, ops.resized_at_end), (1, 0));
     }
 
     #[test]
     fn implicit_free_and_rounding() {
         let events = vec![ev("alloc", 1, 100), ev("alloc", 1, 300), ev("alloc", 2, 1)];
-        let ops = build(&events, None, 0, FreePoint::Completed);
+        let ops = b(&events, None, 0, FreePoint::Completed);
         assert_eq!(ops.implicit_frees, 1);
         assert_eq!(ops.peak_live_bytes, 301);
         assert_eq!(ops.peak_live_rounded(256), 512 + 256);
         assert_eq!(ops.peak_live_rounded(0), 301);
-        assert!(build(&events, None, 1, FreePoint::Completed).is_empty());
+        assert!(b(&events, None, 1, FreePoint::Completed).is_empty());
     }
 
     #[test]

@@ -336,6 +336,22 @@ fn run_op(
     }
 }
 
+/// One handle slot per block of the program, allocated fallibly (a
+/// program's size is bounded by its trace's memory budget; this table is a
+/// multiple of it).
+fn handle_table(ops: &Ops) -> Result<Vec<Option<Handle>>> {
+    let mut handles = Vec::new();
+    handles
+        .try_reserve_exact(ops.sizes.len())
+        .map_err(|_| ToolError::OutOfMemory {
+            path: "the alloc/free program".to_owned(),
+            what: "the replay's handle table",
+            asked: (ops.sizes.len() * std::mem::size_of::<Option<Handle>>()) as u64,
+        })?;
+    handles.resize(ops.sizes.len(), None);
+    Ok(handles)
+}
+
 /// Replays `ops` on a metadata-only arena built from `config` (its
 /// compaction policy replaced by the allocator's), stopping at the first
 /// failing op.
@@ -347,7 +363,7 @@ pub fn replay_with(
     let t0 = Instant::now();
     let config = config.clone().with_compaction(options.allocator.policy());
     let mut arena = Arena::metadata(config.clone())?;
-    let mut handles: Vec<Option<Handle>> = vec![None; ops.sizes.len()];
+    let mut handles = handle_table(ops)?;
     let mut sampler = (options.timeline_points > 0).then(|| {
         Sampler::new(
             options.timeline_points,
@@ -407,7 +423,7 @@ pub fn replay_prefix(
 ) -> Result<Arena<MetaBackend>> {
     let config = config.clone().with_compaction(allocator.policy());
     let mut arena = Arena::metadata(config)?;
-    let mut handles: Vec<Option<Handle>> = vec![None; ops.sizes.len()];
+    let mut handles = handle_table(ops)?;
     for &op in ops.ops.iter().take(n) {
         run_op(&mut arena, &mut handles, op, allocator)?;
     }

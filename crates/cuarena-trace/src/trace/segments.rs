@@ -65,6 +65,9 @@ pub struct Segment {
     pub stream: i64,
     /// An expandable segment (`expandable_segments:True`).
     pub expandable: bool,
+    /// In the small pool (`segment_type` `small`: blocks of at most 1 MiB)
+    /// or the large one; `None` when the snapshot does not say.
+    pub is_small: Option<bool>,
     /// Its blocks in address order.
     pub blocks: Vec<Block>,
 }

@@ -63,6 +63,7 @@ fn reserved_starts_from_the_segments_at_the_dump() {
         total_size: 300,
         stream: 0,
         expandable: false,
+        is_small: None,
         blocks: vec![],
     }]);
     let r = t.reserved(0);

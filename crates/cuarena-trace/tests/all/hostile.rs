@@ -485,7 +485,7 @@ fn repeated_unmatched_frees_of_one_address_are_separate_blocks() {
                free_completed,4096,2048,0,1\n\
                alloc,8192,256,0,2\n";
     let t = Trace::from_csv_reader(csv.as_bytes(), "hostile").unwrap();
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     assert_eq!(ops.initial_blocks, 2);
     assert_eq!(ops.initial_bytes, 2560);
     assert_eq!(ops.initial_frees, 2, "one initial block is never freed");
@@ -538,7 +538,7 @@ fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
     ]);
     let bytes = serde_pickle::value_to_vec(&top, Default::default()).unwrap();
     let t = read(&bytes).unwrap();
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     let active = t.active_at_dump(0).unwrap();
     assert_eq!(
         ops.live_bytes_at_end,
@@ -546,4 +546,43 @@ fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
         "bytes live at the end differ from the bytes active in `segments`"
     );
     assert_eq!(ops.peak_live_bytes, 1024 + 512 + 512);
+}
+
+/// The memo bomb (one `alloc` dict shared by millions of events) passes the
+/// readers' limits; building its alloc/free program passes the same budget
+/// and is refused, before any work, as the limit it passes, never an
+/// abort. 12 million events here (the 32 million of the 31 KB file run
+/// through the command, under an address-space limit, in the command's
+/// tests).
+#[test]
+fn memo_bomb_program_is_refused_by_the_budget() {
+    let bomb = crate::support::memo_bomb_gz(120);
+    assert!(bomb.len() < 16 << 10, "{} bytes", bomb.len());
+    let t = Trace::from_bytes(&bomb, "bomb").unwrap();
+    assert_eq!(t.events.len(), 12_000_001);
+    assert_eq!(t.decoded_event_dicts, 1);
+    let t0 = std::time::Instant::now();
+    match t.ops(0) {
+        Err(ToolError::Limit {
+            name, asked, limit, ..
+        }) => {
+            assert_eq!(
+                name,
+                "MEMORY_PER_INPUT_BYTE × input bytes + MEMORY_BASE_BYTES"
+            );
+            assert!(asked > limit);
+            assert_eq!(limit, t.memory_budget().limit());
+        }
+        other => panic!("{:?}", other.map(|o| o.len())),
+    }
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t0.elapsed()
+    );
+    // The model of PyTorch's allocator is held to it as well.
+    assert!(matches!(
+        cuarena_trace::pytorch::Session::new(&t, 0),
+        Err(ToolError::Limit { .. })
+    ));
 }

@@ -7,5 +7,6 @@ mod gpu_replay;
 #[path = "../../../../tests/all/gpu_skip.rs"]
 mod gpu_skip;
 mod hostile;
+mod pytorch;
 mod support;
 mod trace;

@@ -103,3 +103,40 @@ pub fn dict(items: Vec<(&str, Value)>) -> Value {
             .collect::<BTreeMap<_, _>>(),
     )
 }
+
+/// The memo bomb: a snapshot whose one `alloc` event dict is memoized once
+/// and appended `1 + 100,000 × batches` times (a memo get, then DUPs, per
+/// batch), gzipped: 320 batches make a 31 KB file of 32 million events
+/// that passes the readers' limits. Built streaming, never held inflated.
+pub fn memo_bomb_gz(batches: usize) -> Vec<u8> {
+    fn text(p: &mut Vec<u8>, t: &str) {
+        p.push(0x8c);
+        p.push(t.len() as u8);
+        p.extend_from_slice(t.as_bytes());
+    }
+    let mut p = vec![0x80, 4, b'}'];
+    text(&mut p, "device_traces");
+    p.extend_from_slice(b"]]}(");
+    text(&mut p, "action");
+    text(&mut p, "alloc");
+    text(&mut p, "addr");
+    p.push(b'J');
+    p.extend_from_slice(&(1u32 << 20).to_le_bytes());
+    text(&mut p, "size");
+    p.push(b'M');
+    p.extend_from_slice(&512u16.to_le_bytes());
+    // SETITEMS, MEMOIZE (memo 0), APPEND to the device's list.
+    p.extend_from_slice(b"u\x94a");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    enc.write_all(&p).unwrap();
+    // MARK, BINGET 0, 99,999 x DUP, APPENDS.
+    let mut batch = vec![b'(', b'h', 0];
+    batch.resize(3 + 99_999, b'2');
+    batch.push(b'e');
+    for _ in 0..batches {
+        enc.write_all(&batch).unwrap();
+    }
+    // The list into the outer one, that into the top dict, STOP.
+    enc.write_all(b"as.").unwrap();
+    enc.finish().unwrap()
+}

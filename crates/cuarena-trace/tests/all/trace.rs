@@ -46,7 +46,7 @@ fn shared_resnet_csv_replays_at_peak_live() {
     let t0 = Instant::now();
     let t = Trace::read(&p).unwrap();
     let read = t0.elapsed();
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     assert_eq!(ops.allocs, 28_298);
     assert_eq!(
         (ops.skipped_frees, ops.implicit_frees, ops.live_at_end),
@@ -55,7 +55,10 @@ fn shared_resnet_csv_replays_at_peak_live() {
     // PyTorch counts its rounded (and unsplit) block sizes; the trace's
     // sizes are what the tensors asked for, so ours is a little lower.
     let peak = ops.peak_live_bytes;
-    assert_eq!(peak, t.ops_with(0, FreePoint::FirstFree).peak_live_bytes);
+    assert_eq!(
+        peak,
+        t.ops_with(0, FreePoint::FirstFree).unwrap().peak_live_bytes
+    );
     let rel = (RESNET_TORCH_PEAK as f64 - peak as f64) / RESNET_TORCH_PEAK as f64;
     assert!(
         (0.0..0.01).contains(&rel),
@@ -242,7 +245,7 @@ fn recorded_pickles_replay_at_peak_live() {
         "resnet50_varbatch_h100.pickle.gz",
     ] {
         let t = Trace::read(&dir.join(name)).expect("read");
-        let ops = t.ops(0);
+        let ops = t.ops(0).unwrap();
         assert!(ops.allocs > 1000, "{name}: {} allocs", ops.allocs);
         let cap = ops.peak_live_rounded(256);
         let r = replay(&ops, &ArenaConfig::new(cap)).expect("replay");
@@ -273,7 +276,7 @@ fn all_traces() -> Vec<(String, Ops)> {
         .map(|p| {
             let t = Trace::read(&p).expect("read");
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            (name, t.ops(0))
+            (name, t.ops(0).unwrap())
         })
         .collect()
 }

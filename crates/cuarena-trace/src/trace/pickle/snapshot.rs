@@ -15,6 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use super::value::{Kind, Node, Value};
+use crate::pytorch::{AllocatorSettings, ROUNDUP_INTERVALS};
 use crate::trace::csv::push_event;
 use crate::trace::input::out_of_memory;
 use crate::trace::limits::MAX_BLOCK_BYTES;
@@ -77,6 +78,7 @@ fn once(seen: &mut HashSet<*const Node>, n: &Rc<Node>, what: &str, source: &str)
 pub(crate) struct Parsed {
     pub(crate) events: Vec<TraceEvent>,
     pub(crate) segments: Option<Vec<Segment>>,
+    pub(crate) allocator_settings: Option<AllocatorSettings>,
     /// Distinct event dicts decoded.
     pub(crate) decoded_event_dicts: u64,
 }
@@ -123,11 +125,55 @@ pub(super) fn parse_top(top: Value, source: &str, counts: &mut ActionCounts) -> 
         Some(v) => Some(segments_of(&v, source, &mut seen)?),
         None => None,
     };
+    let allocator_settings = match top.get("allocator_settings") {
+        Some(Value::Node(d)) if d.kind == Kind::Dict => Some(settings_of(&d)),
+        _ => None,
+    };
     Ok(Parsed {
         events,
         segments,
+        allocator_settings,
         decoded_event_dicts: decoded,
     })
+}
+
+/// The settings a snapshot's `allocator_settings` dict records (PyTorch
+/// 2.1 and later). A field that is absent or of another type than PyTorch
+/// writes keeps its default: the settings inform a model, they are not
+/// needed to read the trace.
+fn settings_of(d: &Node) -> AllocatorSettings {
+    let conf = match d.get("PYTORCH_CUDA_ALLOC_CONF") {
+        Some(Value::Str(s)) => AllocatorSettings::parse_conf(&s).ok(),
+        _ => None,
+    };
+    let mut s = conf.unwrap_or_default();
+    match d.get("max_split_size").and_then(|v| v.as_int()) {
+        Some(v) if v < 0 => s.max_split_size = u64::MAX,
+        Some(v) => s.max_split_size = u64::try_from(v).unwrap_or(u64::MAX),
+        None => {}
+    }
+    match d.get("garbage_collection_threshold") {
+        Some(Value::Float(t)) if t.is_finite() && (0.0..1.0).contains(&t) => {
+            s.garbage_collection_threshold = t
+        }
+        _ => {}
+    }
+    if let Some(Value::Bool(b)) = d.get("expandable_segments") {
+        s.expandable_segments = b;
+    }
+    if let Some(Value::Node(r)) = d.get("roundup_power2_divisions") {
+        if r.kind == Kind::Dict {
+            for kv in r.items().chunks_exact(2) {
+                let (Value::Str(k), Some(v)) = (&kv[0], kv[1].as_int()) else {
+                    continue;
+                };
+                let Ok(mb) = k.parse::<u32>() else { continue };
+                let index = (mb.max(1).ilog2() as usize).min(ROUNDUP_INTERVALS - 1);
+                s.roundup_power2_divisions[index] = u64::try_from(v).unwrap_or(0);
+            }
+        }
+    }
+    s
 }
 
 fn events_of(
@@ -311,6 +357,14 @@ fn segments_of(v: &Value, source: &str, seen: &mut HashSet<*const Node>) -> Resu
             address,
             total_size: f.unsigned("total_size", None)?,
             stream: f.signed("stream")?,
+            is_small: match d.get("segment_type") {
+                Some(Value::Str(t)) => match t.as_str() {
+                    "small" => Some(true),
+                    "large" => Some(false),
+                    _ => None,
+                },
+                _ => None,
+            },
             expandable: match d.get("is_expandable") {
                 None | Some(Value::None) => false,
                 Some(Value::Bool(b)) => b,

@@ -4,30 +4,49 @@
 use super::value::Value;
 
 /// Dict keys whose entries are kept at all (see [`super::value::extend`]):
-/// the needed containers and the scalar fields of events, segments and
-/// blocks.
-pub(super) const KEPT_KEYS: [&str; 15] = [
-    // The first three hold the containers a trace needs (NEEDED_KEYS).
-    "device_traces",
-    "segments",
-    "blocks",
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "time_us",
-    "device_free",
-    "device",
-    "address",
-    "total_size",
-    "state",
-    "requested_size",
-    "is_expandable",
-];
+/// the needed containers, the scalar fields of events, segments and
+/// blocks, and the allocator settings a model of PyTorch's allocator uses.
+pub(super) fn kept_key(k: &str) -> bool {
+    needed_key(k)
+        || matches!(
+            k,
+            "action"
+                | "addr"
+                | "size"
+                | "stream"
+                | "time_us"
+                | "device_free"
+                | "device"
+                | "address"
+                | "total_size"
+                | "state"
+                | "requested_size"
+                | "is_expandable"
+                | "segment_type"
+                | "PYTORCH_CUDA_ALLOC_CONF"
+                | "max_split_size"
+                | "garbage_collection_threshold"
+                | "expandable_segments"
+        )
+        || divisions_key(k)
+}
+
+/// The keys of `roundup_power2_divisions`: `"1"`, `"2"`, ... `"32768"`
+/// (MiB), one per interval.
+fn divisions_key(k: &str) -> bool {
+    k.len() <= 5
+        && k.parse::<u32>()
+            .is_ok_and(|v| v.is_power_of_two() && v <= 32768)
+}
 
 /// Values under these dict keys are kept; a container appearing as the
 /// value of any other key is built skipped (see [`Value::Skipped`]).
-pub(super) const NEEDED_KEYS: &[&str] = KEPT_KEYS.split_at(3).0;
+pub(super) fn needed_key(k: &str) -> bool {
+    matches!(
+        k,
+        "device_traces" | "segments" | "blocks" | "allocator_settings" | "roundup_power2_divisions"
+    )
+}
 
 /// The value stack, with, per slot, whether the nearest container at or
 /// below it is skipped (a container made while one is being filled inherits
@@ -72,7 +91,7 @@ impl Stack {
     #[inline]
     pub(super) fn skipped_after(&self, len: usize) -> bool {
         match len.checked_sub(1).and_then(|i| self.values.get(i)) {
-            Some(Value::Str(k)) => !NEEDED_KEYS.contains(&k.as_str()),
+            Some(Value::Str(k)) => !needed_key(k),
             Some(_) => self.skipped[len - 1],
             None => false,
         }

@@ -11,7 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::stack::KEPT_KEYS;
+use super::stack::kept_key;
 use crate::trace::limits::{MAX_NESTING, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE};
 use crate::{Result, ToolError};
 
@@ -26,7 +26,7 @@ pub(super) enum Value {
     Wide(Box<i128>),
     /// An int wider than `i128` (its value is not kept).
     Huge,
-    Float(#[allow(dead_code)] f64),
+    Float(f64),
     /// A str (`Rc<String>`, a thin pointer: a value stays 16 bytes).
     Str(Rc<String>),
     Bytes(Rc<Vec<u8>>),
@@ -186,7 +186,7 @@ pub(super) fn extend(node: &Rc<Node>, new: Vec<Value>, source: &str) -> Result<(
         let mut i = 0;
         new.retain(|v| {
             if i % 2 == 0 {
-                keep = matches!(v, Value::Str(k) if KEPT_KEYS.contains(&k.as_str()));
+                keep = matches!(v, Value::Str(k) if kept_key(k));
             }
             i += 1;
             keep

@@ -37,7 +37,7 @@ fn check_small_csv(t: &Trace) {
     assert_eq!(t.events.len(), 10);
     assert_eq!(t.events[1].action, Action::Alloc);
     assert_eq!((t.events[1].addr, t.events[1].size), (4096, 1000));
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     // 8192 is freed but never allocated: live from the start of recording.
     assert_eq!((ops.allocs, ops.frees, ops.skipped_frees), (3, 3, 0));
     assert_eq!(
@@ -144,10 +144,10 @@ fn pickle_fixture_in_pytorch_layout() {
     assert_eq!(t.devices(), vec![0, 1]);
     assert_eq!(t.events[5].action, Action::Oom);
     assert_eq!(t.events[6].device, 1);
-    let ops0 = t.ops(0);
+    let ops0 = t.ops(0).unwrap();
     assert_eq!((ops0.allocs, ops0.frees, ops0.live_at_end), (2, 1, 1));
     assert_eq!(ops0.peak_live_bytes, 4608);
-    let ops1 = t.ops(1);
+    let ops1 = t.ops(1).unwrap();
     assert_eq!((ops1.allocs, ops1.peak_live_bytes), (1, 100));
     // Gzipped, through the file reader.
     let dir = temp_dir("pickle");
@@ -246,7 +246,7 @@ fn corrupted_files_never_panic() {
             }
             if let Ok(t) = Trace::from_bytes(&flipped, "flip") {
                 // Whatever parsed must also pair and replay without panics.
-                let ops = t.ops(0);
+                let ops = t.ops(0).unwrap();
                 let _ = ops.peak_live_rounded(256);
             }
         }
@@ -262,7 +262,7 @@ fn shared_pickle_reads() {
     assert_eq!(t.format, TraceFormat::Pickle);
     assert_eq!(t.events.len(), 430);
     assert_eq!(t.devices(), vec![0]);
-    let ops = t.ops(0);
+    let ops = t.ops(0).unwrap();
     assert_eq!((ops.allocs, ops.frees, ops.skipped_frees), (143, 140, 0));
     assert_eq!(ops.live_at_end, 3);
     assert_eq!(ops.peak_live_bytes, 86_163_656);
