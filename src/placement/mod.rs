@@ -63,6 +63,8 @@ mod bins;
 mod carve;
 #[cfg(test)]
 mod check;
+#[cfg(test)]
+mod decisions;
 mod error;
 mod nodes;
 #[cfg(test)]
