@@ -4,20 +4,48 @@
 //! figure includes what every allocation costs it besides the placement
 //! index: the handle table, the block table and the counters.
 //!
-//! Run: `cargo bench --bench placement` (about a minute). Criterion prints
-//! mean estimates; the medians are in `estimates.json`:
+//! Run: `cargo bench --bench placement` (about a minute and a half): first
+//! a table, then criterion's groups. Table only: `-- --table` (rounds:
+//! `-- --table --rounds 9`). A criterion filter (`-- cuarena`) also works.
+//!
+//! # The table
+//!
+//! Per N, both allocators are built and warmed, then measured in rounds:
+//! each round times the arena and then `offset-allocator` for at least
+//! 150 ms each (in chunks of 4,096 iterations), back to back, so that a
+//! slow spell of a shared machine hits both alike. The columns: the median
+//! ns per iteration of each, and the median over rounds of each round's
+//! ratio (arena / offset-allocator, with its smallest and largest), which
+//! is the figure the arena's target (at most 1.5) is read against.
+//!
+//! The last columns are the bytes each wastes to rounding on this
+//! workload: over the arena's live blocks at the end of the measured
+//! rounds (both are charged for the same sizes, so that they differ by
+//! their rounding alone), the bytes reserved minus the bytes asked for,
+//! as a total and per block. The arena reserves
+//! each size rounded up to its 256 B alignment (checked against its
+//! `Stats`: `allocated_bytes - requested_bytes`); `offset-allocator`
+//! reserves whole units of U bytes (below) and stores the unit count
+//! exactly (its size classes index free regions, they do not round what
+//! is stored), so it wastes the size rounded up to U.
+//!
+//! Criterion prints mean estimates; the medians are in `estimates.json`:
 //!
 //! ```text
 //! cd target/criterion/placement_alloc_free
 //! for f in */*/new/estimates.json; do echo "$f $(jq .median.point_estimate $f)"; done
 //! ```
 //!
+//! For a profiler, `-- --profile cuarena|offset-allocator N STEPS` builds
+//! and warms one allocator and runs STEPS iterations in `profiled` (for
+//! example `valgrind --tool=callgrind --toggle-collect='*profiled*'`).
+//!
 //! # Workload
 //!
 //! - **Sizes:** log-uniform between 64 B and 256 MiB, i.e. every power of two
 //!   in that range equally likely (half the blocks are under 128 KiB, one in
-//!   11 is over 64 MiB; mean about 16.8 MiB), rounded up to 256 B and
-//!   allocated at 256 B alignment, as the arena does.
+//!   11 is over 64 MiB; mean about 16.8 MiB). The arena is asked for these
+//!   bytes and rounds them up to its alignment, 256 B (its default).
 //! - **Live blocks:** N = 1,000 / 10,000 / 100,000 / 1,000,000, in a ring of
 //!   N slots, allocated up front and then churned 2N times (at least
 //!   200,000) untimed, so the free space is fragmented as in a steady state.
@@ -34,13 +62,13 @@
 //! sizes in units of U bytes (sizes rounded up): U is the smallest power of
 //! two of at least 256 B for which the capacity fits in `u32` units
 //! (256 B up to N = 10,000; 1 KiB at 100,000; 16 KiB at 1,000,000; printed at
-//! startup). Its node table holds 2N + 4096 nodes. It rounds nothing else but
-//! its search is not exact (it skips the request's own size class), and it
-//! has no alignment parameter (its offsets are unit-aligned).
+//! startup). Its node table holds 2N + 4096 nodes. Its search is not exact
+//! (it skips the request's own size class), and it has no alignment
+//! parameter (its offsets are unit-aligned).
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use cuarena::backend::MetaBackend;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Handle};
 use offset_allocator::{Allocation, Allocator};
@@ -55,17 +83,16 @@ const MAX_LOG2: f64 = 28.0;
 /// The arena's default alignment, to which it rounds sizes.
 const GRAIN: u64 = 256;
 
-/// A block size: log-uniform in [64 B, 256 MiB], rounded up to `GRAIN`.
-/// (The generator runs only outside the timed loop.)
+/// A block size in bytes: log-uniform in [64 B, 256 MiB]. (The generator
+/// runs only outside the timed loop.)
 fn size(rng: &mut Rng) -> u64 {
-    let bytes = (MIN_LOG2 + (MAX_LOG2 - MIN_LOG2) * rng.unit()).exp2() as u64;
-    bytes.div_ceil(GRAIN) * GRAIN
+    (MIN_LOG2 + (MAX_LOG2 - MIN_LOG2) * rng.unit()).exp2() as u64
 }
 
 /// The pre-generated sequence both allocators replay, and their sizing.
 struct Workload {
     live: usize,
-    /// Initial fill, one size per ring slot.
+    /// Initial fill, one size per ring slot (sizes in bytes, as asked for).
     fill: Vec<u64>,
     /// Untimed churn before measuring: (slot, size).
     churn: Vec<(u32, u64)>,
@@ -110,6 +137,23 @@ impl Workload {
     fn units(&self, bytes: u64) -> u32 {
         // Cannot truncate: sizes are at most 256 MiB and units at least 256 B.
         bytes.div_ceil(self.unit) as u32
+    }
+
+    /// The sizes in the ring after the fill, the churn and `steps` timed
+    /// iterations (the same for both allocators, barring failures).
+    fn live_after(&self, steps: usize) -> Vec<u64> {
+        let mut ring = self.fill.clone();
+        for &(slot, size) in &self.churn {
+            ring[slot as usize] = size;
+        }
+        // A window of one cycle writes every slot the sequence writes, so
+        // the last `len` steps decide the ring (the earlier ones before).
+        let len = self.slots.len();
+        for i in steps.saturating_sub(len)..steps {
+            let k = i & (len - 1);
+            ring[self.slots[k] as usize] = self.sizes[k];
+        }
+        ring
     }
 }
 
@@ -234,7 +278,7 @@ fn alloc_free_pair(c: &mut Criterion) {
         .sample_size(100)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
-    for live in [1_000, 10_000, 100_000, 1_000_000] {
+    for live in LIVE {
         let w = Workload::new(live);
         eprintln!(
             "N = {live}: capacity {:.2} TiB, offset-allocator unit {} B",
@@ -275,4 +319,185 @@ fn alloc_free_pair(c: &mut Criterion) {
 }
 
 criterion_group!(benches, alloc_free_pair);
-criterion_main!(benches);
+
+/// The live block counts of the table and the criterion groups.
+const LIVE: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
+
+/// Time per measurement of the table, at least.
+const ROUND_TIME: Duration = Duration::from_millis(150);
+
+/// Iterations timed at once: the clock is read once per chunk.
+const CHUNK: usize = 4096;
+
+/// Nanoseconds per iteration of `step`, run in chunks for `ROUND_TIME`.
+fn time_steps(mut step: impl FnMut()) -> f64 {
+    let t0 = Instant::now();
+    let mut n = 0usize;
+    loop {
+        for _ in 0..CHUNK {
+            step();
+        }
+        n += CHUNK;
+        let t = t0.elapsed();
+        if t >= ROUND_TIME {
+            return t.as_nanos() as f64 / n as f64;
+        }
+    }
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let m = xs.len() / 2;
+    if xs.len() % 2 == 1 {
+        xs[m]
+    } else {
+        (xs[m - 1] + xs[m]) / 2.0
+    }
+}
+
+/// Bytes reserved minus bytes asked for over `live`, reserving whole
+/// `unit`s.
+fn rounding_waste(live: &[u64], unit: u64) -> u64 {
+    live.iter().map(|&b| b.div_ceil(unit) * unit - b).sum()
+}
+
+/// Target of issue 33: the arena within this factor of offset-allocator.
+const MAX_RATIO: f64 = 1.5;
+
+fn table(rounds: usize) {
+    println!(
+        "alloc + free, ns per iteration: medians of {rounds} rounds (each: arena, then \
+         offset-allocator, {} ms each); ratio: median (min-max) of the rounds' ratios",
+        ROUND_TIME.as_millis()
+    );
+    println!(
+        "{:>9} {:>9} {:>9} {:>17} {:>7} | {:>23} {:>23}",
+        "N", "arena", "offset", "ratio", "unit", "arena waste", "offset-alloc waste"
+    );
+    let mut worst = 0.0f64;
+    for live in LIVE {
+        let w = Workload::new(live);
+        let mut ours = Ours::new(&w);
+        let units: Vec<u32> = w.sizes.iter().map(|&s| w.units(s)).collect();
+        let mut theirs = Theirs::new(&w);
+        let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let x = time_steps(|| ours.step(&w));
+            let y = time_steps(|| theirs.step(&w, &units));
+            a.push(x);
+            b.push(y);
+            r.push(x / y);
+        }
+        let (lo, hi) = r
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let ratio = median(&mut r);
+        worst = worst.max(ratio);
+        // Both wastes over the arena's live sizes at the end, so that they
+        // differ by the rounding alone.
+        let failures = ours.failures + theirs.failures;
+        let ring = w.live_after(ours.step);
+        let ours_waste = rounding_waste(&ring, GRAIN);
+        let stats = ours.arena.stats();
+        if failures == 0 {
+            assert_eq!(
+                ours_waste,
+                stats.allocated_bytes - stats.requested_bytes,
+                "the arena's rounding, counted here and in its stats"
+            );
+        }
+        let theirs_waste = rounding_waste(&ring, w.unit);
+        let waste = |bytes: u64| {
+            format!(
+                "{:>9.2} MiB {:>6.0} B/blk",
+                bytes as f64 / (1u64 << 20) as f64,
+                bytes as f64 / live as f64
+            )
+        };
+        println!(
+            "{live:>9} {:>9.1} {:>9.1} {:>5.2} ({:.2}-{:.2}) {:>5} B | {:>23} {:>23}{}",
+            median(&mut a),
+            median(&mut b),
+            ratio,
+            lo,
+            hi,
+            w.unit,
+            waste(ours_waste),
+            waste(theirs_waste),
+            if failures > 0 {
+                format!(" ({failures} failed allocs: waste approximate)")
+            } else {
+                String::new()
+            }
+        );
+        let requested: u64 = ring.iter().sum();
+        println!(
+            "{:>9} live: {:.2} TiB asked for; waste {:.4} % (arena), {:.4} % (offset-allocator)",
+            "",
+            requested as f64 / (1u64 << 40) as f64,
+            100.0 * ours_waste as f64 / requested as f64,
+            100.0 * theirs_waste as f64 / requested as f64
+        );
+    }
+    println!(
+        "{}: largest median ratio {worst:.2} (target <= {MAX_RATIO})",
+        if worst <= MAX_RATIO { "PASS" } else { "FAIL" }
+    );
+}
+
+/// Runs `steps` iterations of one allocator, for a profiler to isolate.
+#[inline(never)]
+fn profiled(steps: usize, mut step: impl FnMut()) {
+    for _ in 0..steps {
+        step();
+    }
+}
+
+/// `--profile cuarena|offset-allocator N STEPS`.
+fn profile(which: &str, live: usize, steps: usize) {
+    let w = Workload::new(live);
+    match which {
+        "cuarena" => {
+            let mut ours = Ours::new(&w);
+            profiled(steps, || ours.step(&w));
+            black_box(&ours.arena);
+        }
+        "offset-allocator" => {
+            let units: Vec<u32> = w.sizes.iter().map(|&s| w.units(s)).collect();
+            let mut theirs = Theirs::new(&w);
+            profiled(steps, || theirs.step(&w, &units));
+            black_box(&theirs.ring);
+        }
+        other => panic!("--profile cuarena|offset-allocator N STEPS, not {other}"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |flag: &str, k: usize| {
+        let i = args.iter().position(|a| a == flag)?;
+        args.get(i + k).cloned()
+    };
+    if let Some(which) = arg("--profile", 1) {
+        let num = |k| arg("--profile", k).and_then(|s| s.parse().ok());
+        profile(
+            &which,
+            num(2).expect("--profile: N"),
+            num(3).expect("--profile: STEPS"),
+        );
+        return;
+    }
+    // `cargo test --benches` passes no `--bench`: a short smoke run.
+    if !args.iter().any(|a| a == "--bench") {
+        profile("cuarena", 1_000, 10_000);
+        profile("offset-allocator", 1_000, 10_000);
+        return;
+    }
+    let rounds = arg("--rounds", 1).and_then(|s| s.parse().ok()).unwrap_or(5);
+    table(rounds);
+    if args.iter().any(|a| a == "--table") {
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
