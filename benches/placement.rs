@@ -6,7 +6,8 @@
 //!
 //! Run: `cargo bench --bench placement` (about a minute and a half): first
 //! a table, then criterion's groups. Table only: `-- --table` (rounds:
-//! `-- --table --rounds 9`). A criterion filter (`-- cuarena`) also works.
+//! `-- --table --rounds 9`; one N: `-- --table --live 100000`). A
+//! criterion filter (`-- cuarena`) also works.
 //!
 //! # The table
 //!
@@ -364,7 +365,7 @@ fn rounding_waste(live: &[u64], unit: u64) -> u64 {
 /// Target of issue 33: the arena within this factor of offset-allocator.
 const MAX_RATIO: f64 = 1.5;
 
-fn table(rounds: usize) {
+fn table(rounds: usize, only: Option<usize>) {
     println!(
         "alloc + free, ns per iteration: medians of {rounds} rounds (each: arena, then \
          offset-allocator, {} ms each); ratio: median (min-max) of the rounds' ratios",
@@ -375,7 +376,7 @@ fn table(rounds: usize) {
         "N", "arena", "offset", "ratio", "unit", "arena waste", "offset-alloc waste"
     );
     let mut worst = 0.0f64;
-    for live in LIVE {
+    for live in LIVE.into_iter().filter(|&n| only.is_none_or(|o| o == n)) {
         let w = Workload::new(live);
         let mut ours = Ours::new(&w);
         let units: Vec<u32> = w.sizes.iter().map(|&s| w.units(s)).collect();
@@ -494,7 +495,8 @@ fn main() {
         return;
     }
     let rounds = arg("--rounds", 1).and_then(|s| s.parse().ok()).unwrap_or(5);
-    table(rounds);
+    let only = arg("--live", 1).and_then(|s| s.parse().ok());
+    table(rounds, only);
     if args.iter().any(|a| a == "--table") {
         return;
     }
