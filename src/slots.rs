@@ -102,11 +102,13 @@ impl<T> Slots<T> {
             .map_or(0, |last| (self.chunks.len() - 1) * CHUNK + last.len())
     }
 
+    #[inline]
     fn entry(&self, slot: u32) -> Option<&Entry<T>> {
         let i = slot as usize;
         self.chunks.get(i >> CHUNK_BITS)?.get(i & (CHUNK - 1))
     }
 
+    #[inline]
     fn entry_mut(&mut self, slot: u32) -> Option<&mut Entry<T>> {
         let i = slot as usize;
         self.chunks
@@ -116,6 +118,7 @@ impl<T> Slots<T> {
 
     /// Stores `value`; gives it back when every one of the 2^32 slots is
     /// taken or retired.
+    #[inline]
     pub(crate) fn insert(&mut self, value: T) -> Result<SlotKey, T> {
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -147,6 +150,7 @@ impl<T> Slots<T> {
 
     /// Removes and returns the value of a live key; `None` for a stale or
     /// made-up key (the table is unchanged).
+    #[inline]
     pub(crate) fn remove(&mut self, key: SlotKey) -> Option<T> {
         let entry = self.entry_mut(key.slot)?;
         if entry.version != key.version {
@@ -165,6 +169,7 @@ impl<T> Slots<T> {
     }
 
     /// The value of a live key.
+    #[inline]
     pub(crate) fn get(&self, key: SlotKey) -> Option<&T> {
         let entry = self.entry(key.slot)?;
         (entry.version == key.version)
@@ -173,6 +178,7 @@ impl<T> Slots<T> {
     }
 
     /// The value of a live key, mutably.
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: SlotKey) -> Option<&mut T> {
         let entry = self.entry_mut(key.slot)?;
         if entry.version != key.version {
