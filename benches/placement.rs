@@ -12,9 +12,10 @@
 //! # The table
 //!
 //! Per N, both allocators are built and warmed, then measured in rounds:
-//! each round times the arena and then `offset-allocator` for at least
-//! 150 ms each (in chunks of 4,096 iterations), back to back, so that a
-//! slow spell of a shared machine hits both alike. The columns: the median
+//! each round alternates 4 turns of the arena and of `offset-allocator`,
+//! about 100 ms each (long against refilling the caches the other took),
+//! so that a slow spell of a shared machine falls on both alike. The
+//! columns: the median
 //! ns per iteration of each, and the median over rounds of each round's
 //! ratio (arena / offset-allocator, with its smallest and largest), which
 //! is the figure the arena's target (at most 1.5) is read against.
@@ -324,26 +325,45 @@ criterion_group!(benches, alloc_free_pair);
 /// The live block counts of the table and the criterion groups.
 const LIVE: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
 
-/// Time per measurement of the table, at least.
-const ROUND_TIME: Duration = Duration::from_millis(150);
+/// Time of one allocator's turn: long against refilling the caches the
+/// other one took during its turn (at 100,000 blocks, about a millisecond
+/// for `offset-allocator`'s share of the L2 cache), short enough that a
+/// slow spell of a shared machine falls on both alike.
+const TURN_TIME: Duration = Duration::from_millis(100);
 
-/// Iterations timed at once: the clock is read once per chunk.
-const CHUNK: usize = 4096;
+/// Turns of each allocator per round.
+const TURNS: usize = 4;
 
-/// Nanoseconds per iteration of `step`, run in chunks for `ROUND_TIME`.
-fn time_steps(mut step: impl FnMut()) -> f64 {
+/// Runs `step` `n` times; returns the time taken.
+fn run(n: usize, step: &mut impl FnMut()) -> Duration {
     let t0 = Instant::now();
-    let mut n = 0usize;
-    loop {
-        for _ in 0..CHUNK {
-            step();
-        }
-        n += CHUNK;
-        let t = t0.elapsed();
-        if t >= ROUND_TIME {
-            return t.as_nanos() as f64 / n as f64;
-        }
+    for _ in 0..n {
+        step();
     }
+    t0.elapsed()
+}
+
+/// Iterations of `step` that take about `TURN_TIME`.
+fn turn_len(step: &mut impl FnMut()) -> usize {
+    const PROBE: usize = 4096;
+    let t = run(PROBE, step).max(Duration::from_nanos(1));
+    ((PROBE as f64 * TURN_TIME.as_secs_f64() / t.as_secs_f64()) as usize).max(PROBE)
+}
+
+/// One round: `TURNS` turns of `ours` and of `theirs`, alternating, each
+/// of `lens` iterations. Returns the nanoseconds per iteration of each.
+fn time_round(
+    lens: (usize, usize),
+    ours: &mut impl FnMut(),
+    theirs: &mut impl FnMut(),
+) -> (f64, f64) {
+    let (mut a, mut b) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..TURNS {
+        a += run(lens.0, ours);
+        b += run(lens.1, theirs);
+    }
+    let per = |d: Duration, n: usize| d.as_nanos() as f64 / (TURNS * n) as f64;
+    (per(a, lens.0), per(b, lens.1))
 }
 
 fn median(xs: &mut [f64]) -> f64 {
@@ -367,9 +387,10 @@ const MAX_RATIO: f64 = 1.5;
 
 fn table(rounds: usize, only: Option<usize>) {
     println!(
-        "alloc + free, ns per iteration: medians of {rounds} rounds (each: arena, then \
-         offset-allocator, {} ms each); ratio: median (min-max) of the rounds' ratios",
-        ROUND_TIME.as_millis()
+        "alloc + free, ns per iteration: medians of {rounds} rounds (each: {TURNS} turns of \
+         about {} ms of the arena and of offset-allocator, alternating); ratio: median \
+         (min-max) of the rounds' ratios",
+        TURN_TIME.as_millis()
     );
     println!(
         "{:>9} {:>9} {:>9} {:>17} {:>7} | {:>23} {:>23}",
@@ -382,9 +403,11 @@ fn table(rounds: usize, only: Option<usize>) {
         let units: Vec<u32> = w.sizes.iter().map(|&s| w.units(s)).collect();
         let mut theirs = Theirs::new(&w);
         let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        let mut ours_step = || ours.step(&w);
+        let mut theirs_step = || theirs.step(&w, &units);
+        let lens = (turn_len(&mut ours_step), turn_len(&mut theirs_step));
         for _ in 0..rounds {
-            let x = time_steps(|| ours.step(&w));
-            let y = time_steps(|| theirs.step(&w, &units));
+            let (x, y) = time_round(lens, &mut ours_step, &mut theirs_step);
             a.push(x);
             b.push(y);
             r.push(x / y);
