@@ -15,21 +15,22 @@
 //! each round alternates 4 turns of the arena and of `offset-allocator`,
 //! about 100 ms each (long against refilling the caches the other took),
 //! so that a slow spell of a shared machine falls on both alike. The
-//! columns: the median
-//! ns per iteration of each, and the median over rounds of each round's
-//! ratio (arena / offset-allocator, with its smallest and largest), which
-//! is the figure the arena's target (at most 1.5) is read against.
+//! columns: the median ns per iteration of each, the median over rounds
+//! of each round's ratio (arena / offset-allocator, with its smallest and
+//! largest), which is the figure the arena's target (at most 1.5) is read
+//! against, and `offset-allocator`'s unit U (below).
 //!
 //! The last columns are the bytes each wastes to rounding on this
 //! workload: over the arena's live blocks at the end of the measured
 //! rounds (both are charged for the same sizes, so that they differ by
 //! their rounding alone), the bytes reserved minus the bytes asked for,
-//! as a total and per block. The arena reserves
-//! each size rounded up to its 256 B alignment (checked against its
-//! `Stats`: `allocated_bytes - requested_bytes`); `offset-allocator`
-//! reserves whole units of U bytes (below) and stores the unit count
-//! exactly (its size classes index free regions, they do not round what
-//! is stored), so it wastes the size rounded up to U.
+//! as a total and per block, and (the line below) as a share of the live
+//! bytes. The arena reserves each size rounded up to its 256 B alignment
+//! (checked against its `Stats`: `allocated_bytes - requested_bytes`).
+//! `offset-allocator` reserves whole units of U bytes and stores the unit
+//! count exactly (its size classes index free regions; they do not round
+//! what it stores), so it wastes the size rounded up to U. Neither figure
+//! counts free space lost to fragmentation.
 //!
 //! Criterion prints mean estimates; the medians are in `estimates.json`:
 //!
@@ -63,8 +64,8 @@
 //! `offset-allocator` counts in `u32` units, so it gets the same capacity and
 //! sizes in units of U bytes (sizes rounded up): U is the smallest power of
 //! two of at least 256 B for which the capacity fits in `u32` units
-//! (256 B up to N = 10,000; 1 KiB at 100,000; 16 KiB at 1,000,000; printed at
-//! startup). Its node table holds 2N + 4096 nodes. Its search is not exact
+//! (256 B up to N = 10,000; 1 KiB at 100,000; 16 KiB at 1,000,000; the
+//! table's `unit` column). Its node table holds 2N + 4096 nodes. Its search is not exact
 //! (it skips the request's own size class), and it has no alignment
 //! parameter (its offsets are unit-aligned).
 use std::hint::black_box;
