@@ -221,6 +221,7 @@ impl FreeIndex {
     /// offset (or, unreachably in practice, if the index already has ~4
     /// billion nodes). O(1) unless no region of a surely-fitting class exists
     /// (see the [module docs](self)).
+    #[inline]
     pub fn alloc(&mut self, size: u64, align: u64) -> Option<Allocation> {
         let (node, offset) = self.alloc_node(size, align, false)?;
         Some(Allocation {
@@ -247,7 +248,9 @@ impl FreeIndex {
     }
 
     /// `alloc` (`high`: `alloc_high`), returning the node and the offset.
-    #[inline]
+    /// Out of line, with `alloc` inline around it: the caller builds the
+    /// `Allocation` in place, and one copy of the search serves both.
+    #[inline(never)]
     fn alloc_node(&mut self, size: u64, align: u64, high: bool) -> Option<(u32, u64)> {
         debug_assert!(size > 0, "alloc of zero bytes");
         debug_assert!(
