@@ -81,12 +81,13 @@ impl<B: Backend> Arena<B> {
         let node = self.place_on_device(reserved, align, &[])?;
         let (slot, offset) = (node.slot(), node.offset());
         let core = &mut self.core;
+        let now = core.tick_mut();
         let inserted = core.blocks.insert(Block {
             place: Place::Device(node),
             size: bytes,
             dtype,
             streams: Default::default(),
-            last_use: AtomicU64::new(core.tick()),
+            last_use: AtomicU64::new(now),
             // `align <= MAX_ALIGN < 2^32`, checked above.
             align: u32::try_from(align).unwrap_or(u32::MAX),
             pins: 0,
@@ -134,8 +135,17 @@ impl<B: Backend> Arena<B> {
         }
         let (size, lag) = (b.size, b.lag);
         // Its bytes are reused in arena-stream order: after the streams that
-        // used it are done with them.
-        self.core.wait_uses(h.key)?;
+        // used it are done with them. Under `&mut self` the use records need
+        // no lock, and most blocks have none.
+        let used = self.core.blocks.get_mut(h.key).is_some_and(|b| {
+            b.streams
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some()
+        });
+        if used {
+            self.core.wait_uses(h.key)?;
+        }
         self.policy.free(&self.core, h.key, size, lag)?;
         let core = &mut self.core;
         core.epoch += 1;

@@ -146,7 +146,8 @@ impl<B: Backend> Core<B> {
         r
     }
 
-    pub(super) fn block(&self, h: Handle) -> Result<&Block> {
+    /// A usable arena, and `h` is this arena's.
+    fn check_handle(&self, h: Handle) -> Result<()> {
         self.check_usable()?;
         if h.arena != self.id {
             return Err(Error::Foreign {
@@ -155,12 +156,26 @@ impl<B: Backend> Core<B> {
                 arena: self.id,
             });
         }
-        self.blocks.get(h.key).ok_or(Error::StaleHandle)
+        Ok(())
+    }
+
+    // Matches rather than `ok_or(Error::StaleHandle)`, which builds the
+    // error and drops it on every successful lookup (a call: `Error` owns
+    // strings).
+    pub(super) fn block(&self, h: Handle) -> Result<&Block> {
+        self.check_handle(h)?;
+        match self.blocks.get(h.key) {
+            Some(b) => Ok(b),
+            None => Err(Error::StaleHandle),
+        }
     }
 
     pub(super) fn block_mut(&mut self, h: Handle) -> Result<&mut Block> {
-        self.block(h)?;
-        self.blocks.get_mut(h.key).ok_or(Error::StaleHandle)
+        self.check_handle(h)?;
+        match self.blocks.get_mut(h.key) {
+            Some(b) => Ok(b),
+            None => Err(Error::StaleHandle),
+        }
     }
 
     /// The offset of a resident block's bytes (and a use, for the LRU).
@@ -171,6 +186,14 @@ impl<B: Backend> Core<B> {
 
     pub(super) fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// [`Core::tick`] without the atomic read-modify-write, under `&mut`.
+    pub(super) fn tick_mut(&mut self) -> u64 {
+        let clock = self.clock.get_mut();
+        let now = *clock;
+        *clock = now.wrapping_add(1);
+        now
     }
 
     /// Records a slot's new state: `Some((offset, bytes))` live, `None` freed.
@@ -301,7 +324,11 @@ impl<B: Backend> Core<B> {
     /// [`run`](Self::run) without rebuilding the index: for a caller that
     /// puts another index in its place (`adopt`), which must describe the
     /// final layout (`live`, sorted by offset, after the call).
-    pub(super) fn run_keeping_index(&mut self, plan: &Plan, t0: Instant) -> Result<CompactionReport> {
+    pub(super) fn run_keeping_index(
+        &mut self,
+        plan: &Plan,
+        t0: Instant,
+    ) -> Result<CompactionReport> {
         let planning = t0.elapsed();
         let used_on_streams = self.check_final_layout(plan)?;
         // Nothing moves under a kernel still using it on another stream.
@@ -388,7 +415,8 @@ impl<B: Backend> Core<B> {
     /// (unreachable: the layout was checked).
     pub(super) fn rebuild_index(&mut self) -> Result<()> {
         self.spans.clear();
-        self.spans.extend(self.live.iter().map(|l| (l.offset, l.len)));
+        self.spans
+            .extend(self.live.iter().map(|l| (l.offset, l.len)));
         let Core {
             index,
             spans,
@@ -424,7 +452,11 @@ impl<B: Backend> Core<B> {
         owners: Vec<Owner>,
         mut node_of: impl FnMut(BlockKey) -> Option<Allocation>,
     ) {
-        for o in index.regions().filter_map(|r| r.slot).filter_map(|s| owners.get(s as usize)) {
+        for o in index
+            .regions()
+            .filter_map(|r| r.slot)
+            .filter_map(|s| owners.get(s as usize))
+        {
             if let (Some(b), Some(node)) = (self.blocks.get_mut(o.key), node_of(o.key)) {
                 b.place = Place::Device(node);
             }
@@ -528,7 +560,8 @@ impl<B: Backend> Core<B> {
             let l = &mut self.live[i];
             l.offset = f;
             self.moved.0.push(i as u32);
-            self.finals.push((BlockKey::from_bits(l.key), f, l.copy_len));
+            self.finals
+                .push((BlockKey::from_bits(l.key), f, l.copy_len));
         }
         Ok(())
     }

@@ -33,8 +33,8 @@ mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use block::{Block, Place};
 use self::core::Core;
+use block::{Block, Place};
 use policy::Policy;
 
 pub use shared::SharedArena;
@@ -244,7 +244,13 @@ impl<B: Backend> Arena<B> {
             .filter_map(|slot| {
                 let key = core.owners.get(slot as usize)?.key;
                 let b = core.blocks.get(key)?;
-                Some(self.info_of(Handle { key, arena: core.id }, b))
+                Some(self.info_of(
+                    Handle {
+                        key,
+                        arena: core.id,
+                    },
+                    b,
+                ))
             })
             .collect();
         if self.policy.defers() {
@@ -311,6 +317,4 @@ impl<B: Backend> Arena<B> {
     pub(crate) fn flush_table(&mut self) -> Result<()> {
         self.core.flush_table()
     }
-
-
 }

@@ -52,7 +52,9 @@ pub(super) fn restore_each<B: Backend>(
             // Give the node back: left used without an owner, a later
             // compaction would read a stale owner entry.
             let _ = arena.core.index.free(node);
-            arena.core.poison(format!("restoring a spilled block failed: {e}"));
+            arena
+                .core
+                .poison(format!("restoring a spilled block failed: {e}"));
             return Err(e);
         }
         let old = match arena.core.blocks.get_mut(h.key) {
@@ -68,7 +70,8 @@ pub(super) fn restore_each<B: Backend>(
         arena.core.set_owner(slot, h.key);
         arena.core.set_entry(h.key, Some((dev, size)));
         arena.core.counters.restores += 1;
-        arena.core.counters.bytes_restored = arena.core.counters.bytes_restored.saturating_add(size);
+        arena.core.counters.bytes_restored =
+            arena.core.counters.bytes_restored.saturating_add(size);
     }
     Ok(())
 }
@@ -116,7 +119,8 @@ pub(super) fn make_room_for_all<B: Backend>(
         index.rebuild(&spans, &mut Vec::new()).is_ok() && fits(&mut index)
     };
     let mut candidates: Vec<(u64, BlockKey)> = arena
-        .core.blocks
+        .core
+        .blocks
         .iter()
         .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
         .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k))
@@ -274,7 +278,8 @@ pub(super) fn plan_evictions<B: Backend>(
     arena.core.collect_live();
     let mut live = std::mem::take(&mut arena.core.live);
     let mut candidates: Vec<(u64, BlockKey, u64)> = arena
-        .core.blocks
+        .core
+        .blocks
         .iter()
         .filter(|(k, b)| matches!(b.place, Place::Device(_)) && b.pins == 0 && !keep.contains(k))
         .map(|(k, b)| (b.last_use.load(Ordering::Relaxed), k, b.reserved()))
@@ -396,7 +401,9 @@ pub(super) fn spill_to<B: Backend>(
     if let Place::Device(node) = old {
         if let Err(e) = arena.core.index.free(node) {
             // Unreachable: the arena holds only its index's allocations.
-            return Err(arena.core.broken("freeing a spilled block's space failed", e));
+            return Err(arena
+                .core
+                .broken("freeing a spilled block's space failed", e));
         }
     }
     arena.core.set_entry(key, None);

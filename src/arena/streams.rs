@@ -90,7 +90,6 @@ impl<B: Backend> Arena<B> {
         check_stream(stream, self.core.backend.stream_count())
     }
 
-
     /// Makes later work on `stream` wait for the arena stream's work it has
     /// not waited for yet (moves, writes, fills, copies, frees): call it
     /// before enqueueing work that uses arena bytes on `stream` (kernel
@@ -107,7 +106,8 @@ impl<B: Backend> Arena<B> {
         }
         // Registration sized the table; a missing entry is an unknown stream.
         let joined = self
-            .core.joined
+            .core
+            .joined
             .get(stream.0 as usize)
             .ok_or(Error::UnknownStream {
                 stream: stream.0,

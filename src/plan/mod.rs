@@ -37,9 +37,9 @@
 //! direction; the planner uses such moves to evacuate a window into holes.
 
 pub(crate) mod lag;
+pub(crate) mod pacer;
 pub(crate) mod pieces;
 pub(crate) mod planner;
-pub(crate) mod pacer;
 pub(crate) mod relayout;
 pub(crate) mod track;
 

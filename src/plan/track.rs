@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-
 use super::planner::{check_live, LiveBlock};
 use super::{Move, Plan, PlanError};
 

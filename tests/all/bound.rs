@@ -93,7 +93,11 @@ fn program(rng: &mut Rng, cap: u64, len: usize, pins: bool) -> Vec<Step> {
                 50..=84 => rng.range(4096, cap / 16),
                 _ => rng.range(cap / 16, cap / 4),
             };
-            let align = if rng.below(100) < 85 { 256 } else { 256 << rng.range(1, 5) };
+            let align = if rng.below(100) < 85 {
+                256
+            } else {
+                256 << rng.range(1, 5)
+            };
             loop {
                 match naive_alloc(&mut naive, size, align) {
                     Ok(h) => {
@@ -293,8 +297,14 @@ fn the_default_stays_within_naive_plus_twice_the_peak_and_auto_within_naive() {
     // The bound is reached, not assumed: most programs compact, the
     // handover runs in a quarter of them at least, and some plans need
     // pieces (little free space to stage through).
-    assert!(compacting * 4 >= n * 3, "{compacting} of {n} programs compact");
-    assert!(handover * 4 >= n, "the handover ran in {handover} of {n} programs");
+    assert!(
+        compacting * 4 >= n * 3,
+        "{compacting} of {n} programs compact"
+    );
+    assert!(
+        handover * 4 >= n,
+        "the handover ran in {handover} of {n} programs"
+    );
     assert!(pieces > 0, "no plan in pieces");
 }
 
@@ -310,7 +320,8 @@ fn pins_in_the_default_free_mode_keep_the_bound() {
         let steps = program(&mut rng, cap, 300, true);
         let r = against_naive(&steps, cap, CompactionPolicy::Bounded)
             .unwrap_or_else(|e| panic!("program {k} (capacity {cap} B): {e}\n{steps:?}"));
-        pinned_handovers += u64::from(r.handovers > 0 && steps.iter().any(|s| matches!(s, Step::Pin { .. })));
+        pinned_handovers +=
+            u64::from(r.handovers > 0 && steps.iter().any(|s| matches!(s, Step::Pin { .. })));
     }
     println!("{n} programs with pins: {pinned_handovers} with a handover");
     assert!(pinned_handovers > 0);
@@ -469,7 +480,11 @@ fn the_policies_are_compared_with_segregated_fit_not_exact_best_fit() {
     let mut plain = Arena::metadata(manual.clone()).expect("arena");
     let mut naive = Arena::metadata(manual).expect("arena");
     let run = |a: &mut Arena<MetaBackend>, compact: bool| -> Result<(), Error> {
-        let x = if compact { naive_alloc(a, sizes[0], 256)? } else { a.alloc(sizes[0])? };
+        let x = if compact {
+            naive_alloc(a, sizes[0], 256)?
+        } else {
+            a.alloc(sizes[0])?
+        };
         for (k, &s) in sizes[1..].iter().enumerate() {
             if k == 1 {
                 a.free(x)?;
@@ -488,8 +503,7 @@ fn the_policies_are_compared_with_segregated_fit_not_exact_best_fit() {
     let n = naive.stats().bytes_moved;
     assert!(n > 0);
     for policy in [CompactionPolicy::Bounded, CompactionPolicy::Auto] {
-        let mut a =
-            Arena::metadata(ArenaConfig::new(cap).with_compaction(policy)).expect("arena");
+        let mut a = Arena::metadata(ArenaConfig::new(cap).with_compaction(policy)).expect("arena");
         let x = a.alloc(sizes[0]).expect("alloc");
         a.alloc(sizes[1]).expect("alloc");
         a.free(x).expect("free");
@@ -498,6 +512,9 @@ fn the_policies_are_compared_with_segregated_fit_not_exact_best_fit() {
         }
         let s = a.stats();
         assert_eq!(s.policy.naive_bytes_moved, n, "{policy:?}");
-        assert!(s.bytes_moved <= n + 2 * s.peak_allocated_bytes, "{policy:?}");
+        assert!(
+            s.bytes_moved <= n + 2 * s.peak_allocated_bytes,
+            "{policy:?}"
+        );
     }
 }

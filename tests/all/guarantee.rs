@@ -105,9 +105,7 @@ pub(crate) fn full_compaction_hole<B: cuarena::backend::Backend>(
 ) -> u64 {
     let address = address_order_hole(arena, align);
     match packed_hole(blocks, cap, 1) {
-        Some(h) if h > address_order_hole(arena, 1) => {
-            packed_hole(blocks, cap, align).unwrap_or(0)
-        }
+        Some(h) if h > address_order_hole(arena, 1) => packed_hole(blocks, cap, align).unwrap_or(0),
         _ => address,
     }
 }
@@ -146,7 +144,8 @@ fn run(program: &[Step], reps: usize, config: ArenaConfig) -> Result<(), TestCas
                         // The guarantee, computed here: the packing by
                         // alignment class leaves no range for it.
                         let align = 256u64 << align_log2;
-                        let blocks: Vec<(u64, u64)> = live.iter().map(|&(_, a, r)| (a, r)).collect();
+                        let blocks: Vec<(u64, u64)> =
+                            live.iter().map(|&(_, a, r)| (a, r)).collect();
                         let cap = arena.config().capacity_bytes;
                         let hole = full_compaction_hole(&arena, &blocks, cap, align);
                         prop_assert!(
@@ -271,7 +270,10 @@ fn the_packing_by_alignment_class_serves_the_issues_case() {
         r.unwrap_or_else(|e| panic!("{policy:?}: {e}"));
         assert_eq!(a.info(x).expect("x").offset % 2048, 0);
         for (h, v) in [(big, 1u8), (x, 2), (b, 3)] {
-            assert!(a.read::<u8>(h).expect("read").iter().all(|&y| y == v), "{policy:?}");
+            assert!(
+                a.read::<u8>(h).expect("read").iter().all(|&y| y == v),
+                "{policy:?}"
+            );
         }
     }
 }
@@ -345,7 +347,10 @@ fn the_rule_against_every_layout_on_small_arenas() {
                          arena {:?} {:?}",
                         len * g,
                         align * g,
-                        a.blocks().iter().map(|b| (b.offset, b.reserved_bytes, b.align_bytes)).collect::<Vec<_>>(),
+                        a.blocks()
+                            .iter()
+                            .map(|b| (b.offset, b.reserved_bytes, b.align_bytes))
+                            .collect::<Vec<_>>(),
                         a.stats()
                     );
                     let gran: Vec<(u64, u64)> = live.iter().map(|&(_, a, l)| (a, l)).collect();

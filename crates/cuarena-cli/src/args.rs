@@ -154,7 +154,10 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
                 let name = v.to_string_lossy();
                 a.policy = Allocator::from_name(name.trim()).ok_or_else(|| {
                     let names: Vec<&str> = Allocator::ALL.iter().map(|a| a.name()).collect();
-                    usage(format!("--policy: `{name}` is none of {}", names.join(", ")))
+                    usage(format!(
+                        "--policy: `{name}` is none of {}",
+                        names.join(", ")
+                    ))
                 })?;
             }
             Long("gpu-no-baselines") => {

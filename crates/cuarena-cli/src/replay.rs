@@ -383,11 +383,13 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
         let config = ArenaConfig::new(capacity).with_alignment_bytes(args.align);
         let mut policies = Vec::with_capacity(Allocator::ALL.len());
         for allocator in Allocator::ALL {
-            policies.push(if allocator == args.policy && verdict.at_peak.capacity_bytes == capacity {
-                verdict.at_peak.clone()
-            } else {
-                replay_one(&loaded.ops, &config, allocator, 0)?
-            });
+            policies.push(
+                if allocator == args.policy && verdict.at_peak.capacity_bytes == capacity {
+                    verdict.at_peak.clone()
+                } else {
+                    replay_one(&loaded.ops, &config, allocator, 0)?
+                },
+            );
         }
         let report = Report::new(&loaded, &verdict, args.align, args.policy, &policies, min);
         outln!("{}", report.to_line())?;
@@ -462,7 +464,11 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
             count(u64::from(m.trials), "trial", "trials")
         )?;
         print_header()?;
-        print_row(&format!("{}, smallest", label(args.policy)), &m.report, peak)?;
+        print_row(
+            &format!("{}, smallest", label(args.policy)),
+            &m.report,
+            peak,
+        )?;
         print_row("naive (full on failure), same cap", &naive, peak)?;
         match &fixed {
             Ok(f) => print_row("non-moving segregated fit, smallest", &f.report, peak)?,

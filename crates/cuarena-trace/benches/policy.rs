@@ -131,7 +131,11 @@ fn main() {
                 (a as f64 - n as f64) / peak.max(1) as f64,
                 ours.policy.handovers,
                 ratio(auto.bytes_moved).map_or("-".to_owned(), |x| format!("{x:.3}")),
-                if fixed.completed() { "completes" } else { "fails" }
+                if fixed.completed() {
+                    "completes"
+                } else {
+                    "fails"
+                }
             );
         }
     }

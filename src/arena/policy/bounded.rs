@@ -230,8 +230,11 @@ impl Bounded {
         let capacity = core.capacity();
         // Naive's offsets after its compaction.
         let index_live = core.live.clone();
-        let pos: std::collections::HashMap<u64, usize> =
-            index_live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
+        let pos: std::collections::HashMap<u64, usize> = index_live
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.key, i))
+            .collect();
         let Ok(moved) = track::final_offsets(naive, &index_live, |k| pos.get(&k).copied()) else {
             return Ok(None);
         };
@@ -314,7 +317,10 @@ impl Bounded {
         }
         self.mirror.naive_bytes = self.mirror.naive_bytes.saturating_add(bytes);
         if shadow.place(reserved, align).is_none() {
-            return Err(core.broken("naive's placement in the shadow", "no hole after its compaction"));
+            return Err(core.broken(
+                "naive's placement in the shadow",
+                "no hole after its compaction",
+            ));
         }
         for l in &index_live {
             let key = BlockKey::from_bits(l.key);
@@ -334,7 +340,6 @@ impl Bounded {
         }
         self.arena_step(core, reserved, align).map(Some)
     }
-
 
     fn place_free<B: Backend>(
         &mut self,
@@ -365,7 +370,10 @@ impl Bounded {
                     _ => {}
                 }
             }
-            let slack = self.slack(core).saturating_add(bytes).saturating_add(2 * shrinks);
+            let slack = self
+                .slack(core)
+                .saturating_add(bytes)
+                .saturating_add(2 * shrinks);
             if !fits(slack, grows.saturating_mul(2)) {
                 // Naive's layout now, then naive's compaction in mirror
                 // mode (deferred), which the potential always affords.
@@ -388,7 +396,10 @@ impl Bounded {
                 }
             }
             if shadow.place(reserved, align).is_none() {
-                return Err(core.broken("naive's placement in the shadow", "no hole after its compaction"));
+                return Err(core.broken(
+                    "naive's placement in the shadow",
+                    "no hole after its compaction",
+                ));
             }
         }
         self.arena_step(core, reserved, align)
@@ -498,7 +509,8 @@ impl Bounded {
             .iter()
             .map(|l| shadow.offset_of(BlockKey::from_bits(l.key)))
             .collect();
-        let plan = targets.and_then(|t| plan_relayout(&core.live, &t, core.capacity(), PlanKind::Full));
+        let plan =
+            targets.and_then(|t| plan_relayout(&core.live, &t, core.capacity(), PlanKind::Full));
         let Some(plan) = plan else {
             self.free = Some(shadow);
             return Ok(None);
@@ -539,7 +551,12 @@ impl Bounded {
     }
 
     /// Block `key` (of `size` bytes) is freed.
-    pub(super) fn free<B: Backend>(&mut self, core: &Core<B>, key: BlockKey, size: u64) -> Result<()> {
+    pub(super) fn free<B: Backend>(
+        &mut self,
+        core: &Core<B>,
+        key: BlockKey,
+        size: u64,
+    ) -> Result<()> {
         if let Some(s) = self.free.as_mut() {
             if let Err(e) = s.free(key, size) {
                 return Err(core.broken("freeing a block in naive's shadow failed", e));
@@ -551,7 +568,11 @@ impl Bounded {
     /// Block `key` is about to be pinned: it must be at naive's place (a
     /// pinned block never moves), so a block away is brought there by the
     /// handover; without a byte free to stage it, the comparison ends.
-    pub(super) fn before_pin<B: Backend>(&mut self, core: &mut Core<B>, key: BlockKey) -> Result<()> {
+    pub(super) fn before_pin<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        key: BlockKey,
+    ) -> Result<()> {
         if self.free.as_ref().is_some_and(|s| s.is_away(key)) && self.handover(core)?.is_none() {
             self.end();
         }
@@ -590,7 +611,11 @@ impl<B: Backend> Core<B> {
     pub(super) fn rebuild_from(
         &mut self,
         real: &[LiveBlock],
-    ) -> Result<(crate::placement::FreeIndex, Vec<Owner>, Vec<Option<Allocation>>)> {
+    ) -> Result<(
+        crate::placement::FreeIndex,
+        Vec<Owner>,
+        Vec<Option<Allocation>>,
+    )> {
         let capacity = self.capacity();
         let old = std::mem::replace(&mut self.index, crate::placement::FreeIndex::new(capacity));
         let old_owners = std::mem::take(&mut self.owners);

@@ -152,7 +152,11 @@ impl Policy {
 
     /// Block `key` is about to be pinned: its bytes must be where they
     /// will stay (at home, and for the default policy at naive's place).
-    pub(super) fn before_pin<B: Backend>(&mut self, core: &mut Core<B>, key: BlockKey) -> Result<()> {
+    pub(super) fn before_pin<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        key: BlockKey,
+    ) -> Result<()> {
         match self {
             Policy::Manual => Ok(()),
             Policy::Strict(s) => s.bring_home(core, key),

@@ -31,7 +31,11 @@ pub(crate) struct Shadow {
 impl Shadow {
     /// Naive's layout as `index` (taken from the arena, with its owners
     /// and its blocks' nodes `nodes`), every block at naive's place.
-    pub(super) fn new(index: FreeIndex, owners: Vec<Owner>, nodes: Vec<Option<Allocation>>) -> Self {
+    pub(super) fn new(
+        index: FreeIndex,
+        owners: Vec<Owner>,
+        nodes: Vec<Option<Allocation>>,
+    ) -> Self {
         let away = vec![false; nodes.len()];
         Self {
             index,
@@ -117,7 +121,11 @@ impl Shadow {
             self.away[key.slot() as usize] = false;
             self.away_bytes = self.away_bytes.saturating_sub(bytes);
         }
-        match self.nodes.get_mut(key.slot() as usize).and_then(Option::take) {
+        match self
+            .nodes
+            .get_mut(key.slot() as usize)
+            .and_then(Option::take)
+        {
             Some(node) => self.index.free(node),
             None => Ok(()),
         }
@@ -180,7 +188,8 @@ impl Shadow {
         }
         self.live.sort_unstable_by_key(|l| l.offset);
         self.spans.clear();
-        self.spans.extend(self.live.iter().map(|l| (l.offset, l.len)));
+        self.spans
+            .extend(self.live.iter().map(|l| (l.offset, l.len)));
         let Self {
             index,
             owners,

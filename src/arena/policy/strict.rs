@@ -194,7 +194,11 @@ impl Strict {
 
     /// Sends block `key` home if it lags (with every other lagging block,
     /// as [`clear_range`](Self::clear_range) does after a compaction).
-    pub(super) fn bring_home<B: Backend>(&mut self, core: &mut Core<B>, key: BlockKey) -> Result<()> {
+    pub(super) fn bring_home<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        key: BlockKey,
+    ) -> Result<()> {
         if core.blocks.get(key).is_some_and(|b| b.lag.is_some()) {
             self.settle(core)?;
         }

@@ -167,7 +167,11 @@ pub fn packed_by_alignment(blocks: &[LiveBlock], capacity: u64) -> Option<Vec<u6
     let mut order: Vec<usize> = (0..blocks.len()).collect();
     order.sort_by_key(|&i| {
         let b = &blocks[i];
-        (std::cmp::Reverse(b.align), std::cmp::Reverse(b.len), b.offset)
+        (
+            std::cmp::Reverse(b.align),
+            std::cmp::Reverse(b.len),
+            b.offset,
+        )
     });
     // Free ranges `start -> end`, ascending: padding holes and the tail.
     let mut free: BTreeMap<u64, u64> = BTreeMap::new();

@@ -225,7 +225,9 @@ fn policy_picks_the_arena_and_json_reports_every_policy() {
     let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(names, ["bounded", "auto", "naive", "nonmoving"]);
     let cap = rows[0]["capacity_bytes"].as_u64().unwrap();
-    assert!(rows.iter().all(|r| r["capacity_bytes"].as_u64() == Some(cap)));
+    assert!(rows
+        .iter()
+        .all(|r| r["capacity_bytes"].as_u64() == Some(cap)));
     let moved = |k: usize| rows[k]["bytes_moved"].as_u64().unwrap();
     assert!(moved(1) <= moved(2), "auto moved more than naive: {rows:?}");
     assert_eq!(moved(3), 0);
@@ -234,10 +236,16 @@ fn policy_picks_the_arena_and_json_reports_every_policy() {
         let t = r["targeted_compactions"].as_u64().unwrap();
         let f = r["full_compactions"].as_u64().unwrap();
         assert_eq!(c, t + f);
-        assert_eq!(r["completed"].as_bool().unwrap(), r["failed_at_event"].is_null());
+        assert_eq!(
+            r["completed"].as_bool().unwrap(),
+            r["failed_at_event"].is_null()
+        );
     }
     let o = cuarena(&["replay", &path, "--policy", "targeted"]);
     assert_eq!(o.status.code(), Some(2));
     let err = text(&o.stderr);
-    assert!(err.contains("`targeted`") && err.contains("bounded, auto, naive, nonmoving"), "{err}");
+    assert!(
+        err.contains("`targeted`") && err.contains("bounded, auto, naive, nonmoving"),
+        "{err}"
+    );
 }

@@ -120,7 +120,10 @@ fn lockstep(name: &str, ops: &Ops, cap: u64) -> Row {
             "{name} at {cap} B, op {i}: the default's bound: {b:?}"
         );
     }
-    assert!(!naive.failed && !auto.failed && !bounded.failed, "{name} at {cap} B");
+    assert!(
+        !naive.failed && !auto.failed && !bounded.failed,
+        "{name} at {cap} B"
+    );
     Row {
         bounded: bounded.moved(),
         auto: auto.moved(),
