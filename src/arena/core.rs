@@ -457,8 +457,14 @@ impl<B: Backend> Core<B> {
             .filter_map(|r| r.slot)
             .filter_map(|s| owners.get(s as usize))
         {
-            if let (Some(b), Some(node)) = (self.blocks.get_mut(o.key), node_of(o.key)) {
-                b.place = Place::Device(node);
+            // Only a live block takes its node: a region's owner entry can
+            // be stale (the pending request's region keeps its previous
+            // owner until the commit), and asking for a stale key's node
+            // would take the node of the live block in its slot.
+            if let Some(b) = self.blocks.get_mut(o.key) {
+                if let Some(node) = node_of(o.key) {
+                    b.place = Place::Device(node);
+                }
             }
         }
         self.index = index;

@@ -1,10 +1,9 @@
-//! Deferred moves: how [`CompactionPolicy::Auto`] never moves more
-//! bytes than naive compact-on-failure, and how [`CompactionPolicy::Budgeted`]
-//! spends what naive moves beyond it ("Two phases", below).
+//! Deferred moves: how [`CompactionPolicy::Auto`] (and the default's
+//! mirror mode) never moves more bytes than naive compact-on-failure.
 //!
 //! # The baseline
 //!
-//! *Naive* places every block best fit ([`crate::placement::FreeIndex::alloc`],
+//! *Naive* places every block by the arena's segregated fit ([`crate::placement::FreeIndex::alloc`],
 //! carved from the bottom of its region) and, when a request fits in no
 //! hole, runs one full compaction ([`super::planner::plan_full`]) and
 //! places the request again. The replays call it
@@ -87,7 +86,7 @@
 //! use `at` for a lagging block.
 //!
 //! Consequences. While naive never compacts nothing lags, the arena is
-//! naive, and it never moves a byte: where a non-moving best fit serves
+//! naive, and it never moves a byte: where a non-moving segregated fit serves
 //! every request, so does naive, and the arena moves nothing. The bound
 //! covers every prefix of every program that naive serves; a request naive
 //! would fail (pins or alignment padding leave no hole after its full
@@ -103,49 +102,13 @@
 //! any departure can be punished: a program that from then on sends only
 //! requests naive serves without moving (naive's layout is packed after
 //! its compaction) can force the arena to move bytes naive never does.
-//! [`CompactionPolicy::Targeted`] makes that bet and usually wins;
+//! The default, [`CompactionPolicy::Bounded`], makes that bet within a
+//! budget of twice the peak live bytes (`crate::policies` has its proof);
 //! `Auto` does not bet.
 //!
-//! # Two phases
-//!
-//! [`CompactionPolicy::Budgeted`] bets with a budget. In its first phase the
-//! arena keeps naive's layout in a *shadow* (a second placement index,
-//! metadata only, fed the same requests; naive's full compactions are
-//! applied to it and counted in `N`) and places blocks with naive's calls
-//! on its own index, so the two layouts are equal until the first request
-//! that fits in no hole. From there the arena's own compactions are the
-//! targeted policy's plans ([`super::policy`]), each run only if its bytes
-//! fit in `N - A`, with `N` already counting what naive moved for the same
-//! request. The first request for which no such plan serves (too dear, or
-//! naive serves it and the arena cannot) ends the phase with the
-//! *handover*: one plan ([`super::relayout`]) moves every block to its
-//! place in the shadow, whose index then becomes the arena's; from then on
-//! the arena is `Auto` as above, with naive's layout in its index.
-//!
-//! The bound. In the first phase `A <= N` after every operation (every
-//! plan run fits in `N - A`). The handover moves `H` bytes: `A <= N + H`,
-//! nothing lags, and the credit invariant of the second phase starts as
-//! `A + D <= N + H`, which every later operation keeps as shown above. So
-//! `A <= N + H` at every prefix, where `H` (`Stats::handover_bytes`) is
-//! the relayout of the blocks live at the handover: at most their bytes,
-//! twice for those staged through a free spot, and 0 on programs whose
-//! cheap plans never run out of budget. Where a non-moving best fit serves
-//! every request, naive never compacts, the two layouts stay equal and the
-//! arena moves nothing.
-//!
-//! One gap: the handover needs every pinned block to be where the shadow
-//! has it and a free spot for each move it cannot order. When it cannot be
-//! staged, the request gets the targeted policy's plan past the budget,
-//! its bytes counted apart (`Stats::overrun_bytes`, a second additive term)
-//! and the handover is tried again at the next compaction. If that plan
-//! cannot serve the request either, the request fails although naive, in
-//! its own layout, serves it: the one request `Auto` serves and `Budgeted`
-//! may not (tested: it only happens before the handover).
-//!
-//! [`CompactionPolicy::Budgeted`]: crate::CompactionPolicy::Budgeted
+//! [`CompactionPolicy::Bounded`]: crate::CompactionPolicy::Bounded
 //! [`CompactionPolicy::Auto`]: crate::CompactionPolicy::Auto
 //! [`CompactionPolicy::Manual`]: crate::CompactionPolicy::Manual
-//! [`CompactionPolicy::Targeted`]: crate::CompactionPolicy::Targeted
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;

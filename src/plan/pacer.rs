@@ -1,8 +1,6 @@
-//! When to compact how much under [`crate::CompactionPolicy::Targeted`]:
-//! the policy between the arena and the planner. (The default policy,
-//! `Auto`, compacts when naive compact-on-failure would, and defers what
-//! it can: see [`super::lag`]. It also falls back on this pacer for the
-//! requests naive cannot serve.)
+//! When to compact how much for the targeted mechanism: the plans the
+//! default policy runs in its free mode, and the fallback of every policy
+//! for the requests naive cannot serve (`crate::policies`).
 //!
 //! The arena calls [`Pacer::plan`] when a request fits in the free bytes
 //! but in no hole. The pacer returns a targeted plan (one hole, fewest
@@ -10,17 +8,10 @@
 //!
 //! 1. **Full when it costs enough (bytes).** A targeted compaction is
 //!    rent, a full one a purchase: afterwards the free space of each gap is
-//!    one region. With large blocks kept apart at the top
-//!    (`ArenaConfig::large_block_divisor`, the default) the pacer buys only
-//!    when the targeted plan would move at least as many bytes as the full
-//!    plan would now: a full compaction packs every block down, large ones
-//!    included, and undoing that separation cost more bytes later than it
-//!    saved (buying at half moved 1.2-1.7x more on the shipped ResNet and
-//!    LLM traces at 1.00x). Without that placement it buys at half the full
-//!    price, so that a request that needs nearly all free space, spread
-//!    over many holes, gets the full compaction at once rather than a
-//!    near-full one now and another at the next request (buying only at
-//!    the same price moved 1.96x of naive on the MLP snapshot there).
+//!    one region. The pacer buys only when the targeted plan would move
+//!    at least as many bytes as the full plan would now (`for_placement`
+//!    keeps the other price, half the full one, which moved more on the
+//!    recorded traces once blocks are placed as naive places them).
 //!    (Counting the targeted bytes paid since the last full compaction as
 //!    well moved more.) Cheap targeted compactions are what keeps bytes
 //!    moved below a naive compact-on-failure allocator.

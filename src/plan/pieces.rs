@@ -377,11 +377,16 @@ fn target_free(blocks: &[LiveBlock], target: &[u64], capacity: u64) -> Option<Ve
     Some(free)
 }
 
+/// Rounds (waves) a plan in pieces may take beyond `16 (n + 1)` for `n`
+/// blocks: see [`plan_in_pieces`].
+pub const MAX_ROUNDS: u64 = 1 << 10;
+
 /// Plans moving `blocks` (ascending, valid) to `target[i]` each (pinned
 /// blocks must keep their offset), a valid layout inside `capacity`, in
-/// pieces (see the module docs). `None` only if the input is not such a
-/// pair of layouts, if no byte is free, or past a safety cap on rounds
-/// (which the argument above says is never reached).
+/// pieces (see the module docs). `None` if the input is not such a pair of
+/// layouts, if no byte is free, or past `MAX_ROUNDS + 16 (n + 1)`
+/// rounds: the rounds are at most twice the granules that move, so that
+/// happens only where little space is free for many bytes.
 pub fn plan_in_pieces(
     blocks: &[LiveBlock],
     target: &[u64],
@@ -428,15 +433,14 @@ pub fn plan_in_pieces(
         }
     }
     let mut plan = Plan::empty(kind);
-    // Each round copies at least one byte and no byte is copied more than
-    // twice (the module docs), so the rounds are at most twice the bytes
-    // that move, however little space is free; this cap only stops a bug
-    // from looping.
-    let moving = st
-        .pieces
-        .iter()
-        .fold(0u64, |sum, p| sum.saturating_add(p.len));
-    let cap_rounds = moving.saturating_mul(2).saturating_add(1024);
+    // Each round copies at least one granule and no byte is copied more
+    // than twice (the module docs), so the rounds are at most twice the
+    // granules that move: few where free space is ample, but a huge block
+    // sliding through a few free bytes needs a wave per few bytes. Past
+    // this cap the planner gives up (bounded work: a plan is a wave per
+    // GPU launch), and the caller keeps a layout it can reach without
+    // staging (address order).
+    let cap_rounds = MAX_ROUNDS.saturating_add(16 * (blocks.len() as u64 + 1));
     let mut rounds = 0u64;
     while !st.pending.is_empty() {
         rounds += 1;

@@ -214,7 +214,6 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
             (a.gpu, "--gpu"),
             (a.svg.is_some(), "--svg"),
             (a.map.is_some(), "--map"),
-            (a.capacity.is_some(), "--capacity"),
         ];
         if let Some((_, o)) = clash.iter().find(|c| c.0) {
             return Err(usage(format!(

@@ -97,7 +97,8 @@ options:
   --align BYTES              arena alignment, a power of two up to 2^30 (default 256)
   --free-at completed|first  free at free_completed (default) or at the first free event
   --json                     print the verdict alone, as one JSON object (fields below);
-                             with --find-min, the smallest capacities too
+                             with --find-min, the smallest capacities too; with
+                             --capacity, the policies replayed at it
   --svg FILE                 write a timeline of the arena replay as SVG
   --map FILE                 write memory maps before/after the largest compaction as SVG
   --policy bounded|auto|naive|nonmoving

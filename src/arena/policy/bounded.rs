@@ -164,6 +164,18 @@ impl Bounded {
         self.mirror.fallback(core, reserved, align)
     }
 
+    /// Ends the comparison (the handover cannot be planned) and serves the
+    /// request with the targeted mechanism.
+    fn end_unstaged<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        reserved: u64,
+        align: u64,
+    ) -> Result<Allocation> {
+        self.end();
+        self.mirror.fallback(core, reserved, align)
+    }
+
     /// Ends the comparison: the arena keeps its own layout.
     pub(super) fn end(&mut self) {
         self.ended = true;
@@ -380,8 +392,10 @@ impl Bounded {
                 if self.handover(core)?.is_some() {
                     return self.place_mirror(core, reserved, align);
                 }
-                // No byte free: unreachable while a request fits.
-                return self.end_with(core, reserved, align);
+                // The relayout could not be planned (no byte free, which
+                // a request that fits rules out, or past the planner's cap
+                // on waves): the comparison ends, naive did not fail.
+                return self.end_unstaged(core, reserved, align);
             }
             let Some(shadow) = self.free.as_mut() else {
                 return self.place_mirror(core, reserved, align);
@@ -485,9 +499,10 @@ impl Bounded {
         match self.handover(core)? {
             Some(Some(node)) => Ok(node),
             // Naive placed the request: the pending node always comes
-            // back; without a byte free the handover cannot run, which a
-            // request that fits rules out.
-            _ => self.end_with(core, reserved, align),
+            // back; the handover cannot run without a byte free (which a
+            // request that fits rules out) or past the planner's cap on
+            // waves.
+            _ => self.end_unstaged(core, reserved, align),
         }
     }
 

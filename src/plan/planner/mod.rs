@@ -148,7 +148,7 @@ fn pack_full(blocks: &[LiveBlock], capacity: u64) -> Plan {
 /// (no allocation beyond one entry per pinned block) unless it reorders
 /// blocks by alignment. O(blocks).
 pub fn full_bytes_moved(blocks: &[LiveBlock], capacity: u64) -> u64 {
-    if let Some(target) = pack::full_targets(blocks, capacity) {
+    if let Some((target, _)) = pack::full_reordered(blocks, capacity) {
         // Each moved block once (a staged one may be copied twice).
         return blocks
             .iter()
@@ -245,7 +245,9 @@ pub fn largest_hole_after_full_in(
     align: u64,
     scratch: &mut Scratch,
 ) -> u64 {
-    if let Some(target) = pack::full_targets(blocks, capacity) {
+    // The layout the compaction would reach: the reordered packing only
+    // where its relayout is planned (as `plan_full` runs it).
+    if let Some((target, _)) = pack::full_reordered(blocks, capacity) {
         return pack::largest_hole_of(blocks, &target, capacity, align);
     }
     let layout = &mut scratch.layout;
