@@ -8,6 +8,7 @@
 mod abi;
 mod arena;
 mod bound;
+mod elastic;
 mod errors;
 #[cfg(feature = "cuda")]
 mod gpu;
