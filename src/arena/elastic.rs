@@ -39,6 +39,7 @@ use crate::backend::Backend;
 use crate::config::ArenaConfig;
 use crate::error::Result;
 use crate::plan::planner;
+use crate::plan::planner::evacuate::plan_evacuate;
 
 /// Chunks are at most this fraction (1/`CHUNK_FRACTION`) of what is mapped below them.
 const CHUNK_FRACTION: u64 = 128;
@@ -86,8 +87,9 @@ pub(crate) struct Room {
     pub mapped: u64,
     pub limit: u64,
     pub granule: u64,
-    /// The largest live bytes of the trim window.
+    /// The largest live bytes of the trim window, and of all time.
     pub window_peak: u64,
+    pub all_peak: u64,
 }
 
 /// The grow-or-compact rule (see the module docs), for a request that fits
@@ -101,23 +103,32 @@ pub(crate) fn grow_target(
 ) -> Option<u64> {
     let g = r.granule;
     let need = r.live.saturating_add(r.reserved);
-    let base = need.max(r.window_peak);
-    let allowed = allowed(base, slack, g).min(r.limit);
-    let top = round_up(r.used_end, r.align).saturating_add(r.reserved);
+    // What the window has needed, and what the arena has ever needed: the
+    // first bounds the mapping the automatic trim keeps, the second the
+    // peak.
+    let cap_window = allowed(need.max(r.window_peak), slack, g).min(r.limit);
+    let cap_peak = allowed(need.max(r.all_peak), slack, g).min(r.limit);
+    let top = round_up(round_up(r.used_end, r.align).saturating_add(r.reserved), g);
     let grow = |to: u64| (to > r.mapped).then_some(to);
-    if round_up(top, g) <= allowed {
-        // Fits above the blocks within the slack: no moves.
-        return grow(allowed);
+    if top <= cap_window {
+        // Fits above the blocks within what the window needs: no moves.
+        return grow(cap_window);
+    }
+    if top <= cap_peak {
+        // Below the peak so far: still no moves, and only what the request
+        // needs, which the automatic trim takes back if the window does not
+        // need it.
+        return grow(top);
     }
     if hole_after_full(r.mapped) >= r.reserved {
         // Compaction makes room within what is mapped.
         return None;
     }
-    if allowed > r.mapped && hole_after_full(allowed) >= r.reserved {
-        return grow(allowed);
+    if cap_peak > r.mapped && hole_after_full(cap_peak) >= r.reserved {
+        return grow(cap_peak);
     }
     // Pins or padding: map above the blocks, as far as the limit allows.
-    grow(round_up(top, g).min(r.limit))
+    grow(top.min(r.limit))
 }
 
 /// The chunk ends from `mapped` up to `to` (multiples of `g`, `to` one):
@@ -169,16 +180,18 @@ impl<B: Backend> Arena<B> {
         self.core.capacity() - self.core.index.free_bytes()
     }
 
-    /// Moves the mapped end to `end` (grow: map the chunks; the index and
-    /// the policy follow). On a map failure, what was mapped before stays
-    /// and the error comes back; nothing else changed.
+    /// Maps up to `end` in chunks (the index and the policy follow). On a
+    /// map failure the chunks mapped by this call are unmapped again and
+    /// the error comes back: the arena is as it was.
     fn grow_to(&mut self, end: u64) -> Result<()> {
         let g = self.core.backend.granularity_bytes();
         let mapped = self.core.capacity();
         for e in chunk_ends(mapped, end, g) {
             if let Err(err) = self.core.backend.map_to(e) {
-                // Keep what the earlier chunks mapped: the arena is
-                // consistent at every chunk.
+                if self.core.capacity() > mapped {
+                    self.set_capacity(mapped)?;
+                    self.core.backend.unmap_to(mapped)?;
+                }
                 return Err(err);
             }
             self.set_capacity(e)?;
@@ -231,6 +244,7 @@ impl<B: Backend> Arena<B> {
             limit: core.backend.capacity_bytes(),
             granule: core.backend.granularity_bytes(),
             window_peak,
+            all_peak: core.counters.peak_allocated_bytes,
         };
         let mut collected = false;
         let target = grow_target(room, slack, |capacity| {
@@ -319,8 +333,14 @@ impl<B: Backend> Arena<B> {
         }
         let mut end = self.unmap_above(keep)?;
         if end > target && may_move {
-            self.policy.compact(&mut self.core)?;
+            self.compact_below(target.max(keep))?;
             end = self.unmap_above(keep)?;
+            // The chunk holding the new end may reach past the target: an
+            // explicit trim keeps its promise with a full compaction.
+            if end > target && keep == 0 {
+                self.policy.compact(&mut self.core)?;
+                end = self.unmap_above(keep)?;
+            }
         }
         if end < mapped {
             if let Some(e) = &mut self.elastic {
@@ -328,6 +348,29 @@ impl<B: Backend> Arena<B> {
             }
         }
         Ok(mapped - end)
+    }
+
+    /// Moves the blocks above `cut` below it: the evacuation of just those
+    /// blocks into holes when it moves no more than a full compaction (and
+    /// the policy keeps no separate layout), else the policy's full
+    /// compaction.
+    fn compact_below(&mut self, cut: u64) -> Result<()> {
+        if !self.policy.in_free_mode() {
+            let t0 = std::time::Instant::now();
+            self.core.collect_live();
+            let full = planner::plan_full(&self.core.live, self.core.capacity());
+            if let Some(plan) = plan_evacuate(&self.core.live, cut) {
+                if plan.bytes_moved() <= full.bytes_moved() {
+                    if plan.is_empty() {
+                        return Ok(());
+                    }
+                    self.policy.note_external(plan.bytes_moved());
+                    self.core.run(plan, t0)?;
+                    return Ok(());
+                }
+            }
+        }
+        self.policy.compact(&mut self.core).map(|_| ())
     }
 
     /// Unmaps every chunk above the highest block (and naive's, and
@@ -374,6 +417,7 @@ mod tests {
             limit: 1 << 40,
             granule: 2 * MIB,
             window_peak: 0,
+            all_peak: 0,
         }
     }
 

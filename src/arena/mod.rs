@@ -140,11 +140,16 @@ impl Arena<crate::backend::cuda::CudaBackend> {
     pub fn cuda(config: ArenaConfig, ordinal: usize) -> Result<Self> {
         use crate::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
         config.validate()?;
-        let backend = CudaBackend::with_options(
-            ordinal,
-            CudaCapacity::Bytes(config.capacity_bytes),
-            CudaOptions::default(),
-        )?;
+        let backend = if config.elastic {
+            let limit = (config.capacity_bytes > 0).then_some(config.capacity_bytes);
+            CudaBackend::elastic(ordinal, limit, CudaOptions::default())?
+        } else {
+            CudaBackend::with_options(
+                ordinal,
+                CudaCapacity::Bytes(config.capacity_bytes),
+                CudaOptions::default(),
+            )?
+        };
         Arena::with_backend(config, backend)
     }
 }

@@ -13,6 +13,8 @@ mod errors;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
+mod gpu_elastic;
+#[cfg(feature = "cuda")]
 mod gpu_graph;
 #[cfg(feature = "cuda")]
 mod gpu_skip;

@@ -231,6 +231,28 @@ impl Policy {
         Ok(())
     }
 
+    /// Whether the default policy keeps naive's layout apart (free mode):
+    /// a plan run outside the policy must go through it then.
+    pub(super) fn in_free_mode(&mut self) -> bool {
+        match self {
+            Policy::Bounded(b) => b.shadow_index().is_some(),
+            _ => false,
+        }
+    }
+
+    /// A plan of `bytes` ran outside the policy, in mirror mode (a trim's
+    /// evacuation): counted as an explicit compaction is, as bytes naive
+    /// moves too (the index is naive's layout, moved with it).
+    pub(super) fn note_external(&mut self, bytes: u64) {
+        match self {
+            Policy::Manual => {}
+            Policy::Strict(s) => s.naive_bytes = s.naive_bytes.saturating_add(bytes),
+            Policy::Bounded(b) => {
+                b.mirror.naive_bytes = b.mirror.naive_bytes.saturating_add(bytes);
+            }
+        }
+    }
+
     /// The lowest capacity the policy's own records allow (naive's
     /// highest block in free mode); deferred moves must be settled first.
     pub(super) fn shrink_floor(&mut self) -> u64 {
