@@ -41,6 +41,15 @@ use crate::error::Result;
 use crate::plan::planner;
 use crate::plan::planner::evacuate::plan_evacuate;
 
+/// The automatic trim's budget of bytes moved: this many peak live bytes
+/// (the largest so far), plus one more per `TRIM_BUDGET_WINDOWS` windows of
+/// time. Trimming compacts only within it, so that a trace whose live bytes
+/// swing across windows again and again does not pay a compaction per
+/// swing: tuned on the design half of the corpus (`benches/elastic.rs`)
+/// against issue 34's check, moved <= naive's at peak live + 2 x peak live.
+const TRIM_BUDGET_BASE: f64 = 1.5;
+const TRIM_BUDGET_WINDOWS: f64 = 1024.0;
+
 /// Chunks are at most this fraction (1/`CHUNK_FRACTION`) of what is mapped below them.
 const CHUNK_FRACTION: u64 = 128;
 
@@ -55,8 +64,12 @@ pub(crate) struct Elastic {
     /// largest): the window's largest is the front, once the levels that
     /// ended before the window are gone.
     peaks: VecDeque<(u64, u64)>,
-    /// When the automatic trim last looked.
+    /// When the automatic trim last looked, and when the arena first noted
+    /// its live bytes.
     last_check_us: u64,
+    start_us: Option<u64>,
+    /// Bytes the trims' compactions moved.
+    trim_moved: u64,
     pub(super) trims: u64,
     pub(super) peak_mapped_bytes: u64,
 }
@@ -112,7 +125,10 @@ pub(crate) fn grow_target(
     let grow = |to: u64| (to > r.mapped).then_some(to);
     if top <= cap_window {
         // Fits above the blocks within what the window needs: no moves.
-        return grow(cap_window);
+        // A little more than the request (1/256 of what is mapped), so
+        // that a rise maps in few calls, not all the slack at once.
+        let step = round_up(r.mapped.saturating_add((r.mapped / 256).max(g)), g);
+        return grow(top.max(step).min(cap_window));
     }
     if top <= cap_peak {
         // Below the peak so far: still no moves, and only what the request
@@ -151,6 +167,8 @@ impl Elastic {
             window_us: config.trim_window_us,
             peaks: VecDeque::new(),
             last_check_us: 0,
+            start_us: None,
+            trim_moved: 0,
             trims: 0,
             peak_mapped_bytes: 0,
         })
@@ -159,6 +177,7 @@ impl Elastic {
     /// Notes `live` bytes at `now`; returns the largest live bytes that
     /// held at some time of the window `[now - window, now]`.
     fn note(&mut self, now: u64, live: u64) -> u64 {
+        self.start_us.get_or_insert(now);
         if let Some(back) = self.peaks.back_mut() {
             back.0 = now;
         }
@@ -289,15 +308,21 @@ impl<B: Backend> Arena<B> {
         let g = self.core.backend.granularity_bytes();
         let target = allowed(window_peak, e.slack, g);
         let mapped = self.core.capacity();
-        // Give back only more than one tolerance, so that a window's own
-        // rise and fall costs nothing.
-        if mapped <= allowed(target, e.slack, g) {
+        // Give back only more than half a tolerance over the target, so
+        // that a window's own rise and fall costs nothing.
+        let hysteresis = g.max((window_peak as f64 * e.slack / 2.0) as u64);
+        if mapped <= target.saturating_add(hysteresis) {
             return Ok(());
         }
         if !may_move && self.core.index.used_end() >= target {
             return Ok(());
         }
-        self.trim_to(target, target, may_move).map(|_| ())
+        let windows = now.saturating_sub(e.start_us.unwrap_or(now)) as f64 / e.window_us as f64;
+        let peak = self.core.counters.peak_allocated_bytes as f64;
+        let budget = (peak * (TRIM_BUDGET_BASE + windows / TRIM_BUDGET_WINDOWS)) as u64;
+        let left = budget.saturating_sub(e.trim_moved);
+        self.trim_to(target, target, may_move.then_some(left))
+            .map(|_| ())
     }
 
     /// Gives back every mapped chunk above the live blocks: compacts first
@@ -316,14 +341,16 @@ impl<B: Backend> Arena<B> {
         };
         let g = self.core.backend.granularity_bytes();
         let target = allowed(self.live_bytes(), e.slack, g);
-        self.trim_to(target, 0, true)
+        self.trim_to(target, 0, Some(u64::MAX))
     }
 
-    /// Unmaps the chunks above the blocks and `keep`, compacting first (if
-    /// `may_move`) when that leaves more than `target` mapped. Returns the
-    /// bytes unmapped.
-    fn trim_to(&mut self, target: u64, keep: u64, may_move: bool) -> Result<u64> {
+    /// Unmaps the chunks above the blocks and `keep`, compacting first
+    /// (with a budget of bytes to move: `None` moves nothing) when that
+    /// leaves more than `target` mapped. Returns the bytes unmapped.
+    fn trim_to(&mut self, target: u64, keep: u64, budget: Option<u64>) -> Result<u64> {
         let mapped = self.core.capacity();
+        let may_move = budget.is_some();
+        let moved_before = self.core.counters.bytes_moved;
         if may_move {
             self.drain_reclaim()?;
             // Deferred bytes may lie above every index entry.
@@ -333,7 +360,7 @@ impl<B: Backend> Arena<B> {
         }
         let mut end = self.unmap_above(keep)?;
         if end > target && may_move {
-            self.compact_below(target.max(keep))?;
+            self.compact_below(target.max(keep), budget.unwrap_or(0))?;
             end = self.unmap_above(keep)?;
             // The chunk holding the new end may reach past the target: an
             // explicit trim keeps its promise with a full compaction.
@@ -342,8 +369,10 @@ impl<B: Backend> Arena<B> {
                 end = self.unmap_above(keep)?;
             }
         }
-        if end < mapped {
-            if let Some(e) = &mut self.elastic {
+        let moved = self.core.counters.bytes_moved - moved_before;
+        if let Some(e) = &mut self.elastic {
+            e.trim_moved = e.trim_moved.saturating_add(moved);
+            if end < mapped {
                 e.trims += 1;
             }
         }
@@ -354,13 +383,14 @@ impl<B: Backend> Arena<B> {
     /// blocks into holes when it moves no more than a full compaction (and
     /// the policy keeps no separate layout), else the policy's full
     /// compaction.
-    fn compact_below(&mut self, cut: u64) -> Result<()> {
+    fn compact_below(&mut self, cut: u64, budget: u64) -> Result<()> {
+        let unlimited = budget == u64::MAX;
         if !self.policy.in_free_mode() {
             let t0 = std::time::Instant::now();
             self.core.collect_live();
             let full = planner::plan_full(&self.core.live, self.core.capacity());
             if let Some(plan) = plan_evacuate(&self.core.live, cut) {
-                if plan.bytes_moved() <= full.bytes_moved() {
+                if plan.bytes_moved() <= full.bytes_moved() && plan.bytes_moved() <= budget {
                     if plan.is_empty() {
                         return Ok(());
                     }
@@ -368,6 +398,17 @@ impl<B: Backend> Arena<B> {
                     self.core.run(plan, t0)?;
                     return Ok(());
                 }
+            }
+            if full.bytes_moved() > budget {
+                return Ok(());
+            }
+        } else if !unlimited {
+            // A handover to naive's layout moves at most twice the bytes
+            // away from it, then the full compaction at most the live bytes.
+            let away = self.policy.stats(&self.core).away_bytes;
+            let cost = away.saturating_mul(2).saturating_add(self.live_bytes());
+            if cost > budget {
+                return Ok(());
             }
         }
         self.policy.compact(&mut self.core).map(|_| ())
