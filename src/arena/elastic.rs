@@ -472,9 +472,19 @@ mod tests {
 
     #[test]
     fn grows_without_moves_when_the_request_fits_above_the_blocks() {
-        // 100 MiB live, packed; a 10 MiB request: map up to 110 + 1%.
+        // 100 MiB live, packed; a 10 MiB request: map what it needs.
         let t = grow_target(room(100 * MIB, 10 * MIB, 100 * MIB, 100 * MIB), 0.01, |_| 0);
-        assert_eq!(t, Some(allowed(110 * MIB, 0.01, 2 * MIB)));
+        assert_eq!(t, Some(110 * MIB));
+        // A small request maps 1/256 of the mapped bytes (a granule here).
+        let t = grow_target(room(100 * MIB, MIB, 100 * MIB, 100 * MIB), 0.01, |_| 0);
+        assert_eq!(t, Some(102 * MIB));
+        // 50 MiB live spread up to 150 MiB, 200 MiB live once: below that
+        // peak the arena maps rather than moves.
+        let r = Room {
+            all_peak: 200 * MIB,
+            ..room(50 * MIB, 10 * MIB, 150 * MIB, 150 * MIB)
+        };
+        assert_eq!(grow_target(r, 0.01, |_| 0), Some(160 * MIB));
     }
 
     #[test]
