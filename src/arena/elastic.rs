@@ -153,7 +153,7 @@ pub(crate) fn chunk_ends(mapped: u64, to: u64, g: u64) -> Vec<u64> {
     let mut ends = Vec::new();
     let mut at = mapped;
     while at < to {
-        let len = (at / CHUNK_FRACTION & !(g - 1)).max(g);
+        let len = ((at / CHUNK_FRACTION) & !(g - 1)).max(g);
         at = at.saturating_add(len).min(to);
         ends.push(at);
     }

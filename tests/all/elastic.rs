@@ -90,8 +90,9 @@ impl Run {
             }
             Err(e) => {
                 assert!(e.is_out_of_memory(), "alloc of {size} B: {e}");
-                let guaranteed =
-                    !self.kind.pins && align == ALIGN && !self.kind.spill || self.kind.spill;
+                // Spilling serves everything; otherwise the guarantee holds
+                // without pins at the arena's alignment.
+                let guaranteed = self.kind.spill || (!self.kind.pins && align == ALIGN);
                 let fits = live_before + reserved(size) <= self.kind.limit;
                 if self.kind.policy != CompactionPolicy::Manual && guaranteed && fits {
                     panic!(
@@ -363,7 +364,7 @@ fn an_elastic_arena_grows_in_chunks_and_gives_back() {
     }
     let mapped = arena.backend().mapped_bytes();
     assert!(
-        mapped >= 64 << 20 && mapped <= (64 << 20) + (1 << 20),
+        (64 << 20..=(64 << 20) + (1 << 20)).contains(&mapped),
         "{mapped}"
     );
     assert!(arena.backend().mapped_chunks() > 1);

@@ -10,6 +10,8 @@
 //! - mean mapped <= 1.02 x mean window peak + 2 MiB;
 //! - bytes moved <= naive's at peak live + 2 x peak live.
 //!
+//! Run:
+//!
 //!     cargo bench -p cuarena-trace --bench elastic      # the traces in tests/data
 //!     CUARENA_TRACES=corpus cargo bench -p cuarena-trace --bench elastic
 //!
