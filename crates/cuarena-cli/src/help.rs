@@ -94,7 +94,7 @@ options:
                              cuarena and for the non-moving segregated fit
   --elastic                  also replay on an elastic arena: no capacity, memory mapped
                              in chunks as needed and given back by the automatic trim
-                             (default window, on the trace's time_us), beside naive at
+                             (default window, on the trace's `time_us`), beside naive at
                              a fixed capacity of peak live and PyTorch's reserved bytes
   --device N                 device of the trace to replay (default: the first with an
                              `oom` event, else the largest peak live)
@@ -197,7 +197,7 @@ options:
   min_capacity               with --find-min: arena_capacity_bytes, arena_trials,
                              non_moving_segregated_fit_capacity_bytes
   mean_live_bytes            live bytes (sizes rounded), averaged over time: weighted
-                             by time_us where the trace has it, else per event
+                             by `time_us` where the trace has it, else per event
   pytorch_reserved_mean_bytes
                              PyTorch's reserved bytes averaged the same way (from the
                              snapshot's segment events)
