@@ -40,7 +40,10 @@ pub enum CompactionPolicy {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ArenaConfig {
-    /// Bytes of the arena's region.
+    /// Bytes of the arena's region. In an elastic arena ([`Self::elastic`]),
+    /// the limit its mapped memory may grow to (the virtual range it
+    /// reserves); 0 there means the device's total memory (on the host and
+    /// metadata backends, [`Self::ELASTIC_HOST_LIMIT`]).
     pub capacity_bytes: u64,
     /// Default alignment of every block (power of two). Every size is
     /// rounded up to it, and every offset is a multiple of it. 256 B matches
@@ -53,6 +56,20 @@ pub struct ArenaConfig {
     /// unpinned blocks are copied to this tier (page-locked host memory on
     /// the CUDA backend) and brought back when next resolved.
     pub spill_host_bytes: u64,
+    /// An elastic region: reserved, mapped in chunks only as the blocks
+    /// need it, and given back by [`crate::Arena::trim`] and the automatic
+    /// trim. Off (the default): all of `capacity_bytes` held from creation.
+    pub elastic: bool,
+    /// Elastic: the slack of mapped bytes over the live bytes (the largest
+    /// of the trim window, and the request) that growth may leave before
+    /// the arena compacts instead (a fraction; 0.01 by default). Growth
+    /// never maps beyond `live + max(one granule, slack × live)`.
+    pub elastic_slack: f64,
+    /// Elastic: the automatic trim's window in microseconds of the
+    /// backend's clock ([`crate::backend::Backend::now_us`]): mapped memory
+    /// is kept near the largest live bytes of the last window. 0 turns the
+    /// automatic trim off. Default 1 s.
+    pub trim_window_us: u64,
 }
 
 impl Default for ArenaConfig {
@@ -62,6 +79,9 @@ impl Default for ArenaConfig {
             alignment_bytes: 256,
             compaction: CompactionPolicy::Bounded,
             spill_host_bytes: 0,
+            elastic: false,
+            elastic_slack: 0.01,
+            trim_window_us: 1_000_000,
         }
     }
 }
@@ -70,6 +90,34 @@ impl ArenaConfig {
     /// Largest alignment an allocation (or the arena's own alignment) may
     /// ask for: 1 GiB.
     pub const MAX_ALIGN: u64 = MAX_ALIGN;
+
+    /// The elastic limit of the host and metadata backends when none is
+    /// given: 1 TiB (reserved, never held: memory is mapped as needed).
+    pub const ELASTIC_HOST_LIMIT: u64 = 1 << 40;
+
+    /// An elastic arena with no capacity to give: it maps memory as its
+    /// blocks need it, up to the device's memory, and gives it back
+    /// ([`crate::Arena::trim`]). [`with_capacity_bytes`](Self::with_capacity_bytes)
+    /// sets a limit.
+    pub fn elastic() -> Self {
+        Self {
+            capacity_bytes: 0,
+            elastic: true,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the elastic slack (see [`Self::elastic_slack`]).
+    pub fn with_elastic_slack(mut self, slack: f64) -> Self {
+        self.elastic_slack = slack;
+        self
+    }
+
+    /// Sets the automatic trim's window (0: off).
+    pub fn with_trim_window_us(mut self, window_us: u64) -> Self {
+        self.trim_window_us = window_us;
+        self
+    }
 
     /// A config of `capacity_bytes` with the defaults otherwise.
     pub fn new(capacity_bytes: u64) -> Self {
@@ -113,7 +161,18 @@ impl ArenaConfig {
                 max_align_bytes: MAX_ALIGN,
             });
         }
-        if self.capacity_bytes == 0 || self.capacity_bytes % self.alignment_bytes != 0 {
+        if !(0.0..=1.0).contains(&self.elastic_slack) {
+            return Err(Error::InvalidInput {
+                input: "config",
+                reason: format!(
+                    "the elastic slack {} must lie in [0, 1]",
+                    self.elastic_slack
+                ),
+            });
+        }
+        let zero_ok = self.elastic && self.capacity_bytes == 0;
+        if (self.capacity_bytes == 0 && !zero_ok) || self.capacity_bytes % self.alignment_bytes != 0
+        {
             return Err(Error::InvalidInput {
                 input: "config",
                 reason: format!(

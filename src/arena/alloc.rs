@@ -62,7 +62,11 @@ impl<B: Backend> Arena<B> {
         }
         let align = align.max(self.config.alignment_bytes);
         let granule = self.config.alignment_bytes;
-        let capacity = self.core.capacity();
+        // An elastic arena may map up to its limit.
+        let capacity = match self.elastic {
+            Some(_) => self.core.backend.capacity_bytes(),
+            None => self.core.capacity(),
+        };
         let reserved = bytes
             .checked_add(granule - 1)
             .map(|b| b & !(granule - 1))
@@ -114,12 +118,12 @@ impl<B: Backend> Arena<B> {
         self.policy
             .commit(key, bytes, u32::try_from(align).unwrap_or(u32::MAX), offset);
         core.set_entry(key, Some((offset, bytes)));
+        let allocated = core.index.capacity() - core.index.free_bytes();
         let c = &mut core.counters;
         c.allocs += 1;
         // Exact: live sizes add up to at most the region plus the host
         // tier, which `ArenaConfig::validate` keeps within u64.
         c.requested_bytes = c.requested_bytes.saturating_add(bytes);
-        let allocated = capacity - core.index.free_bytes();
         c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
         Ok(Handle {
             key,
@@ -166,6 +170,9 @@ impl<B: Backend> Arena<B> {
         core.set_entry(h.key, None);
         core.counters.frees += 1;
         core.counters.requested_bytes = core.counters.requested_bytes.saturating_sub(size);
+        // The free is done: a failure to give memory back (which leaves
+        // the mapping as it was) is no failure of the free.
+        let _ = self.after_free();
         Ok(())
     }
 

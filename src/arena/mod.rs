@@ -18,6 +18,7 @@ mod bytes;
 pub(crate) mod core;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod elastic;
 mod place;
 mod policy;
 mod relocate;
@@ -84,13 +85,35 @@ pub struct Arena<B: Backend = HostBackend> {
     /// Handles taken from `reclaim` and not freed yet (pinned ones wait
     /// here for their last unpin).
     reclaiming: Vec<Handle>,
+    /// The elastic region's state (`None`: a fixed region).
+    elastic: Option<elastic::Elastic>,
+}
+
+/// The host backend's mapping granularity in elastic mode: a host page
+/// group small enough for tests of small arenas.
+const HOST_GRANULARITY: u64 = 64 << 10;
+
+/// The metadata backend's: CUDA's granularity on the cards we measured
+/// (2 MiB), so that replays map what a GPU would.
+const META_GRANULARITY: u64 = 2 << 20;
+
+/// The limit of an elastic host or metadata arena.
+fn elastic_limit(config: &ArenaConfig) -> u64 {
+    match config.capacity_bytes {
+        0 => ArenaConfig::ELASTIC_HOST_LIMIT,
+        c => c,
+    }
 }
 
 impl Arena<HostBackend> {
     /// An arena in host memory: the backend of tests, docs and CI.
     pub fn host(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
-        let backend = HostBackend::new(config.capacity_bytes)?;
+        let backend = if config.elastic {
+            HostBackend::elastic(elastic_limit(&config), HOST_GRANULARITY)
+        } else {
+            HostBackend::new(config.capacity_bytes)?
+        };
         Self::with_backend(config, backend)
     }
 }
@@ -99,7 +122,12 @@ impl Arena<MetaBackend> {
     /// An arena that stores no bytes (placement and planning only).
     pub fn metadata(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
-        Self::with_backend(config.clone(), MetaBackend::new(config.capacity_bytes))
+        let backend = if config.elastic {
+            MetaBackend::elastic(elastic_limit(&config), META_GRANULARITY)
+        } else {
+            MetaBackend::new(config.capacity_bytes)
+        };
+        Self::with_backend(config, backend)
     }
 }
 
@@ -112,17 +140,25 @@ impl Arena<crate::backend::cuda::CudaBackend> {
     pub fn cuda(config: ArenaConfig, ordinal: usize) -> Result<Self> {
         use crate::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
         config.validate()?;
-        let backend = CudaBackend::with_options(
-            ordinal,
-            CudaCapacity::Bytes(config.capacity_bytes),
-            CudaOptions::default(),
-        )?;
+        let backend = if config.elastic {
+            let limit = (config.capacity_bytes > 0).then_some(config.capacity_bytes);
+            CudaBackend::elastic(ordinal, limit, CudaOptions::default())?
+        } else {
+            CudaBackend::with_options(
+                ordinal,
+                CudaCapacity::Bytes(config.capacity_bytes),
+                CudaOptions::default(),
+            )?
+        };
         Arena::with_backend(config, backend)
     }
 }
 
 impl<B: Backend> Arena<B> {
     /// An arena over `backend`, whose region must hold `config.capacity_bytes`.
+    /// A fixed arena over a backend that maps (an elastic one) maps all of
+    /// its capacity here; an elastic arena starts with what the backend
+    /// has mapped.
     pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
         if backend.capacity_bytes() < config.capacity_bytes {
@@ -141,9 +177,19 @@ impl<B: Backend> Arena<B> {
         } else {
             None
         };
+        let capacity = if config.elastic {
+            backend.mapped_bytes()
+        } else {
+            if backend.mapped_bytes() < config.capacity_bytes {
+                let g = backend.granularity_bytes();
+                backend.map_to(config.capacity_bytes.div_ceil(g) * g)?;
+            }
+            config.capacity_bytes
+        };
         let id = take_arena_id(&NEXT_ARENA_ID)?;
         Ok(Self {
-            core: Core::new(id, backend, config.capacity_bytes),
+            core: Core::new(id, backend, capacity),
+            elastic: elastic::Elastic::new(&config),
             policy: Policy::new(&config),
             config,
             tier,
@@ -267,6 +313,8 @@ impl<B: Backend> Arena<B> {
         let capacity = core.capacity();
         Stats {
             capacity_bytes: capacity,
+            peak_mapped_bytes: self.elastic.as_ref().map_or(0, |e| e.peak_mapped_bytes),
+            trims: self.elastic.as_ref().map_or(0, |e| e.trims),
             allocated_bytes: capacity - r.free_bytes,
             requested_bytes: c.requested_bytes,
             free_bytes: r.free_bytes,

@@ -18,6 +18,8 @@ impl<B: Backend> Arena<B> {
         align: u64,
         keep: &[BlockKey],
     ) -> Result<Allocation> {
+        // An elastic arena maps more first if its rule says so.
+        self.make_room(reserved, align)?;
         let placed = match self.policy.place(&mut self.core, reserved, align) {
             Err(Error::OutOfMemory { .. }) if self.tier.is_some() => {
                 // Evictions plan on the real layout.

@@ -10,8 +10,14 @@ use crate::plan::PlanKind;
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Bytes of the region.
+    /// Bytes of the region: in an elastic arena, those mapped now.
     pub capacity_bytes: u64,
+    /// Highest `capacity_bytes` of an elastic arena (its peak mapped
+    /// bytes); 0 for a fixed one.
+    pub peak_mapped_bytes: u64,
+    /// Trims that gave memory back ([`crate::Arena::trim`] and the
+    /// automatic trim).
+    pub trims: u64,
     /// Bytes reserved by live blocks (sizes rounded to the alignment).
     pub allocated_bytes: u64,
     /// Bytes asked for by live blocks.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::{PolicyStats, Stats};
 
 /// Fields of [`Stats`], each as one `u64`.
-const WORDS: usize = 37;
+const WORDS: usize = 39;
 
 /// `s` as words (durations in nanoseconds, saturated; the fraction as its
 /// bits).
@@ -60,6 +60,8 @@ fn encode(s: &Stats) -> [u64; WORDS] {
         s.policy.planning_visits,
         s.policy.budget_compactions,
         s.piece_plans,
+        s.peak_mapped_bytes,
+        s.trims,
     ]
 }
 
@@ -105,6 +107,8 @@ fn decode(w: [u64; WORDS]) -> Stats {
             budget_compactions: w[35],
         },
         piece_plans: w[36],
+        peak_mapped_bytes: w[37],
+        trims: w[38],
     }
 }
 

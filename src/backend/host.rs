@@ -8,6 +8,7 @@
 //! tests see it. By default plans are also validated up front
 //! ([`HostBackend::with_validation`] turns that off, to watch the corruption).
 
+use super::mapping::{Chunks, ManualClock};
 use super::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::{Error, Result};
 use crate::handle::TableEntry;
@@ -17,7 +18,12 @@ use crate::stream::{StreamId, MAX_STREAMS};
 /// Host-memory backend for tests, docs, CI and the demo's fallback.
 #[derive(Debug, Clone)]
 pub struct HostBackend {
+    /// The mapped prefix's bytes: `mem.len()` is the mapped end, and every
+    /// access above it is refused (what a GPU faults on).
     mem: Vec<u8>,
+    /// The reserve and its mapped chunks.
+    chunks: Chunks,
+    clock: ManualClock,
     rng: u64,
     chunk_bytes: u64,
     validate: bool,
@@ -34,6 +40,8 @@ impl HostBackend {
     pub fn new(capacity_bytes: u64) -> Result<Self> {
         Ok(Self {
             mem: zeroed(capacity_bytes, "region")?,
+            chunks: Chunks::fixed(capacity_bytes),
+            clock: ManualClock::default(),
             rng: 0x9E37_79B9_7F4A_7C15,
             chunk_bytes: 64,
             validate: true,
@@ -41,6 +49,28 @@ impl HostBackend {
             tier: Vec::new(),
             streams: 1,
         })
+    }
+
+    /// An elastic region: `reserved_bytes` reserved, nothing mapped, mapped
+    /// and unmapped in chunks of multiples of `granularity_bytes` (a power
+    /// of two; rounded up to one). Bytes newly mapped hold a poison pattern,
+    /// as fresh device memory holds whatever it held; bytes unmapped are
+    /// gone.
+    pub fn elastic(reserved_bytes: u64, granularity_bytes: u64) -> Self {
+        let mut b = Self::new(0).unwrap_or_else(|_| unreachable!("an empty region"));
+        b.chunks = Chunks::new(reserved_bytes, granularity_bytes);
+        b
+    }
+
+    /// Sets the backend's clock ([`Backend::now_us`]) to `time_us`; it
+    /// stays there until set again (the default is a monotonic clock).
+    pub fn set_time_us(&self, time_us: u64) {
+        self.clock.set(time_us);
+    }
+
+    /// Chunks mapped now (1 for a fixed region).
+    pub fn mapped_chunks(&self) -> usize {
+        self.chunks.count()
     }
 
     /// Seeds the schedule shuffler (runs are reproducible per seed).
@@ -79,6 +109,7 @@ impl HostBackend {
     }
 
     fn run_wave(&mut self, wave: &Wave) -> Result<()> {
+        // Only the mapped bytes.
         let cap = self.mem.len() as u64;
         for m in &wave.moves {
             check_range(m.src, m.len, cap)?;
@@ -184,26 +215,58 @@ impl Backend for HostBackend {
     }
 
     fn capacity_bytes(&self) -> u64 {
+        self.chunks.reserved_bytes()
+    }
+
+    fn mapped_bytes(&self) -> u64 {
         self.mem.len() as u64
     }
 
+    fn granularity_bytes(&self) -> u64 {
+        self.chunks.granularity_bytes()
+    }
+
+    fn map_to(&mut self, end: u64) -> Result<()> {
+        let len = self.chunks.check_map(end)?;
+        let mut fresh = zeroed(len, "a mapped chunk")?;
+        fresh.fill(0xA5);
+        self.mem.extend_from_slice(&fresh);
+        self.chunks.push(end);
+        Ok(())
+    }
+
+    fn unmap_to(&mut self, end: u64) -> Result<u64> {
+        let (n, new_end) = self.chunks.above(end);
+        self.chunks.pop(n);
+        self.mem.truncate(new_end as usize);
+        self.mem.shrink_to(new_end as usize);
+        Ok(new_end)
+    }
+
+    fn now_us(&self) -> u64 {
+        match self.clock.get() {
+            Some(t) => t,
+            None => super::wall_clock_us(),
+        }
+    }
+
     fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        check_range(offset, bytes.len() as u64, self.capacity_bytes())?;
+        check_range(offset, bytes.len() as u64, self.mapped_bytes())?;
         let o = offset as usize;
         self.mem[o..o + bytes.len()].copy_from_slice(bytes);
         Ok(())
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        check_range(offset, out.len() as u64, self.capacity_bytes())?;
+        check_range(offset, out.len() as u64, self.mapped_bytes())?;
         let o = offset as usize;
         out.copy_from_slice(&self.mem[o..o + out.len()]);
         Ok(())
     }
 
     fn copy(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
-        check_range(src, len, self.capacity_bytes())?;
-        check_range(dst, len, self.capacity_bytes())?;
+        check_range(src, len, self.mapped_bytes())?;
+        check_range(dst, len, self.mapped_bytes())?;
         check_disjoint(src, dst, len)?;
         let (s, d, n) = (src as usize, dst as usize, len as usize);
         self.mem.copy_within(s..s + n, d);
@@ -211,7 +274,7 @@ impl Backend for HostBackend {
     }
 
     fn fill(&mut self, offset: u64, len: u64, pattern: &[u8]) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes())?;
+        check_range(offset, len, self.mapped_bytes())?;
         check_pattern(offset, len, pattern)?;
         let o = offset as usize;
         for chunk in self.mem[o..o + len as usize].chunks_exact_mut(pattern.len()) {
@@ -226,7 +289,7 @@ impl Backend for HostBackend {
 
     fn execute(&mut self, plan: &Plan) -> Result<()> {
         if self.validate {
-            plan.validate(self.capacity_bytes())?;
+            plan.validate(self.mapped_bytes())?;
         }
         for wave in &plan.waves {
             self.run_wave(wave)?;
@@ -240,7 +303,7 @@ impl Backend for HostBackend {
     }
 
     fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes())?;
+        check_range(offset, len, self.mapped_bytes())?;
         check_range(host_offset, len, self.tier.len() as u64)?;
         let (o, h, l) = (offset as usize, host_offset as usize, len as usize);
         self.tier[h..h + l].copy_from_slice(&self.mem[o..o + l]);
@@ -251,7 +314,7 @@ impl Backend for HostBackend {
     }
 
     fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes())?;
+        check_range(offset, len, self.mapped_bytes())?;
         check_range(host_offset, len, self.tier.len() as u64)?;
         let (o, h, l) = (offset as usize, host_offset as usize, len as usize);
         self.mem[o..o + l].copy_from_slice(&self.tier[h..h + l]);

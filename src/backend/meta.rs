@@ -2,6 +2,7 @@
 //! moves are bounds-checked and counted but copy nothing. It replays traces
 //! of any size (a 25 GB trace on a machine with less memory).
 
+use super::mapping::{Chunks, ManualClock};
 use super::{check_disjoint, check_pattern, check_range, Backend};
 use crate::error::Result;
 use crate::plan::Plan;
@@ -10,7 +11,10 @@ use crate::stream::StreamId;
 /// Metadata-only backend.
 #[derive(Debug, Clone)]
 pub struct MetaBackend {
+    /// The mapped end (all of the region when fixed).
     capacity_bytes: u64,
+    chunks: Chunks,
+    clock: ManualClock,
     /// Bytes the executed plans would have copied.
     pub bytes_moved: u64,
     /// Waves executed.
@@ -25,11 +29,36 @@ impl MetaBackend {
     pub fn new(capacity_bytes: u64) -> Self {
         Self {
             capacity_bytes,
+            chunks: Chunks::fixed(capacity_bytes),
+            clock: ManualClock::default(),
             bytes_moved: 0,
             waves: 0,
             host_tier_bytes: 0,
             streams: 1,
         }
+    }
+}
+
+impl MetaBackend {
+    /// An elastic region of `reserved_bytes`, nothing mapped, chunks in
+    /// multiples of `granularity_bytes` (as [`super::HostBackend::elastic`]).
+    pub fn elastic(reserved_bytes: u64, granularity_bytes: u64) -> Self {
+        Self {
+            capacity_bytes: 0,
+            chunks: Chunks::new(reserved_bytes, granularity_bytes),
+            ..Self::new(0)
+        }
+    }
+
+    /// Sets the backend's clock ([`Backend::now_us`]) to `time_us` (a
+    /// replay runs on its trace's time).
+    pub fn set_time_us(&self, time_us: u64) {
+        self.clock.set(time_us);
+    }
+
+    /// Chunks mapped now (1 for a fixed region).
+    pub fn mapped_chunks(&self) -> usize {
+        self.chunks.count()
     }
 }
 
@@ -53,7 +82,36 @@ impl Backend for MetaBackend {
     }
 
     fn capacity_bytes(&self) -> u64 {
+        self.chunks.reserved_bytes()
+    }
+
+    fn mapped_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    fn granularity_bytes(&self) -> u64 {
+        self.chunks.granularity_bytes()
+    }
+
+    fn map_to(&mut self, end: u64) -> Result<()> {
+        self.chunks.check_map(end)?;
+        self.chunks.push(end);
+        self.capacity_bytes = end;
+        Ok(())
+    }
+
+    fn unmap_to(&mut self, end: u64) -> Result<u64> {
+        let (n, new_end) = self.chunks.above(end);
+        self.chunks.pop(n);
+        self.capacity_bytes = new_end;
+        Ok(new_end)
+    }
+
+    fn now_us(&self) -> u64 {
+        match self.clock.get() {
+            Some(t) => t,
+            None => super::wall_clock_us(),
+        }
     }
 
     fn stores_bytes(&self) -> bool {

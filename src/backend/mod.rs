@@ -11,6 +11,7 @@
 //!   own NVRTC-compiled kernels.
 
 mod host;
+mod mapping;
 mod meta;
 
 // The one module that talks to the driver, and the only one allowed `unsafe`.
@@ -37,8 +38,57 @@ pub trait Backend {
     /// synchronous, where a stream is an id only.
     type Stream;
 
-    /// Bytes of the region.
+    /// Bytes of the region: the reserved range. Only its mapped prefix
+    /// ([`mapped_bytes`](Self::mapped_bytes)) may be touched.
     fn capacity_bytes(&self) -> u64;
+
+    /// The mapped prefix `[0, mapped_bytes())` of the region: the bytes
+    /// that transfers, plans, spills and fills may touch
+    /// ([`Error::OutOfBounds`] above it). All of it on a fixed region.
+    fn mapped_bytes(&self) -> u64 {
+        self.capacity_bytes()
+    }
+
+    /// What mapping is done in: every chunk's end is a multiple of it (a
+    /// power of two; 2 MiB on CUDA). A fixed region maps nothing more.
+    fn granularity_bytes(&self) -> u64 {
+        1
+    }
+
+    /// Maps `[mapped_bytes(), end)` as one chunk, unmapped whole later.
+    /// `end` is above the mapped end, a multiple of the granularity and
+    /// within the region ([`Error::InvalidInput`] otherwise); a device out
+    /// of memory is [`Error::OutOfMemory`], and nothing changes on any error.
+    /// Returns at once: no queued work is waited for. A fixed region has
+    /// everything mapped, so this refuses.
+    fn map_to(&mut self, end: u64) -> Result<()> {
+        Err(Error::InvalidInput {
+            input: "mapping",
+            reason: format!(
+                "this backend's region is fixed: all {} B mapped, nothing to map up to {end} B",
+                self.capacity_bytes()
+            ),
+        })
+    }
+
+    /// Unmaps every chunk that lies wholly at or above `end` and returns the
+    /// new mapped end (the end of the chunk holding byte `end - 1`, or 0).
+    /// The caller guarantees no live byte lies above `end`. In stream order:
+    /// a backend with queued work (CUDA) frees a chunk's memory once the
+    /// work queued so far on every registered stream has completed, and
+    /// until then may map it back for free; it never waits here. A fixed
+    /// region unmaps nothing.
+    fn unmap_to(&mut self, end: u64) -> Result<u64> {
+        let _ = end;
+        Ok(self.mapped_bytes())
+    }
+
+    /// Time in microseconds, for the automatic trim's window: a monotonic
+    /// clock by default; the host and metadata backends can be set by
+    /// hand (tests, and replays, which run on a trace's time).
+    fn now_us(&self) -> u64 {
+        wall_clock_us()
+    }
 
     /// False for a backend that keeps no bytes (reads return zeros).
     fn stores_bytes(&self) -> bool {
@@ -137,6 +187,13 @@ pub trait Backend {
         let _ = (host_offset, offset);
         Err(no_host_tier(len))
     }
+}
+
+/// Microseconds since the first call in this process (monotonic).
+pub(crate) fn wall_clock_us() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// [`Error::HostTierFull`] of a backend without a host tier (one of 0

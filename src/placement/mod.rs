@@ -67,6 +67,7 @@ mod check;
 mod decisions;
 mod error;
 mod nodes;
+mod resize;
 #[cfg(test)]
 mod tests;
 

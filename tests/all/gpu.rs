@@ -36,7 +36,7 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 /// The kernels of `tests/kernels/testing.cu`, loaded for `backend`.
-fn test_module(backend: &CudaBackend) -> Arc<CudaModule> {
+pub(crate) fn test_module(backend: &CudaBackend) -> Arc<CudaModule> {
     load_kernels(backend, "tests/kernels/testing.cu", TESTING_CU)
         .unwrap_or_else(|e| panic!("tests/kernels/testing.cu: {e}"))
 }
@@ -173,13 +173,13 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
 /// A gate on the arena stream: a kernel that holds the stream until the
 /// host opens it (a flag in page-locked host memory mapped for the
 /// device), or a timeout passes.
-struct Gate {
+pub(crate) struct Gate {
     host: *mut u32,
-    device: u64,
+    pub(crate) device: u64,
 }
 
 impl Gate {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         use cuarena::backend::cuda::cudarc::driver::{result, sys};
         // SAFETY: a page-locked allocation of 4 bytes, mapped for the
         // device; the context is current (the arena made it so).
@@ -196,7 +196,7 @@ impl Gate {
         Gate { host, device }
     }
 
-    fn open(&self) {
+    pub(crate) fn open(&self) {
         // SAFETY: `host` is live until drop; the kernel only reads it.
         unsafe { self.host.write_volatile(1) };
     }

@@ -8,9 +8,12 @@
 mod abi;
 mod arena;
 mod bound;
+mod elastic;
 mod errors;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_elastic;
 #[cfg(feature = "cuda")]
 mod gpu_graph;
 #[cfg(feature = "cuda")]

@@ -37,6 +37,8 @@ pub(crate) struct ReplayArgs {
     /// `None`: 1.0 x peak on metadata, the smallest found with `--gpu`.
     pub(crate) capacity: Option<Capacity>,
     pub(crate) find_min: bool,
+    /// `--elastic`: also replay on an elastic arena (no capacity).
+    pub(crate) elastic: bool,
     pub(crate) gpu: bool,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) gpu_ordinal: usize,
@@ -112,6 +114,7 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
         trace: PathBuf::new(),
         capacity: None,
         find_min: false,
+        elastic: false,
         gpu: false,
         gpu_ordinal: 0,
         gpu_warmup: 1,
@@ -136,6 +139,7 @@ fn parse_replay(p: &mut lexopt::Parser) -> Res<Command> {
             }
             Long("find-min") => a.find_min = true,
             Long("json") => a.json = true,
+            Long("elastic") => a.elastic = true,
             Long("gpu") => a.gpu = true,
             Long("check-all") => {
                 a.check_all = true;

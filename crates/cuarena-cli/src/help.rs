@@ -92,6 +92,10 @@ options:
                              the smallest the metadata search finds; at most 2^60 bytes
   --find-min                 also search for the smallest capacity that completes, for
                              cuarena and for the non-moving segregated fit
+  --elastic                  also replay on an elastic arena: no capacity, memory mapped
+                             in chunks as needed and given back by the automatic trim
+                             (default window, on the trace's `time_us`), beside naive at
+                             a fixed capacity of peak live and PyTorch's reserved bytes
   --device N                 device of the trace to replay (default: the first with an
                              `oom` event, else the largest peak live)
   --align BYTES              arena alignment, a power of two up to 2^30 (default 256)
@@ -193,6 +197,20 @@ options:
                              full_compactions
   min_capacity               with --find-min: arena_capacity_bytes, arena_trials,
                              non_moving_segregated_fit_capacity_bytes
+  mean_live_bytes            live bytes (sizes rounded), averaged over time: weighted
+                             by `time_us` where the trace has it, else per event
+  pytorch_reserved_mean_bytes
+                             PyTorch's reserved bytes averaged the same way (from the
+                             snapshot's segment events)
+  naive_bytes_moved_at_peak_live
+                             with --elastic: bytes naive moves at a fixed capacity of
+                             peak live (null: it fails there, or no --elastic)
+  elastic                    with --elastic (else every field null): completed,
+                             peak_mapped_bytes, mean_mapped_bytes (over time, as
+                             above), mean_window_peak_live_bytes (the mean over time of
+                             the largest live of the trailing window), window_us (the
+                             automatic trim's window), bytes_moved, trims (trims that
+                             gave memory back)
 
 exit status:
   0  done: cuarena completed the trace at the capacity replayed (with --find-min

@@ -18,6 +18,7 @@
 mod out;
 
 mod args;
+mod elastic;
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_table;

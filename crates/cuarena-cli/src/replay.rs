@@ -391,7 +391,20 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
                 },
             );
         }
-        let report = Report::new(&loaded, &verdict, args.align, args.policy, &policies, min);
+        let elastic = if args.elastic {
+            Some(crate::elastic::run(&loaded, args.align)?)
+        } else {
+            None
+        };
+        let report = Report::new(
+            &loaded,
+            &verdict,
+            args.align,
+            args.policy,
+            &policies,
+            min,
+            elastic.as_ref(),
+        );
         outln!("{}", report.to_line())?;
         return match verdict.capacity {
             Some(_) => Ok(()),
@@ -402,6 +415,11 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
     }
     crate::screen::print(&loaded, &verdict, args.align)?;
     print_details(&loaded, args)?;
+    if args.elastic {
+        let e = crate::elastic::run(&loaded, args.align)?;
+        let (mean_live, reserved) = crate::elastic::means(&loaded, args.align);
+        crate::elastic::print(&e, mean_live, reserved)?;
+    }
     let Loaded {
         trace,
         device,

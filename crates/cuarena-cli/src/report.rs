@@ -51,6 +51,23 @@ pub(crate) struct Report {
     /// With `--find-min`.
     #[serde(skip_serializing_if = "Option::is_none")]
     min_capacity: Option<MinJson>,
+    mean_live_bytes: u64,
+    pytorch_reserved_mean_bytes: Option<u64>,
+    naive_bytes_moved_at_peak_live: Option<u64>,
+    /// With `--elastic` (null fields otherwise).
+    elastic: ElasticJson,
+}
+
+/// The elastic replay (`--elastic`).
+#[derive(Serialize, Default)]
+struct ElasticJson {
+    completed: Option<bool>,
+    peak_mapped_bytes: Option<u64>,
+    mean_mapped_bytes: Option<u64>,
+    mean_window_peak_live_bytes: Option<u64>,
+    window_us: Option<u64>,
+    bytes_moved: Option<u64>,
+    trims: Option<u64>,
 }
 
 /// One policy's metadata replay at the replayed capacity.
@@ -254,7 +271,21 @@ impl Report {
         policy: Allocator,
         policies: &[ReplayReport],
         min: Option<MinJson>,
+        elastic: Option<&crate::elastic::ElasticOut>,
     ) -> Report {
+        let (mean_live_bytes, pytorch_reserved_mean_bytes) = crate::elastic::means(l, align);
+        let elastic_json = elastic.map_or_else(ElasticJson::default, |e| {
+            let r = &e.report;
+            ElasticJson {
+                completed: Some(r.outcome.is_completed()),
+                peak_mapped_bytes: Some(r.peak_mapped_bytes),
+                mean_mapped_bytes: Some(r.mean_mapped_bytes),
+                mean_window_peak_live_bytes: Some(r.mean_window_peak_live_bytes),
+                window_us: Some(r.window_us),
+                bytes_moved: Some(r.bytes_moved),
+                trims: Some(r.trims),
+            }
+        });
         let o = &l.ops;
         let active = l.trace.active_at_dump(l.device);
         let reserved_known = !v.reserved.series.is_empty() || v.reserved.initial.is_some();
@@ -310,6 +341,10 @@ impl Report {
             policy: policy.name(),
             policies: policies.iter().map(PolicyJson::from).collect(),
             min_capacity: min,
+            mean_live_bytes,
+            pytorch_reserved_mean_bytes,
+            naive_bytes_moved_at_peak_live: elastic.and_then(|e| e.naive_at_peak),
+            elastic: elastic_json,
         }
     }
 

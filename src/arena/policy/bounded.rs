@@ -118,6 +118,11 @@ impl Bounded {
         }
     }
 
+    /// Naive's layout in free mode (`None` in mirror mode).
+    pub(super) fn shadow_index(&mut self) -> Option<&mut crate::placement::FreeIndex> {
+        self.free.as_mut().map(|s| &mut s.index)
+    }
+
     /// `M`: the bytes of the blocks away from naive's place.
     pub(super) fn away_bytes(&self) -> u64 {
         self.free.as_ref().map_or(0, |s| s.away_bytes)

@@ -209,6 +209,59 @@ impl Policy {
         }
     }
 
+    /// The region (mapped prefix of an elastic arena) is now `capacity`
+    /// bytes, grown or shrunk at its top: naive's layout in the default
+    /// policy's free mode follows the arena's index. The caller checked
+    /// (with [`shrink_floor`](Self::shrink_floor)) that a shrink cuts only
+    /// free bytes. Naive compared at the same capacity is still naive.
+    pub(super) fn resize(&mut self, capacity: u64) -> Result<()> {
+        if let Policy::Bounded(b) = self {
+            if let Some(index) = b.shadow_index() {
+                let r = if capacity >= index.capacity() {
+                    index.grow_to(capacity)
+                } else {
+                    index.shrink_to(capacity)
+                };
+                r.map_err(|e| crate::error::Error::InvalidInput {
+                    input: "naive's layout",
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the default policy keeps naive's layout apart (free mode):
+    /// a plan run outside the policy must go through it then.
+    pub(super) fn in_free_mode(&mut self) -> bool {
+        match self {
+            Policy::Bounded(b) => b.shadow_index().is_some(),
+            _ => false,
+        }
+    }
+
+    /// A plan of `bytes` ran outside the policy, in mirror mode (a trim's
+    /// evacuation): counted as an explicit compaction is, as bytes naive
+    /// moves too (the index is naive's layout, moved with it).
+    pub(super) fn note_external(&mut self, bytes: u64) {
+        match self {
+            Policy::Manual => {}
+            Policy::Strict(s) => s.naive_bytes = s.naive_bytes.saturating_add(bytes),
+            Policy::Bounded(b) => {
+                b.mirror.naive_bytes = b.mirror.naive_bytes.saturating_add(bytes);
+            }
+        }
+    }
+
+    /// The lowest capacity the policy's own records allow (naive's
+    /// highest block in free mode); deferred moves must be settled first.
+    pub(super) fn shrink_floor(&mut self) -> u64 {
+        match self {
+            Policy::Bounded(b) => b.shadow_index().map_or(0, |i| i.used_end()),
+            _ => 0,
+        }
+    }
+
     /// Where a block's bytes lag behind its index entry, for a listing in
     /// address order: whether any does.
     pub(super) fn defers(&self) -> bool {

@@ -107,6 +107,7 @@ mod stage;
 mod streams;
 mod transfers;
 mod view;
+mod vmm;
 mod wave;
 
 pub use crate::arena::cuda::args::KernelArgs;
@@ -211,7 +212,13 @@ fn copy_bytes_per_ns(ctx: &CudaContext) -> f64 {
 pub struct CudaBackend {
     region: ManuallyDrop<CudaSlice<u8>>,
     region_ptr: u64,
+    /// Bytes the arena may touch: the region, or an elastic region's
+    /// mapped prefix.
     capacity_bytes: u64,
+    /// An elastic region's reserved range and chunks (`None`: fixed).
+    /// Declared before `ctx`, so that it is released while the context
+    /// lives.
+    vmm: Option<vmm::Vmm>,
     scratch: Scratch,
     /// The move kernels, and those for chunks of large moves (when the
     /// options name a separate shape for them).
@@ -270,6 +277,25 @@ impl CudaBackend {
         capacity: CudaCapacity,
         options: CudaOptions,
     ) -> Result<Self> {
+        Self::make(ordinal, Some(capacity), None, options)
+    }
+
+    /// An elastic region on device `ordinal`: `limit_bytes` of address space
+    /// reserved (`None`: the device's total memory), nothing mapped until
+    /// the arena maps it ([`Backend::map_to`](crate::backend::Backend::map_to)).
+    /// A device without virtual memory management is refused with
+    /// [`BackendError::NoDevice`] saying so.
+    pub fn elastic(ordinal: usize, limit_bytes: Option<u64>, options: CudaOptions) -> Result<Self> {
+        Self::make(ordinal, None, Some(limit_bytes), options)
+    }
+
+    /// A fixed region (`capacity`) or an elastic one (`elastic`: its limit).
+    fn make(
+        ordinal: usize,
+        capacity: Option<CudaCapacity>,
+        elastic: Option<Option<u64>>,
+        options: CudaOptions,
+    ) -> Result<Self> {
         options.validate()?;
         Self::available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
         let count = result::device::get_count().map_err(driver_err("cuDeviceGetCount"))?;
@@ -297,7 +323,7 @@ impl CudaBackend {
             None => None,
         };
 
-        let capacity_bytes = match capacity {
+        let capacity_bytes = match capacity.unwrap_or(CudaCapacity::Bytes(1)) {
             CudaCapacity::Bytes(b) => b,
             CudaCapacity::FreeFraction {
                 fraction,
@@ -338,6 +364,46 @@ impl CudaBackend {
         // only a built `CudaBackend` (whose drop frees it) may return early.
         let scratch = Scratch::new(&ctx)?;
         let arena_stream = streams::Registered::new(Arc::clone(&stream), &stream)?;
+        if let Some(limit) = elastic {
+            let limit = match limit {
+                Some(l) => l,
+                None => ctx.mem_get_info().map_err(driver_err("cuMemGetInfo"))?.1 as u64,
+            };
+            ctx.bind_to_thread()
+                .map_err(driver_err("cuCtxSetCurrent"))?;
+            // The range goes back when `vmm` drops, on any early return.
+            let vmm = vmm::Vmm::reserve(ctx.cu_device(), limit)?;
+            let (ptr, reserved) = (vmm.base(), vmm.reserved());
+            // SAFETY: `ptr` is the base of a reserved range of `reserved`
+            // bytes; the slice only carries the pointer (the arena touches
+            // mapped bytes only) and is leaked, never freed, in `Drop`.
+            let region = ManuallyDrop::new(unsafe {
+                stream.upgrade_device_ptr::<u8>(ptr, reserved as usize)
+            });
+            let mut backend = CudaBackend {
+                region,
+                region_ptr: ptr,
+                capacity_bytes: 0,
+                vmm: Some(vmm),
+                scratch,
+                primary,
+                large,
+                options,
+                device_name,
+                arch,
+                sm_count,
+                copy_bytes_per_ns,
+                streams: vec![arena_stream],
+                stream,
+                ctx,
+            };
+            backend
+                .scratch
+                .ctl
+                .reserve(2 * CTL_WORDS * 4, true, &backend.stream)?;
+            backend.scratch.status.reserve(CTL_WORDS)?;
+            return Ok(backend);
+        }
         // The allocation ends on a 256-byte boundary at least 16 bytes past
         // the region: the move kernel's shifting path reads whole aligned
         // 16-byte vectors, which may reach up to 15 bytes past the last
@@ -364,6 +430,7 @@ impl CudaBackend {
             region,
             region_ptr: ptr,
             capacity_bytes,
+            vmm: None,
             scratch,
             primary,
             large,
@@ -503,6 +570,11 @@ impl CudaBackend {
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
+        // A trim's chunks wait for every registered stream: here, where
+        // waiting is the point, they go.
+        if let Some(v) = self.vmm.as_mut() {
+            v.flush()?;
+        }
         self.check_status(true)
     }
 
@@ -584,8 +656,11 @@ impl Drop for CudaBackend {
         // memory is safe.
         let region = unsafe { ManuallyDrop::take(&mut self.region) };
         let ptr = region.leak();
-        // SAFETY: `ptr` came from cuMemAlloc in `with_options`.
-        let _ = unsafe { result::free_sync(ptr) };
+        if self.vmm.is_none() {
+            // SAFETY: `ptr` came from cuMemAlloc in `make`.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+        // An elastic region's range goes when `vmm` drops, after this.
         self.scratch.release(&self.stream);
     }
 }

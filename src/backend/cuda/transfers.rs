@@ -22,7 +22,23 @@ impl Backend for CudaBackend {
     type Stream = Arc<CudaStream>;
 
     fn capacity_bytes(&self) -> u64 {
+        self.reserved_bytes()
+    }
+
+    fn mapped_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    fn granularity_bytes(&self) -> u64 {
+        self.vmm_granularity()
+    }
+
+    fn map_to(&mut self, end: u64) -> Result<()> {
+        self.map_chunk(end)
+    }
+
+    fn unmap_to(&mut self, end: u64) -> Result<u64> {
+        self.unmap_chunks(end)
     }
 
     /// See [`Arena::register_stream`](crate::Arena::register_stream): a

@@ -23,6 +23,7 @@
 //! pin state; pinned blocks never move.
 #![deny(unsafe_code)]
 
+pub(crate) mod evacuate;
 pub mod pack;
 
 use std::collections::BTreeMap;

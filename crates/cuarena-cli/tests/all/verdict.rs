@@ -249,3 +249,24 @@ fn policy_picks_the_arena_and_json_reports_every_policy() {
         "{err}"
     );
 }
+
+/// `--elastic`: the elastic replay's fields are filled in, and meet issue
+/// 34's checks on a recorded trace (peak mapped within max(2 MiB, 1%) of
+/// peak live; bytes moved within naive's at peak live plus twice peak live).
+#[test]
+fn elastic_replay_fills_its_fields() {
+    let p = data().join("corpus_bert-infer_s0.pickle.gz");
+    let j = json(&[&p.to_string_lossy(), "--elastic"]);
+    let e = &j["elastic"];
+    assert_eq!(e["completed"], true);
+    let peak = u(&j, "peak_live_bytes");
+    assert!(u(e, "peak_mapped_bytes") <= peak + (2 << 20u64).max(peak / 100));
+    assert!(u(e, "mean_mapped_bytes") > 0 && u(e, "window_us") > 0);
+    assert!(u(&j, "mean_live_bytes") > 0);
+    let naive = u(&j, "naive_bytes_moved_at_peak_live");
+    assert!(u(e, "bytes_moved") <= naive + 2 * peak);
+    // Without --elastic, the fields are there and null.
+    let plain = json(&[&p.to_string_lossy()]);
+    assert!(plain["elastic"]["peak_mapped_bytes"].is_null());
+    assert!(plain["naive_bytes_moved_at_peak_live"].is_null());
+}

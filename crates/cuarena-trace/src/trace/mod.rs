@@ -85,6 +85,7 @@
 mod budget;
 mod counts;
 mod csv;
+pub mod elastic;
 mod input;
 pub mod limits;
 pub(crate) mod ops;

@@ -1,0 +1,150 @@
+//! The elastic arena on recorded traces, no capacity given: peak and mean
+//! mapped bytes against the live bytes and the trailing window's peak,
+//! bytes moved against naive compact-on-failure at a fixed capacity of the
+//! peak live bytes, and PyTorch's reserved bytes beside them (from the
+//! snapshot's own segment events). Metadata replays (no bytes), the
+//! automatic trim on at its window, time-weighted means on the trace's
+//! `time_us`. With the checks of issue 34:
+//!
+//! - peak mapped <= peak live + max(2 MiB, 1% of peak live);
+//! - mean mapped <= 1.02 x mean window peak + 2 MiB;
+//! - bytes moved <= naive's at peak live + 2 x peak live.
+//!
+//! Run:
+//!
+//!     cargo bench -p cuarena-trace --bench elastic      # the traces in tests/data
+//!     CUARENA_TRACES=corpus cargo bench -p cuarena-trace --bench elastic
+//!
+//! `CUARENA_WINDOW_US` and `CUARENA_SLACK` set the window and the slack
+//! (defaults: the arena's); `CUARENA_ONLY=NAME` keeps matching traces.
+
+use std::path::{Path, PathBuf};
+
+use cuarena::{fmt_bytes, ArenaConfig};
+use cuarena_trace::trace::elastic::{
+    naive_bytes_moved_at_peak_live, op_times, replay_elastic, time_weighted_mean,
+};
+use cuarena_trace::trace::Trace;
+
+const ALIGN: u64 = 256;
+const MIB: u64 = 1 << 20;
+
+/// `file -> half` from the folder's manifest.
+fn halves(dir: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in ["manifest.json", "corpus_manifest.json"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        for t in v["traces"].as_array().into_iter().flatten() {
+            if let (Some(f), Some(h)) = (t["file"].as_str(), t["half"].as_str()) {
+                out.push((f.to_owned(), h.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("elastic: bench");
+        return;
+    }
+    let dir = PathBuf::from(
+        std::env::var("CUARENA_TRACES")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data").to_owned()),
+    );
+    let defaults = ArenaConfig::elastic();
+    let window = env("CUARENA_WINDOW_US").unwrap_or(defaults.trim_window_us);
+    let slack = env("CUARENA_SLACK").unwrap_or(defaults.elastic_slack);
+    let halves = halves(&dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("a folder of traces")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.to_string_lossy();
+            n.ends_with(".pickle") || n.ends_with(".pickle.gz") || n.ends_with(".csv.gz")
+        })
+        .collect();
+    files.sort();
+    if let Ok(only) = std::env::var("CUARENA_ONLY") {
+        files.retain(|p| p.to_string_lossy().contains(&only));
+    }
+    println!("window {window} us, slack {slack}");
+    println!(
+        "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | moved | naive at peak | trims | checks |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    let mut failed = 0;
+    for p in &files {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let half = halves
+            .iter()
+            .find(|(f, _)| *f == name)
+            .map_or("other", |(_, h)| h.as_str())
+            .to_owned();
+        let Ok(t) = Trace::read(p) else {
+            println!("| {name} | {half} | unreadable |");
+            continue;
+        };
+        let Some(&device) = t.devices().first() else {
+            continue;
+        };
+        let ops = t.ops(device).unwrap();
+        let r = replay_elastic(&ops, ALIGN, window, slack).unwrap();
+        let naive = naive_bytes_moved_at_peak_live(&ops, ALIGN).unwrap();
+        let reserved = t.reserved(device);
+        let (times, _) = op_times(&ops);
+        let torch = time_weighted_mean(&times, |i| reserved.at(ops.event_index[i]));
+        let peak = r.peak_live_bytes;
+        let mut bad = Vec::new();
+        if !r.outcome.is_completed() {
+            bad.push("failed".to_owned());
+        }
+        if r.peak_mapped_bytes > peak + (2 * MIB).max(peak / 100) {
+            bad.push("peak".to_owned());
+        }
+        if r.mean_mapped_bytes as f64
+            > 1.02 * r.mean_window_peak_live_bytes as f64 + 2.0 * MIB as f64
+        {
+            bad.push("mean".to_owned());
+        }
+        if let Some(n) = naive {
+            if r.bytes_moved > n + 2 * peak {
+                bad.push("moved".to_owned());
+            }
+        }
+        if !bad.is_empty() {
+            failed += 1;
+        }
+        println!(
+            "| {name} | {half} | {} | {:.4} | {} | {} | {:.4} | {} | {} | {} | {} | {} |",
+            fmt_bytes(peak),
+            r.peak_mapped_bytes as f64 / peak.max(1) as f64,
+            fmt_bytes(r.mean_live_bytes),
+            fmt_bytes(r.mean_window_peak_live_bytes),
+            r.mean_mapped_bytes as f64 / r.mean_window_peak_live_bytes.max(1) as f64,
+            if torch > 0 {
+                format!("{:.3}", torch as f64 / r.mean_mapped_bytes.max(1) as f64)
+            } else {
+                "-".to_owned()
+            },
+            fmt_bytes(r.bytes_moved),
+            naive.map_or("failed".to_owned(), fmt_bytes),
+            r.trims,
+            if bad.is_empty() {
+                "ok".to_owned()
+            } else {
+                bad.join(", ")
+            },
+        );
+    }
+    println!("{failed} of {} traces fail a check", files.len());
+}

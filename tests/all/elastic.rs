@@ -1,0 +1,430 @@
+//! The elastic arena on the host backend, which refuses every access above
+//! the mapped end: random programs interleaving allocation, free, writes,
+//! copies, pins, compaction, spilling, `trim` and the automatic trim (on a
+//! clock the test moves), against a model of every block's bytes.
+//!
+//! Checked after every step: every live block holds the bytes last written
+//! (read through the backend, so a block left above the mapped end fails),
+//! the mapped end matches the index, and no allocation fails while live
+//! bytes plus the request fit in the limit (arena alignment only, no pins:
+//! the allocation guarantee's terms). After every `trim`: mapped ≤ live +
+//! max(one granule, 1% of live), or the end of the highest pinned block.
+
+use std::collections::HashMap;
+
+use crate::support::Rng;
+use cuarena::backend::{Backend, HostBackend};
+use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
+
+const GRANULE: u64 = 4096;
+const ALIGN: u64 = 256;
+
+#[derive(Clone, Copy)]
+struct Kind {
+    limit: u64,
+    pins: bool,
+    spill: bool,
+    big_aligns: bool,
+    policy: CompactionPolicy,
+    window_us: u64,
+}
+
+struct Run {
+    arena: Arena<HostBackend>,
+    bytes: HashMap<Handle, Vec<u8>>,
+    pinned: HashMap<Handle, u32>,
+    kind: Kind,
+    now: u64,
+    trims_checked: u64,
+}
+
+fn reserved(size: u64) -> u64 {
+    size.div_ceil(ALIGN) * ALIGN
+}
+
+impl Run {
+    fn new(kind: Kind) -> Self {
+        let mut config = ArenaConfig::elastic()
+            .with_capacity_bytes(kind.limit)
+            .with_compaction(kind.policy)
+            .with_trim_window_us(kind.window_us);
+        if kind.spill {
+            config = config.with_spill_host_bytes(kind.limit);
+        }
+        let backend = HostBackend::elastic(kind.limit, GRANULE);
+        backend.set_time_us(0);
+        let arena = Arena::with_backend(config, backend).expect("arena");
+        Self {
+            arena,
+            bytes: HashMap::new(),
+            pinned: HashMap::new(),
+            kind,
+            now: 0,
+            trims_checked: 0,
+        }
+    }
+
+    fn live(&self) -> u64 {
+        let s = self.arena.stats();
+        s.allocated_bytes
+    }
+
+    fn alloc(&mut self, rng: &mut Rng, size: u64) {
+        let align = if self.kind.big_aligns && rng.below(4) == 0 {
+            1 << rng.range(9, 13)
+        } else {
+            ALIGN
+        };
+        let live_before: u64 = self
+            .arena
+            .blocks()
+            .iter()
+            .filter(|b| b.resident)
+            .map(|b| b.reserved_bytes)
+            .sum();
+        match self.arena.alloc_aligned(size, align) {
+            Ok(h) => {
+                let data = rng.bytes(size as usize);
+                self.arena.write_bytes(h, &data).expect("write");
+                self.bytes.insert(h, data);
+            }
+            Err(e) => {
+                assert!(e.is_out_of_memory(), "alloc of {size} B: {e}");
+                // Spilling serves everything; otherwise the guarantee holds
+                // without pins at the arena's alignment.
+                let guaranteed = self.kind.spill || (!self.kind.pins && align == ALIGN);
+                let fits = live_before + reserved(size) <= self.kind.limit;
+                if self.kind.policy != CompactionPolicy::Manual && guaranteed && fits {
+                    panic!(
+                        "alloc of {size} B failed with {live_before} B live under a limit of {} B: {e}",
+                        self.kind.limit
+                    );
+                }
+            }
+        }
+    }
+
+    fn pick(&self, rng: &mut Rng) -> Option<Handle> {
+        if self.bytes.is_empty() {
+            return None;
+        }
+        let mut keys: Vec<Handle> = self.bytes.keys().copied().collect();
+        keys.sort_by_key(|h| self.arena.info(*h).map(|i| i.offset).unwrap_or(0));
+        Some(keys[rng.below(keys.len() as u64) as usize])
+    }
+
+    fn step(&mut self, rng: &mut Rng) {
+        let op = rng.below(100);
+        let max_block = (self.kind.limit / 16).max(512);
+        match op {
+            0..=34 => {
+                let size = 1 + rng.below(max_block);
+                self.alloc(rng, size);
+            }
+            35..=59 => {
+                if let Some(h) = self.pick(rng) {
+                    if self.pinned.contains_key(&h) {
+                        return;
+                    }
+                    self.arena.free(h).expect("free");
+                    self.bytes.remove(&h);
+                }
+            }
+            60..=64 => {
+                // Rewrite part of a block.
+                if let Some(h) = self.pick(rng) {
+                    let len = self.bytes[&h].len() as u64;
+                    let data = rng.bytes(len as usize);
+                    self.arena.write_bytes(h, &data).expect("rewrite");
+                    self.bytes.insert(h, data);
+                }
+            }
+            65..=68 => {
+                // Copy a block into a new one (which may grow the region).
+                let Some(a) = self.pick(rng) else {
+                    return;
+                };
+                let len = self.bytes[&a].len() as u64;
+                if let Ok(b) = self.arena.alloc(len) {
+                    self.arena.copy(a, b).expect("copy");
+                    let src = self.bytes[&a].clone();
+                    self.bytes.insert(b, src);
+                }
+            }
+            69..=72 if self.kind.pins => {
+                if let Some(h) = self.pick(rng) {
+                    self.arena.pin(h).expect("pin");
+                    *self.pinned.entry(h).or_default() += 1;
+                }
+            }
+            73..=76 if self.kind.pins => {
+                let Some(&h) = self.pinned.keys().next() else {
+                    return;
+                };
+                self.arena.unpin(h).expect("unpin");
+                let n = self.pinned.get_mut(&h).unwrap();
+                *n -= 1;
+                if *n == 0 {
+                    self.pinned.remove(&h);
+                }
+            }
+            77..=79 => {
+                self.arena.compact().expect("compact");
+            }
+            80..=86 => {
+                self.arena.trim().expect("trim");
+                self.check_trimmed();
+            }
+            87..=94 => {
+                // Time passes: a short step, or a long pause.
+                self.now += if rng.below(4) == 0 {
+                    rng.range(1, 4) * self.kind.window_us.max(1)
+                } else {
+                    rng.below(self.kind.window_us.max(8) / 8)
+                };
+                self.arena.backend().set_time_us(self.now);
+            }
+            _ => {
+                // A burst of frees: a phase that needs less.
+                for _ in 0..rng.range(1, 8) {
+                    if let Some(h) = self.pick(rng) {
+                        if !self.pinned.contains_key(&h) {
+                            self.arena.free(h).expect("free");
+                            self.bytes.remove(&h);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_trimmed(&mut self) {
+        let live = self.live();
+        let mapped = self.arena.backend().mapped_bytes();
+        // A pinned block stays where it is: the full compaction packs
+        // around it, and the gap below it holds only blocks that fit there
+        // (each gap wastes less than the largest block).
+        let pins = self
+            .arena
+            .blocks()
+            .iter()
+            .filter(|b| b.pins > 0 && b.resident)
+            .count() as u64;
+        let max_block = (self.kind.limit / 16).max(512);
+        let top_pin = self
+            .arena
+            .blocks()
+            .iter()
+            .filter(|b| b.pins > 0 && b.resident)
+            .map(|b| b.offset + b.reserved_bytes)
+            .max()
+            .unwrap_or(0);
+        let pinned_end = (live + pins * max_block).max(top_pin);
+        // Alignment above the arena's pads a compacted layout.
+        let padding: u64 = if self.kind.big_aligns {
+            self.arena
+                .blocks()
+                .iter()
+                .map(|b| b.align_bytes.saturating_sub(ALIGN))
+                .sum()
+        } else {
+            0
+        };
+        let bound = (live + padding + GRANULE.max(live / 100))
+            .max(pinned_end + GRANULE.max(pinned_end / 100));
+        assert!(
+            mapped <= bound,
+            "after trim: {mapped} B mapped for {live} B live ({pins} pinned, padding {padding})"
+        );
+        self.trims_checked += 1;
+    }
+
+    fn check(&mut self) {
+        let mapped = self.arena.backend().mapped_bytes();
+        let stats = self.arena.stats();
+        assert_eq!(
+            stats.capacity_bytes, mapped,
+            "the index covers what is mapped"
+        );
+        assert!(mapped <= self.kind.limit);
+        assert_eq!(mapped % GRANULE, 0);
+        for (h, want) in &self.bytes {
+            let info = self.arena.info(*h).expect("info");
+            if !info.resident {
+                continue;
+            }
+            assert!(info.offset + info.reserved_bytes <= mapped);
+            let got = self.arena.read_bytes(*h).expect("read");
+            assert!(got == *want, "block {h:?} lost its bytes");
+        }
+    }
+
+    fn finish(mut self) -> (Arena<HostBackend>, u64) {
+        let handles: Vec<Handle> = self.bytes.keys().copied().collect();
+        for h in handles {
+            self.arena.make_resident(&[h]).expect("resident");
+            assert!(self.arena.read_bytes(h).unwrap() == self.bytes[&h]);
+        }
+        // Everything freed and trimmed: nothing stays mapped.
+        for (h, n) in std::mem::take(&mut self.pinned) {
+            for _ in 0..n {
+                self.arena.unpin(h).unwrap();
+            }
+        }
+        for h in std::mem::take(&mut self.bytes).into_keys() {
+            self.arena.free(h).unwrap();
+        }
+        self.arena.trim().unwrap();
+        assert_eq!(self.arena.backend().mapped_bytes(), 0);
+        (self.arena, self.trims_checked)
+    }
+}
+
+fn run(kind: Kind, seeds: u64, steps: usize) -> u64 {
+    let mut trims = 0;
+    for seed in 0..seeds {
+        let mut rng = Rng::new(seed * 7919 + kind.limit);
+        let mut r = Run::new(kind);
+        for _ in 0..steps {
+            r.step(&mut rng);
+            r.check();
+        }
+        let (arena, checked) = r.finish();
+        trims += checked;
+        assert!(arena.stats().peak_mapped_bytes <= kind.limit);
+    }
+    trims
+}
+
+const BASE: Kind = Kind {
+    limit: 1 << 20,
+    pins: false,
+    spill: false,
+    big_aligns: false,
+    policy: CompactionPolicy::Bounded,
+    window_us: 1000,
+};
+
+#[test]
+fn elastic_programs_keep_every_byte_and_trim_tight() {
+    let trims = run(BASE, 12, 600);
+    assert!(trims > 100);
+}
+
+#[test]
+fn elastic_programs_under_every_policy() {
+    for policy in [CompactionPolicy::Auto, CompactionPolicy::Manual] {
+        run(Kind { policy, ..BASE }, 4, 500);
+    }
+}
+
+#[test]
+fn elastic_programs_with_pins_alignment_and_spilling() {
+    run(Kind { pins: true, ..BASE }, 6, 500);
+    run(
+        Kind {
+            big_aligns: true,
+            ..BASE
+        },
+        6,
+        500,
+    );
+    run(
+        Kind {
+            spill: true,
+            limit: 256 << 10,
+            ..BASE
+        },
+        6,
+        500,
+    );
+}
+
+#[test]
+fn elastic_programs_without_the_automatic_trim() {
+    run(
+        Kind {
+            window_us: 0,
+            ..BASE
+        },
+        4,
+        500,
+    );
+}
+
+/// Growth maps in chunks and never more than the slack over the live bytes
+/// the window has seen, then trimming gives everything back.
+#[test]
+fn an_elastic_arena_grows_in_chunks_and_gives_back() {
+    let mut arena = Arena::host(ArenaConfig::elastic().with_trim_window_us(0)).unwrap();
+    assert_eq!(arena.backend().mapped_bytes(), 0);
+    let mut hs = Vec::new();
+    for _ in 0..64 {
+        hs.push(arena.alloc(1 << 20).unwrap());
+    }
+    let mapped = arena.backend().mapped_bytes();
+    assert!(
+        (64 << 20..=(64 << 20) + (1 << 20)).contains(&mapped),
+        "{mapped}"
+    );
+    assert!(arena.backend().mapped_chunks() > 1);
+    for h in hs.drain(..).step_by(2) {
+        arena.free(h).unwrap();
+    }
+    let given = arena.trim().unwrap();
+    assert!(given > 0);
+    let st = arena.stats();
+    assert!(st.capacity_bytes <= st.allocated_bytes + (64 << 10).max(st.allocated_bytes / 100));
+    assert_eq!(st.trims, 1);
+    assert!(st.peak_mapped_bytes >= 64 << 20);
+}
+
+/// A fixed arena is unchanged: trim gives nothing back, and a fixed
+/// config over an elastic backend maps everything at creation.
+#[test]
+fn fixed_arenas_do_not_trim() {
+    let mut a = Arena::host(ArenaConfig::new(1 << 20)).unwrap();
+    let h = a.alloc(1000).unwrap();
+    assert_eq!(a.trim().unwrap(), 0);
+    assert_eq!(a.backend().mapped_bytes(), 1 << 20);
+    a.free(h).unwrap();
+    let b = Arena::with_backend(
+        ArenaConfig::new(1 << 20),
+        HostBackend::elastic(4 << 20, GRANULE),
+    )
+    .unwrap();
+    assert_eq!(b.backend().mapped_bytes(), 1 << 20);
+    assert_eq!(b.stats().capacity_bytes, 1 << 20);
+}
+
+/// Growing past the limit fails as a fixed arena's allocation does, and
+/// leaves the arena as it was.
+#[test]
+fn the_limit_is_a_fixed_arenas_capacity() {
+    let mut a = Arena::host(ArenaConfig::elastic().with_capacity_bytes(1 << 20)).unwrap();
+    let h = a.alloc(900 << 10).unwrap();
+    let before = a.stats();
+    let e = a.alloc(200 << 10).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert!(matches!(a.alloc(2 << 20), Err(Error::TooLarge { .. })));
+    assert_eq!(a.stats().allocated_bytes, before.allocated_bytes);
+    a.free(h).unwrap();
+    a.alloc(1 << 20).unwrap();
+}
+
+/// The host backend refuses bytes above the mapped end, and forgets
+/// unmapped bytes.
+#[test]
+fn the_host_backend_refuses_unmapped_bytes() {
+    let mut b = HostBackend::elastic(1 << 20, GRANULE);
+    assert!(b.write(0, &[1]).is_err());
+    b.map_to(GRANULE).unwrap();
+    b.write(0, &[1; 16]).unwrap();
+    assert!(b.write(GRANULE - 8, &[1; 16]).is_err());
+    assert!(b.map_to(GRANULE + 100).is_err(), "not a granule multiple");
+    b.map_to(3 * GRANULE).unwrap();
+    assert!(b.copy(0, 3 * GRANULE, 16).is_err());
+    assert_eq!(b.unmap_to(GRANULE + 1).unwrap(), 3 * GRANULE, "one chunk");
+    assert_eq!(b.unmap_to(GRANULE).unwrap(), GRANULE);
+    assert!(b.read(GRANULE, &mut [0; 1]).is_err());
+}
