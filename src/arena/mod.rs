@@ -362,6 +362,7 @@ impl<B: Backend> Arena<B> {
     /// Sends the table's changed slots to the backend (on the CUDA backend:
     /// enqueued on the arena stream): before kernels resolve handles
     /// allocated since the last compaction (`graph::handle_args` calls it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn flush_table(&mut self) -> Result<()> {
         self.core.flush_table()
     }

@@ -9,6 +9,9 @@ use crate::handle::BlockKey;
 use crate::placement::{Allocation, FreeIndex, PlacementError};
 use crate::plan::planner::{self, LiveBlock};
 
+/// A block a plan moves: its key, final offset and data bytes.
+pub(super) type Moved = (BlockKey, u64, u64);
+
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Shadow {
@@ -160,7 +163,7 @@ impl Shadow {
         &mut self,
         reserved: u64,
         align: u64,
-    ) -> Option<(Vec<(BlockKey, u64, u64)>, u64)> {
+    ) -> Option<(Vec<Moved>, u64)> {
         let capacity = self.index.capacity();
         if reserved > self.index.free_bytes() {
             return None;
@@ -209,7 +212,7 @@ impl Shadow {
 }
 
 /// Each block a plan moves, by key: its final offset and data bytes.
-fn final_offsets(plan: &crate::plan::Plan, live: &[LiveBlock]) -> Vec<(BlockKey, u64, u64)> {
+fn final_offsets(plan: &crate::plan::Plan, live: &[LiveBlock]) -> Vec<Moved> {
     let index: std::collections::HashMap<u64, usize> =
         live.iter().enumerate().map(|(i, l)| (l.key, i)).collect();
     match crate::plan::track::final_offsets(plan, live, |k| index.get(&k).copied()) {
