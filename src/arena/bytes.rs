@@ -27,7 +27,8 @@ pub(super) struct Checked {
 /// Checks `r` against its block in `blocks` (alive, of arena `arena_id`,
 /// in bounds) and, for a typed access (`want` set), that the range's dtype
 /// is `want` (an untyped range takes any) and that it holds whole
-/// elements. `None` for zero bytes of no block (an empty storage). Shared
+/// elements at an offset in the block aligned to their size
+/// ([`Error::Misaligned`]). `None` for zero bytes of no block (an empty storage). Shared
 /// by the arena's operations and the CUDA kernel arguments, which hold
 /// the block table apart from the backend.
 pub(super) fn check_block_range(
@@ -71,7 +72,12 @@ pub(super) fn check_block_range(
             available_bytes: b.size,
         });
     }
-    if let Some(want) = want.filter(|w| len % w.size_bytes() != 0) {
+    // Whole elements, at an offset in the block that is a multiple of the
+    // element size: a typed access reads the elements a kernel would (the
+    // block's own alignment is the allocation's; kernel views check it).
+    if let Some(want) =
+        want.filter(|w| len % w.size_bytes() != 0 || r.offset_bytes % w.size_bytes() != 0)
+    {
         return Err(Error::Misaligned {
             offset_bytes: r.offset_bytes,
             len_bytes: len,
