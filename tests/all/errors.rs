@@ -373,16 +373,19 @@ fn state_errors_say_what_to_do_next() {
     assert!(e.is_retryable());
 }
 
-/// A host backend whose writes report a device fault, and whose plans
-/// fail part-way.
-struct Faulty(HostBackend);
+/// A host backend whose plans fail part-way, and whose writes report a
+/// device fault when the flag is set (`arena.rs` uses it too).
+pub(crate) struct Faulty(pub(crate) HostBackend, pub(crate) bool);
 
 impl Backend for Faulty {
     type Stream = ();
     fn capacity_bytes(&self) -> u64 {
         self.0.capacity_bytes()
     }
-    fn write(&mut self, _: u64, _: &[u8]) -> Result<()> {
+    fn write(&mut self, o: u64, b: &[u8]) -> Result<()> {
+        if !self.1 {
+            return self.0.write(o, b);
+        }
         Err(BackendError::DeviceFault {
             reason: "the watchdog fired".into(),
         }
@@ -411,8 +414,8 @@ impl Backend for Faulty {
 fn a_device_fault_poisons_and_every_later_call_says_why() {
     let cap = 16 * KIB;
     let config = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual);
-    let mut a =
-        Arena::with_backend(config, Faulty(HostBackend::new(cap).expect("b"))).expect("arena");
+    let mut a = Arena::with_backend(config, Faulty(HostBackend::new(cap).expect("b"), true))
+        .expect("arena");
     let h = a.alloc(256).expect("h");
     let e = a.write(h, &[0u8; 256]).unwrap_err();
     assert!(
@@ -504,8 +507,8 @@ fn backend_errors_keep_their_codes() {
 fn a_failed_plan_poisons_the_arena() {
     let cap = 16 * KIB;
     let config = ArenaConfig::new(cap).with_compaction(CompactionPolicy::Manual);
-    let mut a =
-        Arena::with_backend(config, Faulty(HostBackend::new(cap).expect("b"))).expect("arena");
+    let mut a = Arena::with_backend(config, Faulty(HostBackend::new(cap).expect("b"), true))
+        .expect("arena");
     let hs: Vec<_> = (0..4).map(|_| a.alloc(KIB).expect("h")).collect();
     a.free(hs[0]).expect("free");
     let e = a.compact().unwrap_err();
