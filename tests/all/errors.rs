@@ -800,13 +800,13 @@ fn every_documented_error_leaves_the_arena_as_it_was() {
     // Re-entry into a shared arena from its own closure.
     let shared = SharedArena::new(a);
     let inner = shared.clone();
-    let before = shared.with(|a| snapshot(a)).expect("lock");
+    let before = shared.with(snapshot).expect("lock");
     let e = shared
         .with(|_| inner.write_bytes(h, &[0; 64]))
         .expect("the outer lock")
         .unwrap_err();
     assert!(matches!(e, Error::Reentrant { .. }), "{e:?}");
-    assert_eq!(shared.with(|a| snapshot(a)).expect("lock"), before);
+    assert_eq!(shared.with(snapshot).expect("lock"), before);
 }
 
 /// Every row of `docs/guide.md`'s error table is named by a test of this
