@@ -15,12 +15,14 @@
 //!    when the targeted plan would move at least as many bytes as the full
 //!    plan would now: a full compaction packs every block down, large ones
 //!    included, and undoing that separation cost more bytes later than it
-//!    saved (buying at half moved 1.2-1.7x more on the shipped ResNet and
-//!    LLM traces at 1.00x). Without that placement it buys at half the full
+//!    saved (buying at half moved more on the shipped ResNet and LLM traces
+//!    at a capacity of their peak). Without that placement it buys at half the full
 //!    price, so that a request that needs nearly all free space, spread
 //!    over many holes, gets the full compaction at once rather than a
 //!    near-full one now and another at the next request (buying only at
-//!    the same price moved 1.96x of naive on the MLP snapshot there).
+//!    the same price moved nearly twice naive's bytes on the MLP snapshot
+//!    there; `BENCHMARKS.md#bytes-moved-against-naive-compact-on-failure`
+//!    has the policies' bytes moved).
 //!    (Counting the targeted bytes paid since the last full compaction as
 //!    well moved more.) Cheap targeted compactions are what keeps bytes
 //!    moved below a naive compact-on-failure allocator.

@@ -5,9 +5,9 @@
 //! The GPU tests are `#[ignore]`d: a plain `cargo test` lists them as
 //! ignored. Asked for (`--include-ignored` or `--ignored`, or
 //! `CUARENA_REQUIRE_GPU=1`) where there is no device, each fails with "no
-//! CUDA GPU: <reason>": a run that asked for them must not report them
+//! CUDA GPU: (reason)": a run that asked for them must not report them
 //! passed when nothing ran. A test that is not ignored skips: it prints
-//! `skipped: <reason>` (shown with `--nocapture`), and the first skip of
+//! `skipped: (reason)` (shown with `--nocapture`), and the first skip of
 //! the process writes one line to its stderr, which libtest does not
 //! capture.
 
@@ -23,7 +23,7 @@ pub fn forced() -> bool {
 
 /// `check` (a backend's `available()`: `Err(reason)` where the driver, a
 /// device or a library is missing) as "run the test": true when it passed;
-/// otherwise a panic "no CUDA GPU: <reason>" when the tests were asked for
+/// otherwise a panic "no CUDA GPU: (reason)" when the tests were asked for
 /// ([`forced`]), else false after saying why.
 pub fn usable(check: Result<(), String>) -> bool {
     let Err(reason) = check else {

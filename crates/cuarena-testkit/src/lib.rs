@@ -1,6 +1,6 @@
 //! What cuarena's tests, benches and examples share, in one place: a
 //! deterministic generator ([`Rng`]), [`median`], plan builders, the GPU
-//! check that skips or fails ([`usable`], [`gpu_available`]), the
+//! check that skips or fails ([`usable`], `gpu_available`), the
 //! multi-thread stress harness ([`stress`]), and, with features, the test
 //! kernels (`cuda`) and trace inputs (`trace`). A dev-dependency of the
 //! workspace's crates; never published.
