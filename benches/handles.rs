@@ -42,9 +42,9 @@ use cuarena::plan::{Plan, PlanKind};
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Result};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-use support::{driver_err as drv, gpu_bench_reps, load_kernels, median, Rng, GRAPH_TEST_CU};
+use cuarena_testkit::{
+    driver_err as drv, gpu_bench_reps, load_kernels, median, Rng, GRAPH_TEST_CU,
+};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -100,7 +100,7 @@ impl Variant {
                 b.arg(table).arg(c).arg(a).arg(bb).arg(&n4);
             }
         }
-        // SAFETY: the bench_add* kernels of tests/kernels/graph_test.cu take
+        // SAFETY: the bench_add* kernels of crates/cuarena-testkit/kernels/graph_test.cu take
         // (float4*, const float4*, const float4*, u64) or (CuarenaTable,
         // u64, u64, u64, u64), matching the arguments pushed; they read n4
         // float4s of a and b and write n4 of c: three blocks of 2^28 f32,
@@ -148,7 +148,11 @@ fn resolve_bench(reps: usize) -> Result<()> {
         backend.arch(),
         backend.sm_count()
     );
-    let module = load_kernels(backend, "tests/kernels/graph_test.cu", GRAPH_TEST_CU)?;
+    let module = load_kernels(
+        backend,
+        "crates/cuarena-testkit/kernels/graph_test.cu",
+        GRAPH_TEST_CU,
+    )?;
     let sms = backend.sm_count();
     let table = graph::handle_args(&mut arena)?;
     let handles = Args::Handles {

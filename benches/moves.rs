@@ -42,9 +42,7 @@ use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan};
 use cuarena::Result;
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-use support::{driver_err, gpu_bench_reps, median, mv, plan_of, Rng};
+use cuarena_testkit::{driver_err, gpu_bench_reps, median, mv, plan_of, Rng};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

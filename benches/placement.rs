@@ -76,9 +76,7 @@ use cuarena::backend::MetaBackend;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Handle};
 use offset_allocator::{Allocation, Allocator};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-use support::Rng;
+use cuarena_testkit::{median, Rng};
 
 /// Smallest and largest sampled size, log2 (64 B and 256 MiB).
 const MIN_LOG2: f64 = 6.0;
@@ -370,16 +368,6 @@ fn time_round(
     }
     let per = |d: Duration, n: usize| d.as_nanos() as f64 / (TURNS * n) as f64;
     (per(a, lens.0), per(b, lens.1))
-}
-
-fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let m = xs.len() / 2;
-    if xs.len() % 2 == 1 {
-        xs[m]
-    } else {
-        (xs[m - 1] + xs[m]) / 2.0
-    }
 }
 
 /// Bytes reserved minus bytes asked for over `live`, reserving whole

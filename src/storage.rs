@@ -123,47 +123,127 @@ impl Storage {
     }
 
     /// Bytes of the storage.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F32, 10)?;
+    /// assert_eq!(s.len_bytes(), 40);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn len_bytes(&self) -> u64 {
         self.inner.len_bytes
     }
 
     /// Elements of its dtype; an untyped storage's elements are bytes.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F16, 10)?;
+    /// assert_eq!(s.numel(), 10);
+    /// assert_eq!(arena.alloc_storage(10)?.numel(), 10); // untyped: bytes
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn numel(&self) -> u64 {
         self.inner.len_bytes / elem_bytes(self.inner.dtype)
     }
 
     /// True for a storage of zero bytes (which holds no block).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let empty = arena.alloc_storage_dtype(DType::F32, 0)?;
+    /// assert!(empty.is_empty() && empty.handle().is_none()); // no block
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.inner.len_bytes == 0
     }
 
     /// The dtype it was allocated for; `None` for untyped bytes.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// assert_eq!(arena.alloc_storage_dtype(DType::BF16, 4)?.dtype(), Some(DType::BF16));
+    /// assert_eq!(arena.alloc_storage(4)?.dtype(), None);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn dtype(&self) -> Option<DType> {
         self.inner.dtype
     }
 
     /// The block's handle (`None` for an empty storage). The handle is a
     /// plain value: it goes stale when the last owner drops.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(256)?;
+    /// let h = s.handle().expect("a block");
+    /// assert_eq!(arena.info(h)?.size_bytes, 256);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn handle(&self) -> Option<Handle> {
         self.inner.handle
     }
 
     /// Id of the arena it belongs to.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(256)?;
+    /// assert_eq!(s.arena_id(), arena.id());
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn arena_id(&self) -> u64 {
         self.inner.arena
     }
 
     /// True when both are clones of one storage.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(256)?;
+    /// let t = s.clone();
+    /// assert!(s.same_storage(&t));
+    /// assert!(!s.same_storage(&arena.alloc_storage(256)?));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn same_storage(&self, other: &Storage) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Owners now (clones and slices alive).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(256)?;
+    /// let view = s.slice(0..16)?; // a slice owns it too
+    /// assert_eq!(s.owners(), 2);
+    /// drop(view);
+    /// assert_eq!(s.owners(), 1);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn owners(&self) -> u64 {
         Arc::strong_count(&self.inner) as u64
     }
 
     /// The whole storage as a slice.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::U32, 8)?;
+    /// let all = s.whole();
+    /// assert_eq!((all.offset_bytes(), all.numel()), (0, 8));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn whole(&self) -> StorageSlice {
         StorageSlice {
             storage: self.clone(),
@@ -175,17 +255,46 @@ impl Storage {
 
     /// Elements `start..end` of the storage, as a slice that keeps it
     /// alive (see [`StorageSlice::slice`]).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F32, 8)?;
+    /// let rows = s.slice(2..6)?; // elements
+    /// assert_eq!((rows.offset_bytes(), rows.len_bytes()), (8, 16));
+    /// assert!(s.slice(6..9).is_err()); // past the end
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn slice(&self, range: Range<u64>) -> Result<StorageSlice> {
         self.whole().slice(range)
     }
 
     /// Bytes `start..end` of the storage (see [`StorageSlice::slice_bytes`]).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F32, 8)?;
+    /// assert_eq!(s.slice_bytes(4..12)?.numel(), 2);
+    /// assert!(s.slice_bytes(2..6).is_err()); // inside an element: Misaligned
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn slice_bytes(&self, range: Range<u64>) -> Result<StorageSlice> {
         self.whole().slice_bytes(range)
     }
 
     /// The whole storage read as `dtype`, without a copy (see
     /// [`StorageSlice::as_dtype`]).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F32, 2)?;
+    /// arena.write(&s, &[1.0f32, 2.0])?;
+    /// let bits = s.as_dtype(DType::U32)?; // the same bytes, no copy
+    /// assert_eq!(arena.read::<u32>(&bits)?, [1.0f32.to_bits(), 2.0f32.to_bits()]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn as_dtype(&self, dtype: DType) -> Result<StorageSlice> {
         self.whole().as_dtype(dtype)
     }
@@ -209,26 +318,67 @@ pub struct StorageSlice {
 
 impl StorageSlice {
     /// The storage it is a slice of.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(64)?;
+    /// assert!(s.slice(8..16)?.storage().same_storage(&s));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn storage(&self) -> &Storage {
         &self.storage
     }
 
     /// Offset in the storage, in bytes.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F64, 4)?;
+    /// assert_eq!(s.slice(1..3)?.offset_bytes(), 8);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn offset_bytes(&self) -> u64 {
         self.offset_bytes
     }
 
     /// Bytes of the slice.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F64, 4)?;
+    /// assert_eq!(s.slice(1..3)?.len_bytes(), 16);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn len_bytes(&self) -> u64 {
         self.len_bytes
     }
 
     /// Elements of its dtype in the slice; bytes when untyped.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F64, 4)?;
+    /// assert_eq!(s.slice(1..3)?.numel(), 2);
+    /// assert_eq!(s.slice(1..3)?.as_dtype(DType::U8)?.numel(), 16);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn numel(&self) -> u64 {
         self.len_bytes / elem_bytes(self.dtype)
     }
 
     /// True for a slice of zero bytes.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F32, 4)?;
+    /// assert!(s.slice(2..2)?.is_empty());
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len_bytes == 0
     }
@@ -236,6 +386,15 @@ impl StorageSlice {
     /// The dtype the slice is read as: its storage's, or the one
     /// [`as_dtype`](StorageSlice::as_dtype) gave it; `None` for untyped
     /// bytes.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::F32, 4)?;
+    /// assert_eq!(s.whole().dtype(), Some(DType::F32));
+    /// assert_eq!(s.as_dtype(DType::I32)?.dtype(), Some(DType::I32));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn dtype(&self) -> Option<DType> {
         self.dtype
     }
@@ -243,6 +402,15 @@ impl StorageSlice {
     /// Elements `start..end` of this slice, in its dtype (bytes when
     /// untyped). [`Error::OutOfBounds`] (in bytes) past its end or when
     /// `end < start`.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::U16, 10)?;
+    /// let mid = s.slice(2..8)?.slice(1..3)?; // elements 3..5 of s
+    /// assert_eq!((mid.offset_bytes(), mid.numel()), (6, 2));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn slice(&self, range: Range<u64>) -> Result<StorageSlice> {
         let e = elem_bytes(self.dtype);
         // Saturated: a byte offset past u64::MAX is past any end.
@@ -253,6 +421,15 @@ impl StorageSlice {
     /// fall on element boundaries ([`Error::Misaligned`]); any byte range
     /// of an untyped slice. [`Error::OutOfBounds`] past its end or when
     /// `end < start`.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(16)?; // untyped: any byte range
+    /// let bytes = s.whole().slice_bytes(3..7)?;
+    /// assert_eq!((bytes.offset_bytes(), bytes.len_bytes()), (3, 4));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn slice_bytes(&self, range: Range<u64>) -> Result<StorageSlice> {
         let s = self.sub(range.start, range.end)?;
         if let Some(d) = self.dtype {
@@ -267,6 +444,16 @@ impl StorageSlice {
     /// size ([`Error::Misaligned`]).
     /// Typed calls on the result check against `dtype`; the block's own
     /// alignment is checked when a kernel view is taken.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::U8, 8)?;
+    /// let words = s.slice(4..8)?.as_dtype(DType::U32)?; // 4 bytes at 4: one u32
+    /// assert_eq!(words.numel(), 1);
+    /// assert!(s.slice(1..5)?.as_dtype(DType::U32).is_err()); // offset 1: Misaligned
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn as_dtype(&self, dtype: DType) -> Result<StorageSlice> {
         check_bitcast(self.offset_bytes, self.len_bytes, dtype)?;
         Ok(StorageSlice {

@@ -5,31 +5,24 @@ use super::*;
 
 // ---- random numbers -----------------------------------------------------------
 
-/// SplitMix64 with Box–Muller normals: small, seedable, no dependency.
+/// The test kit's SplitMix64 with Box–Muller normals: seedable, no
+/// dependency of the library.
 pub(crate) struct Rng {
-    pub(crate) state: u64,
-    pub(crate) spare: Option<f32>,
+    bits: cuarena_testkit::Rng,
+    spare: Option<f32>,
 }
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Self {
         Self {
-            state: seed,
+            bits: cuarena_testkit::Rng::new(seed),
             spare: None,
         }
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     /// Uniform in [0, 1).
     pub(crate) fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.bits.unit()
     }
 
     pub(crate) fn normal(&mut self) -> f32 {

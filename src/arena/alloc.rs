@@ -15,12 +15,29 @@ use crate::storage::Storage;
 
 impl<B: Backend> Arena<B> {
     /// Allocates `bytes` at the arena's default alignment.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(1000)?;
+    /// let info = arena.info(h)?;
+    /// assert_eq!((info.size_bytes, info.reserved_bytes), (1000, 1024)); // 256 B alignment
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc(&mut self, bytes: u64) -> Result<Handle> {
         self.alloc_impl(bytes, self.config.alignment_bytes, None)
     }
 
     /// Allocates `bytes` at `align_bytes` (a power of two; the arena's
     /// alignment is the floor).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc_aligned(100, 4096)?;
+    /// assert_eq!(arena.resolve(h)? % 4096, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc_aligned(&mut self, bytes: u64, align_bytes: u64) -> Result<Handle> {
         self.alloc_impl(bytes, align_bytes, None)
     }
@@ -28,6 +45,15 @@ impl<B: Backend> Arena<B> {
     /// Allocates `numel` elements of `dtype`, aligned for them; the block
     /// is typed (typed calls check their element type against it). For a
     /// Rust element type `T`: `alloc_dtype(T::DTYPE, n)`.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_dtype(DType::F32, 256)?; // 1 KiB of f32
+    /// arena.write(x, &[0.5f32; 256])?;
+    /// assert_eq!(arena.info(x)?.dtype, Some(DType::F32));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc_dtype(&mut self, dtype: DType, numel: u64) -> Result<Handle> {
         let (bytes, align) = self.typed_layout(dtype, numel)?;
         self.alloc_impl(bytes, align, Some(dtype))
@@ -132,6 +158,16 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Frees a block. Pinned blocks cannot be freed.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(4096)?;
+    /// arena.free(h)?;
+    /// assert!(arena.info(h).is_err()); // the handle is stale now
+    /// assert_eq!(arena.stats().live_blocks, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn free(&mut self, h: Handle) -> Result<()> {
         let b = self.block(h)?;
         if b.pins > 0 {
@@ -180,6 +216,18 @@ impl<B: Backend> Arena<B> {
 
     /// Pins a block: it never moves until every pin is released. Pins nest.
     /// A spilled block is brought back first.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(4096)?;
+    /// assert_eq!(arena.pin(h)?, 1);
+    /// let at = arena.resolve(h)?;
+    /// arena.compact()?;
+    /// assert_eq!(arena.resolve(h)?, at); // pinned: it did not move
+    /// assert!(arena.free(h).is_err()); // nor can it be freed
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn pin(&mut self, h: Handle) -> Result<u32> {
         let pins = self.block(h)?.pins;
         if pins == u32::MAX {
@@ -203,6 +251,18 @@ impl<B: Backend> Arena<B> {
     }
 
     /// Releases one pin; returns the pins left.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(4096)?;
+    /// arena.pin(h)?;
+    /// arena.pin(h)?;
+    /// assert_eq!(arena.unpin(h)?, 1); // pins nest
+    /// assert_eq!(arena.unpin(h)?, 0);
+    /// arena.free(h)?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn unpin(&mut self, h: Handle) -> Result<u32> {
         let b = self.block_mut(h)?;
         if b.pins == 0 {
@@ -222,12 +282,31 @@ impl<B: Backend> Arena<B> {
 
     /// Allocates `bytes` as an owned [`Storage`] (untyped): freed when its
     /// last owner drops. Zero bytes is valid and takes no block.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(64)?;
+    /// arena.write_bytes(&s, &[1; 64])?;
+    /// drop(s); // the last owner: the block waits for the arena's next call
+    /// assert_eq!(arena.reclaim()?, 1);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc_storage(&mut self, bytes: u64) -> Result<Storage> {
         self.storage(bytes, self.config.alignment_bytes, None)
     }
 
     /// `numel` elements of `dtype` as an owned [`Storage`], aligned for
     /// them: a framework's allocation for a runtime dtype.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage_dtype(DType::BF16, 8)?;
+    /// assert_eq!((s.numel(), s.len_bytes(), s.dtype()), (8, 16, Some(DType::BF16)));
+    /// arena.fill(&s, cuarena::half::bf16::ONE)?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc_storage_dtype(&mut self, dtype: DType, numel: u64) -> Result<Storage> {
         let (bytes, align) = self.typed_layout(dtype, numel)?;
         self.storage(bytes, align, Some(dtype))
@@ -252,6 +331,17 @@ impl<B: Backend> Arena<B> {
     /// Frees the blocks of storages dropped since the last call (it runs by
     /// itself at every allocation and compaction). A block still pinned
     /// waits for its last unpin. Returns the blocks freed.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.alloc_storage(256)?;
+    /// std::thread::spawn(move || drop(s)).join().unwrap(); // dropped elsewhere
+    /// assert_eq!(arena.stats().pending_reclaim, 1);
+    /// assert_eq!(arena.reclaim()?, 1); // freed here
+    /// assert_eq!(arena.stats().live_blocks, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn reclaim(&mut self) -> Result<u64> {
         self.check_usable()?;
         self.drain_reclaim()

@@ -27,7 +27,8 @@ pub(super) struct Checked {
 /// Checks `r` against its block in `blocks` (alive, of arena `arena_id`,
 /// in bounds) and, for a typed access (`want` set), that the range's dtype
 /// is `want` (an untyped range takes any) and that it holds whole
-/// elements. `None` for zero bytes of no block (an empty storage). Shared
+/// elements at an offset in the block aligned to their size
+/// ([`Error::Misaligned`]). `None` for zero bytes of no block (an empty storage). Shared
 /// by the arena's operations and the CUDA kernel arguments, which hold
 /// the block table apart from the backend.
 pub(super) fn check_block_range(
@@ -71,7 +72,12 @@ pub(super) fn check_block_range(
             available_bytes: b.size,
         });
     }
-    if let Some(want) = want.filter(|w| len % w.size_bytes() != 0) {
+    // Whole elements, at an offset in the block that is a multiple of the
+    // element size: a typed access reads the elements a kernel would (the
+    // block's own alignment is the allocation's; kernel views check it).
+    if let Some(want) =
+        want.filter(|w| len % w.size_bytes() != 0 || r.offset_bytes % w.size_bytes() != 0)
+    {
         return Err(Error::Misaligned {
             offset_bytes: r.offset_bytes,
             len_bytes: len,
@@ -138,12 +144,31 @@ impl<B: Backend> Arena<B> {
     /// [`write_bytes`](Arena::write_bytes)). A spilled block is brought
     /// back first; the arguments are checked before that, so a wrong type
     /// or length changes nothing.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 3)?;
+    /// arena.write(&x, &[1.0f32, 2.0, 3.0])?;
+    /// assert!(arena.write(&x, &[1u32, 2, 3]).is_err()); // not the storage's dtype
+    /// assert_eq!(arena.read::<f32>(&x)?, [1.0, 2.0, 3.0]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn write<T: Element>(&mut self, dst: impl AsRange, data: &[T]) -> Result<()> {
         self.write_checked(&dst, bytemuck::cast_slice(data), Some(T::DTYPE))
     }
 
     /// Writes `data` into the bytes `dst` names, whatever their dtype;
     /// `data` must be exactly that long ([`Error::LengthMismatch`]).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 2)?;
+    /// arena.write_bytes(&x, &[0, 0, 128, 63, 0, 0, 0, 64])?; // any dtype, as bytes
+    /// assert_eq!(arena.read::<f32>(&x)?, [1.0, 2.0]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn write_bytes(&mut self, dst: impl AsRange, data: &[u8]) -> Result<()> {
         self.write_checked(&dst, data, None)
     }
@@ -174,6 +199,15 @@ impl<B: Backend> Arena<B> {
     /// [`make_resident`](Arena::make_resident); `SharedArena::read` does).
     /// The host waits for the arena stream and for the streams that used
     /// the block.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::I32, 4)?;
+    /// arena.write(&x, &[1i32, -2, 3, -4])?;
+    /// assert_eq!(arena.read::<i32>(x.slice(1..3)?)?, [-2, 3]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn read<T: Element>(&self, src: impl AsRange) -> Result<Vec<T>> {
         let len = self
             .check_range(&src.block_range(), Some(T::DTYPE))?
@@ -185,12 +219,32 @@ impl<B: Backend> Arena<B> {
 
     /// Reads the bytes `src` names into `out`, which must be exactly that
     /// long ([`Error::LengthMismatch`]); otherwise as [`read`](Arena::read).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::U16, 4)?;
+    /// arena.fill(&x, 7u16)?;
+    /// let mut out = [0u16; 4]; // a buffer of the caller's: no allocation
+    /// arena.read_into(&x, &mut out)?;
+    /// assert_eq!(out, [7; 4]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn read_into<T: Element>(&self, src: impl AsRange, out: &mut [T]) -> Result<()> {
         self.read_checked(&src, bytemuck::cast_slice_mut(out), Some(T::DTYPE))
     }
 
     /// The bytes `src` names, whatever their dtype (otherwise as
     /// [`read`](Arena::read)).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::U32, 1)?;
+    /// arena.write(&x, &[0x0403_0201u32])?;
+    /// assert_eq!(arena.read_bytes(&x)?, [1, 2, 3, 4]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn read_bytes(&self, src: impl AsRange) -> Result<Vec<u8>> {
         let len = self
             .check_range(&src.block_range(), None)?
@@ -222,6 +276,16 @@ impl<B: Backend> Arena<B> {
     /// with `as_dtype` to copy across dtypes); within one block the ranges
     /// must not overlap ([`Error::Overlap`]). Spilled blocks are
     /// brought back.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 4)?;
+    /// arena.write(&x, &[1.0f32, 2.0, 3.0, 4.0])?;
+    /// arena.copy(x.slice(0..2)?, x.slice(2..4)?)?; // disjoint ranges of one block
+    /// assert_eq!(arena.read::<f32>(&x)?, [1.0, 2.0, 1.0, 2.0]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn copy(&mut self, src: impl AsRange, dst: impl AsRange) -> Result<()> {
         let s = self.check_range(&src.block_range(), None)?;
         let d = self.check_range(&dst.block_range(), None)?;
@@ -266,6 +330,16 @@ impl<B: Backend> Arena<B> {
     /// with a bit pattern (a `bool` or fp8 range, zeros of any dtype),
     /// reinterpret it (`as_dtype(DType::U8)`) or allocate it untyped. A
     /// spilled block is brought back.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let x = arena.alloc_storage_dtype(DType::F64, 4)?;
+    /// arena.fill(&x, 0.25f64)?;
+    /// arena.fill(x.as_dtype(DType::U8)?.slice(0..8)?, 0u8)?; // bytes: zeros
+    /// assert_eq!(arena.read::<f64>(&x)?, [0.0, 0.25, 0.25, 0.25]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn fill<T: Element>(&mut self, dst: impl AsRange, value: T) -> Result<()> {
         let pattern = bytemuck::bytes_of(&value);
         let Some(c) = self.check_range(&dst.block_range(), Some(T::DTYPE))? else {

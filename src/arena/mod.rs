@@ -91,14 +91,14 @@ pub struct Arena<B: Backend = HostBackend> {
 
 /// The host backend's mapping granularity in elastic mode: a host page
 /// group small enough for tests of small arenas.
-const HOST_GRANULARITY: u64 = 64 << 10;
+pub(crate) const HOST_GRANULARITY: u64 = 64 << 10;
 
 /// The metadata backend's: CUDA's granularity on the cards we measured
 /// (2 MiB), so that replays map what a GPU would.
 const META_GRANULARITY: u64 = 2 << 20;
 
 /// The limit of an elastic host or metadata arena.
-fn elastic_limit(config: &ArenaConfig) -> u64 {
+pub(crate) fn elastic_limit(config: &ArenaConfig) -> u64 {
     match config.capacity_bytes {
         0 => ArenaConfig::ELASTIC_HOST_LIMIT,
         c => c,
@@ -107,6 +107,14 @@ fn elastic_limit(config: &ArenaConfig) -> u64 {
 
 impl Arena<HostBackend> {
     /// An arena in host memory: the backend of tests, docs and CI.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?; // 1 MiB
+    /// let h = arena.alloc(4096)?;
+    /// assert_eq!(arena.stats().allocated_bytes, 4096);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn host(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
         let backend = if config.elastic {
@@ -120,6 +128,14 @@ impl Arena<HostBackend> {
 
 impl Arena<MetaBackend> {
     /// An arena that stores no bytes (placement and planning only).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::metadata(ArenaConfig::new(1 << 40))?; // 1 TiB, no bytes kept
+    /// let h = arena.alloc(1 << 39)?;
+    /// assert_eq!(arena.resolve(h)?, 0); // placement is real; the bytes are not
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn metadata(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
         let backend = if config.elastic {
@@ -137,6 +153,14 @@ impl Arena<crate::backend::cuda::CudaBackend> {
     /// the default kernel options (others:
     /// [`with_backend`](Arena::with_backend) and
     /// [`CudaBackend::with_options`](crate::backend::cuda::CudaBackend::with_options)).
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?; // 1 GiB on device 0
+    /// let x = arena.alloc(4096)?;
+    /// arena.write(x, &[1u8; 4096])?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn cuda(config: ArenaConfig, ordinal: usize) -> Result<Self> {
         use crate::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
         config.validate()?;
@@ -159,6 +183,15 @@ impl<B: Backend> Arena<B> {
     /// A fixed arena over a backend that maps (an elastic one) maps all of
     /// its capacity here; an elastic arena starts with what the backend
     /// has mapped.
+    ///
+    /// ```
+    /// use cuarena::backend::HostBackend;
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let backend = HostBackend::new(1 << 20)?.with_seed(7); // options of its own
+    /// let mut arena = Arena::with_backend(ArenaConfig::new(1 << 20), backend)?;
+    /// arena.alloc(256)?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
         if backend.capacity_bytes() < config.capacity_bytes {
@@ -199,16 +232,42 @@ impl<B: Backend> Arena<B> {
     }
 
     /// This arena's id (handles carry it): unique in the process.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let other = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(256)?;
+    /// assert_eq!(h.arena_id(), arena.id());
+    /// assert_ne!(arena.id(), other.id());
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn id(&self) -> u64 {
         self.core.id
     }
 
     /// The configuration.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// assert_eq!(arena.config().capacity_bytes, 1 << 20);
+    /// assert_eq!(arena.config().alignment_bytes, 256);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn config(&self) -> &ArenaConfig {
         &self.config
     }
 
     /// The backend.
+    ///
+    /// ```
+    /// use cuarena::backend::Backend;
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// assert_eq!(arena.backend().capacity_bytes(), 1 << 20);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn backend(&self) -> &B {
         &self.core.backend
     }
@@ -249,6 +308,17 @@ impl<B: Backend> Arena<B> {
     /// The offset is a plain number and goes stale at the next call that
     /// can compact; for kernels, take views (they borrow the arena, so no
     /// compaction can happen while they live) or pin the block.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let a = arena.alloc(256)?;
+    /// let b = arena.alloc(256)?;
+    /// arena.free(a)?;
+    /// arena.compact()?; // b moves down into a's place
+    /// assert_eq!(arena.resolve(b)?, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn resolve(&self, h: Handle) -> Result<u64> {
         let b = self.block(h)?;
         self.device_offset(b)
@@ -257,6 +327,16 @@ impl<B: Backend> Arena<B> {
     // ---- queries ----------------------------------------------------------
 
     /// Everything known about a live block.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc_dtype(DType::F16, 100)?;
+    /// let info = arena.info(h)?;
+    /// assert_eq!((info.size_bytes, info.dtype, info.pins), (200, Some(DType::F16), 0));
+    /// assert!(info.resident);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn info(&self, h: Handle) -> Result<BlockInfo> {
         let b = self.block(h)?;
         Ok(self.info_of(h, b))
@@ -281,6 +361,17 @@ impl<B: Backend> Arena<B> {
 
     /// Live blocks in address order (of their bytes: a block whose move is
     /// deferred, `src/plan/lag.rs`, is listed where its bytes are).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let a = arena.alloc(256)?;
+    /// let b = arena.alloc(512)?;
+    /// let live: Vec<_> = arena.blocks().iter().map(|i| i.handle).collect();
+    /// assert_eq!(live.len(), 2);
+    /// assert!(live.contains(&a) && live.contains(&b));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn blocks(&self) -> Vec<BlockInfo> {
         let core = &self.core;
         let mut infos: Vec<BlockInfo> = core
@@ -306,6 +397,17 @@ impl<B: Backend> Arena<B> {
     }
 
     /// A snapshot of the statistics.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(4096)?;
+    /// arena.free(h)?;
+    /// let st = arena.stats();
+    /// assert_eq!((st.allocs, st.frees, st.live_blocks), (1, 1, 0));
+    /// println!("{}", st.summary());
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn stats(&self) -> Stats {
         let core = &self.core;
         let r = core.index.report();
@@ -362,7 +464,7 @@ impl<B: Backend> Arena<B> {
     /// Sends the table's changed slots to the backend (on the CUDA backend:
     /// enqueued on the arena stream): before kernels resolve handles
     /// allocated since the last compaction (`graph::handle_args` calls it).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(test, feature = "cuda")), allow(dead_code))]
     pub(crate) fn flush_table(&mut self) -> Result<()> {
         self.core.flush_table()
     }

@@ -16,6 +16,18 @@ impl<B: Backend> Arena<B> {
     /// full compaction too: under the compacting policies it counts in
     /// [`PolicyStats::naive_bytes_moved`](crate::PolicyStats), and every
     /// policy keeps its bound.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let hs: Vec<_> = (0..4).map(|_| arena.alloc(1024)).collect::<Result<_, _>>()?;
+    /// arena.free(hs[0])?;
+    /// arena.free(hs[2])?;
+    /// let report = arena.compact()?; // two holes become one free region
+    /// assert!(report.moves > 0);
+    /// assert_eq!(arena.stats().free_regions, 1);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn compact(&mut self) -> Result<CompactionReport> {
         self.check_usable()?;
         self.drain_reclaim()?;
@@ -37,6 +49,18 @@ impl<B: Backend> Arena<B> {
     /// Takes anything that names blocks: handles, storages, slices
     /// (`&[h]`, `&[&x, &y]`, or `&[&x as &dyn AsRange, &slice]` to mix);
     /// empty storages name none.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let config = ArenaConfig::new(16 << 10).with_spill_host_bytes(32 << 10);
+    /// let mut arena = Arena::host(config)?;
+    /// let x = arena.alloc(12 << 10)?;
+    /// let _y = arena.alloc(12 << 10)?; // x is spilled to the host tier to make room
+    /// assert!(!arena.info(x)?.resident);
+    /// arena.make_resident(&[x])?; // back (y goes out in its turn)
+    /// assert!(arena.info(x)?.resident);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn make_resident<R: AsRange>(&mut self, ranges: &[R]) -> Result<()> {
         // A poisoned arena's layout is not trusted: placing may compact.
         self.check_usable()?;

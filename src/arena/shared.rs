@@ -132,6 +132,14 @@ fn lock_poisoned() -> Error {
 
 impl<B: Backend> SharedArena<B> {
     /// Shares `arena`.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let other = dev.clone(); // the same arena, for another thread
+    /// std::thread::spawn(move || other.alloc_storage(256).map(drop)).join().unwrap()?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn new(arena: Arena<B>) -> Self {
         Self {
             inner: Arc::new(Shared {
@@ -143,6 +151,14 @@ impl<B: Backend> SharedArena<B> {
     }
 
     /// The arena's id (no lock).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(256)?;
+    /// assert_eq!(s.arena_id(), dev.id());
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn id(&self) -> u64 {
         self.inner.id
     }
@@ -151,6 +167,15 @@ impl<B: Backend> SharedArena<B> {
     /// taking the lock: never waits for other threads' work, and may be
     /// called anywhere, inside [`with`](Self::with) and
     /// [`with_mut`](Self::with_mut) closures included.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let _s = dev.alloc_storage(256)?;
+    /// assert_eq!(dev.stats().live_blocks, 1);
+    /// dev.with(|_| assert_eq!(dev.stats().allocs, 1))?; // no lock: fine inside `with`
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn stats(&self) -> Stats {
         self.inner.stats.read()
     }
@@ -184,6 +209,16 @@ impl<B: Backend> SharedArena<B> {
     /// take kernel arguments and run their own `with` at the same time.
     /// Inside `f`, use the `&Arena` given; a call on this `SharedArena`
     /// there is [`Error::Reentrant`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(256)?;
+    /// let h = s.handle().unwrap();
+    /// let offset = dev.with(|a| a.resolve(h))??; // nothing moves while `f` runs
+    /// assert_eq!(offset, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn with<R>(&self, f: impl FnOnce(&Arena<B>) -> R) -> Result<R> {
         let g = self.read_lock("with")?;
         Ok(f(&g.guard))
@@ -193,6 +228,17 @@ impl<B: Backend> SharedArena<B> {
     /// [`Arena`] API (pins, handles, compaction, streams). Inside `f`, use
     /// the `&mut Arena` given; a call on this `SharedArena` there is
     /// [`Error::Reentrant`]. The statistics are published when it returns.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(256)?;
+    /// let h = s.handle().unwrap();
+    /// let pins = dev.with_mut(|a| a.pin(h))??; // the whole Arena API
+    /// assert_eq!(pins, 1);
+    /// dev.with_mut(|a| a.unpin(h))??;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn with_mut<R>(&self, f: impl FnOnce(&mut Arena<B>) -> R) -> Result<R> {
         self.exclusive("with_mut", |a| Ok(f(a)))
     }
@@ -221,11 +267,27 @@ impl<B: Backend> SharedArena<B> {
     }
 
     /// [`Arena::alloc_storage`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(1024)?;
+    /// assert_eq!((s.len_bytes(), s.dtype()), (1024, None));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc_storage(&self, bytes: u64) -> Result<Storage> {
         self.exclusive("alloc_storage", |a| a.alloc_storage(bytes))
     }
 
     /// [`Arena::alloc_storage_dtype`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage_dtype(DType::I64, 4)?;
+    /// assert_eq!((s.len_bytes(), s.numel()), (32, 4));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn alloc_storage_dtype(&self, dtype: DType, numel: u64) -> Result<Storage> {
         self.exclusive("alloc_storage_dtype", |a| {
             a.alloc_storage_dtype(dtype, numel)
@@ -233,23 +295,61 @@ impl<B: Backend> SharedArena<B> {
     }
 
     /// [`Arena::write`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage_dtype(DType::F32, 2)?;
+    /// dev.write(&s, &[1.5f32, 2.5])?;
+    /// assert_eq!(dev.read::<f32>(&s)?, [1.5, 2.5]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn write<T: Element>(&self, dst: impl AsRange, data: &[T]) -> Result<()> {
         self.exclusive("write", |a| a.write(dst, data))
     }
 
     /// [`Arena::write_bytes`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(4)?;
+    /// dev.write_bytes(&s, b"abcd")?;
+    /// assert_eq!(dev.read_bytes(&s)?, b"abcd");
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn write_bytes(&self, dst: impl AsRange, data: &[u8]) -> Result<()> {
         self.exclusive("write_bytes", |a| a.write_bytes(dst, data))
     }
 
     /// [`Arena::read`], under the shared lock; a spilled block is brought
     /// back first (under the exclusive lock).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage_dtype(DType::U8, 3)?;
+    /// dev.write(&s, &[1u8, 2, 3])?;
+    /// assert_eq!(dev.read::<u8>(s.slice(1..3)?)?, [2, 3]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn read<T: Element>(&self, src: impl AsRange) -> Result<Vec<T>> {
         self.shared_or_resident("read", &src, |a| a.read(&src), |a| a.read(&src))
     }
 
     /// [`Arena::read_into`], under the shared lock; a spilled block is
     /// brought back first (under the exclusive lock).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage_dtype(DType::U32, 2)?;
+    /// dev.fill(&s, 9u32)?;
+    /// let mut out = [0u32; 2];
+    /// dev.read_into(&s, &mut out)?;
+    /// assert_eq!(out, [9, 9]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn read_into<T: Element>(&self, src: impl AsRange, out: &mut [T]) -> Result<()> {
         let call = "read_into";
         {
@@ -267,6 +367,15 @@ impl<B: Backend> SharedArena<B> {
 
     /// [`Arena::read_bytes`], under the shared lock; a spilled block is
     /// brought back first (under the exclusive lock).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(2)?;
+    /// dev.write_bytes(&s, &[7, 8])?;
+    /// assert_eq!(dev.read_bytes(&s)?, [7, 8]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn read_bytes(&self, src: impl AsRange) -> Result<Vec<u8>> {
         self.shared_or_resident(
             "read_bytes",
@@ -277,33 +386,92 @@ impl<B: Backend> SharedArena<B> {
     }
 
     /// [`Arena::copy`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let (a, b) = (dev.alloc_storage(8)?, dev.alloc_storage(8)?);
+    /// dev.write_bytes(&a, &[5; 8])?;
+    /// dev.copy(&a, &b)?;
+    /// assert_eq!(dev.read_bytes(&b)?, [5; 8]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn copy(&self, src: impl AsRange, dst: impl AsRange) -> Result<()> {
         self.exclusive("copy", |a| a.copy(src, dst))
     }
 
     /// [`Arena::fill`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, DType, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage_dtype(DType::I16, 3)?;
+    /// dev.fill(&s, -1i16)?;
+    /// assert_eq!(dev.read::<i16>(&s)?, [-1; 3]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn fill<T: Element>(&self, dst: impl AsRange, value: T) -> Result<()> {
         self.exclusive("fill", |a| a.fill(dst, value))
     }
 
     /// [`Arena::make_resident`]: brings spilled blocks back (exclusive).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let config = ArenaConfig::new(16 << 10).with_spill_host_bytes(32 << 10);
+    /// let dev = SharedArena::new(Arena::host(config)?);
+    /// let x = dev.alloc_storage(12 << 10)?;
+    /// let _y = dev.alloc_storage(12 << 10)?; // x is spilled to make room
+    /// dev.make_resident(&[&x])?;
+    /// assert!(dev.with(|a| a.info(x.handle().unwrap()))??.resident);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn make_resident<R: AsRange>(&self, ranges: &[R]) -> Result<()> {
         self.exclusive("make_resident", |a| a.make_resident(ranges))
     }
 
     /// [`Arena::record_stream`], under the shared lock.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let side = dev.with_mut(|a| a.register_stream(()))??;
+    /// let s = dev.alloc_storage(256)?;
+    /// dev.record_stream(&s, side)?; // freed only after side's work
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn record_stream(&self, r: impl AsRange, stream: StreamId) -> Result<()> {
         let a = self.read_lock("record_stream")?;
         a.guard.record_stream(r, stream)
     }
 
     /// [`Arena::wait_on_arena`], under the shared lock.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let side = dev.with_mut(|a| a.register_stream(()))??;
+    /// let s = dev.alloc_storage(256)?;
+    /// dev.fill(&s, 0u8)?;
+    /// dev.wait_on_arena(side)?; // side's later work runs after the fill
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn wait_on_arena(&self, stream: StreamId) -> Result<()> {
         let a = self.read_lock("wait_on_arena")?;
         a.guard.wait_on_arena(stream)
     }
 
     /// [`Arena::reclaim`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig, SharedArena};
+    /// let dev = SharedArena::new(Arena::host(ArenaConfig::new(1 << 20))?);
+    /// let s = dev.alloc_storage(256)?;
+    /// drop(s);
+    /// assert_eq!(dev.reclaim()?, 1);
+    /// assert_eq!(dev.stats().live_blocks, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn reclaim(&self) -> Result<u64> {
         self.exclusive("reclaim", Arena::reclaim)
     }
@@ -320,6 +488,17 @@ impl SharedArena<crate::backend::cuda::CudaBackend> {
     /// `resident` names the blocks the work uses that may be spilled (pass
     /// `&[] as &[Handle]` for none): if one is, it is brought back first
     /// and `f` runs under the exclusive lock, which keeps it resident.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType, Handle, SharedArena, StreamId};
+    /// let dev = SharedArena::new(Arena::cuda(ArenaConfig::new(1 << 30), 0)?);
+    /// let (x, y) = (dev.alloc_storage_dtype(DType::F32, 256)?, dev.alloc_storage_dtype(DType::F32, 256)?);
+    /// dev.with_kernel_args(StreamId::ARENA, &[] as &[Handle], |args| {
+    ///     let (input, output) = (args.input::<f32>(&x)?, args.output::<f32>(&y)?);
+    ///     Ok(()) // launch a kernel on `args.stream()` with `input` and `output`
+    /// })?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn with_kernel_args<A: AsRange, R>(
         &self,
         stream: StreamId,

@@ -22,6 +22,16 @@ impl<B: Backend> Arena<B> {
     /// so that programs recording uses and waiting on streams run the same
     /// there. At most 65,536 streams per arena, its own included
     /// ([`Error::LimitReached`]).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let s = arena.register_stream(())?; // the host backend's streams are ids
+    /// assert_ne!(s, cuarena::StreamId::ARENA); // id 0 is the arena's own
+    /// let h = arena.alloc(256)?;
+    /// arena.record_stream(h, s)?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn register_stream(&mut self, stream: B::Stream) -> Result<StreamId> {
         self.check_usable()?;
         let id = self.core.backend.register_stream(stream)?;
@@ -45,6 +55,15 @@ impl<B: Backend> Arena<B> {
     /// others) and reports any fault the move kernels found since the last
     /// check. A fault poisons the arena: every later call returns
     /// [`Error::Poisoned`].
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let h = arena.alloc(256)?;
+    /// arena.fill(h, 1u8)?;
+    /// arena.synchronize()?; // the arena stream's work is done (a no-op here)
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn synchronize(&mut self) -> Result<()> {
         self.check_usable()?;
         let r = self.core.backend.synchronize();
@@ -60,6 +79,18 @@ impl<B: Backend> Arena<B> {
     ///
     /// Takes `&self` (the records have a lock of their own): threads
     /// sharing the arena record under its shared lock.
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let side = arena.register_stream(())?;
+    /// let x = arena.alloc_storage(4096)?;
+    /// // ... work on `side` uses x ...
+    /// arena.record_stream(&x, side)?;
+    /// drop(x); // freed after that work, without a host wait
+    /// arena.reclaim()?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn record_stream(&self, r: impl AsRange, stream: StreamId) -> Result<()> {
         self.check_usable()?;
         self.check_own_stream(stream)?;
@@ -98,6 +129,16 @@ impl<B: Backend> Arena<B> {
     ///
     /// Takes `&self`: several threads sharing the arena join their streams
     /// at once (a stream joined twice waits twice, which is harmless).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    /// let mut arena = Arena::host(ArenaConfig::new(1 << 20))?;
+    /// let side = arena.register_stream(())?;
+    /// let x = arena.alloc(4096)?;
+    /// arena.fill(x, 0u8)?; // on the arena stream
+    /// arena.wait_on_arena(side)?; // work enqueued on `side` now runs after the fill
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn wait_on_arena(&self, stream: StreamId) -> Result<()> {
         self.check_usable()?;
         self.check_own_stream(stream)?;
@@ -142,6 +183,17 @@ impl Arena<crate::backend::cuda::CudaBackend> {
     /// that write one block at once are ordered only as far as the work
     /// already enqueued when each was taken, as two kernels on unordered
     /// streams would be.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType, StreamId};
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let y = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let mut args = arena.kernel_args(StreamId::ARENA)?;
+    /// let (input, output) = (args.input::<f32>(&x)?, args.output::<f32>(&y)?);
+    /// // launch a kernel on `args.stream()` with `input` and `output`
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn kernel_args(&self, stream: StreamId) -> Result<crate::backend::cuda::KernelArgs<'_>> {
         self.check_usable()?;
         let r = self.core.backend.check_status(false);

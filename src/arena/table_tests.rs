@@ -7,21 +7,9 @@ use super::Arena;
 use crate::backend::{Backend, HostBackend};
 use crate::config::{ArenaConfig, CompactionPolicy};
 use crate::handle::Handle;
+use cuarena_testkit::Rng;
 
 const KIB: u64 = 1024;
-
-/// splitmix64, for the random programs below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 /// Every live block of `a` listed by `blocks()` has its table entry at its
 /// offset with its handle's version; every handle in `freed` reads another
@@ -63,7 +51,7 @@ fn the_table_names_every_block_under_every_policy_with_spilling() {
             .with_compaction(policy)
             .with_spill_host_bytes(spill);
         let mut a = Arena::host(config).expect("arena");
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (mut live, mut freed): (Vec<Handle>, Vec<Handle>) = (Vec::new(), Vec::new());
         for step in 0..600 {
             let x = rng.next();
@@ -107,7 +95,7 @@ fn the_backend_table_follows_compactions_and_flushes() {
         let backend = HostBackend::new(cap).expect("backend").with_seed(seed);
         let mut a = Arena::with_backend(ArenaConfig::new(cap), backend).expect("arena");
         let mut live = Vec::new();
-        let mut rng = Rng(seed * 7919 + 1);
+        let mut rng = Rng::new(seed * 7919 + 1);
         for _ in 0..400 {
             let x = rng.next();
             let size = 256 + (x >> 33) % (8 * KIB);

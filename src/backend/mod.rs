@@ -9,7 +9,10 @@
 //!   only counted (replays of traces larger than this machine's memory).
 //! - `CudaBackend` (feature `cuda`): one device allocation, moves run by our
 //!   own NVRTC-compiled kernels.
+//! - [`AnyBackend`]: the host or the CUDA backend, chosen at run time (one
+//!   arena type for both).
 
+mod any;
 mod host;
 mod mapping;
 mod meta;
@@ -20,6 +23,7 @@ mod meta;
 pub mod cuda;
 
 pub use crate::handle::TableEntry;
+pub use any::{AnyBackend, AnyStream};
 pub use host::HostBackend;
 pub use meta::MetaBackend;
 

@@ -2,19 +2,7 @@
 //! change which free region a request goes to, nor when it fails.
 
 use super::*;
-
-/// splitmix64, as in the other tests.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n
-    }
-}
+use cuarena_testkit::Rng;
 
 /// The placement decisions (every offset chosen and every failure) of a
 /// fixed random program that exercises every path of `alloc` and
@@ -32,7 +20,7 @@ fn placement_decisions_are_unchanged() {
     };
     let (mut served, mut failed) = (0u32, 0u32);
     for (seed, capacity) in [(1u64, 1u64 << 20), (2, 3 << 18), (3, 1 << 30)] {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut index = FreeIndex::new(capacity);
         let mut live: Vec<Allocation> = Vec::new();
         for step in 0..40_000u64 {

@@ -3,23 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::*;
-
-/// splitmix64: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use cuarena_testkit::Rng;
 
 /// `alloc` as `(allocation, offset)`.
 fn alloc(index: &mut FreeIndex, size: u64, align: u64) -> Option<(Allocation, u64)> {
@@ -127,7 +111,7 @@ fn fill_and_drain() {
     // Filling a fresh index carves every block off the front of the one big
     // region (the in-place path); draining in a scrambled order merges back.
     let mut index = FreeIndex::new(1 << 30);
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut blocks = Vec::new();
     let mut end = 0;
     for _ in 0..2000 {
@@ -427,7 +411,7 @@ fn random_request(rng: &mut Rng, model: &Model, capacity: u64) -> (u64, u64) {
 }
 
 fn run_model(seed: u64, capacity: u64, ops: usize) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut index = FreeIndex::new(capacity);
     let mut model = Model::new(capacity);
     let mut live: Vec<Allocation> = Vec::new();

@@ -5,7 +5,7 @@ use cuarena::backend::{Backend, HostBackend};
 use cuarena::plan::{Move, Plan, PlanKind};
 use cuarena::BackendError;
 use cuarena::DType;
-use cuarena::{Arena, ArenaConfig, BlockInfo, CompactionPolicy, Error, Result};
+use cuarena::{Arena, ArenaConfig, BlockInfo, CompactionPolicy, Error};
 
 const KIB: u64 = 1024;
 
@@ -314,40 +314,13 @@ fn a_valid_chain_survives_every_schedule() {
     }
 }
 
-/// A backend whose plan execution fails: the arena must poison itself.
-struct Failing(HostBackend);
-impl Backend for Failing {
-    type Stream = ();
-    fn capacity_bytes(&self) -> u64 {
-        self.0.capacity_bytes()
-    }
-    fn write(&mut self, o: u64, b: &[u8]) -> Result<()> {
-        self.0.write(o, b)
-    }
-    fn read(&self, o: u64, b: &mut [u8]) -> Result<()> {
-        self.0.read(o, b)
-    }
-    fn copy(&mut self, s: u64, d: u64, n: u64) -> Result<()> {
-        self.0.copy(s, d, n)
-    }
-    fn fill(&mut self, o: u64, n: u64, p: &[u8]) -> Result<()> {
-        self.0.fill(o, n, p)
-    }
-    fn execute(&mut self, _: &Plan) -> Result<()> {
-        Err(Error::Backend(BackendError::Driver {
-            call: "test",
-            code: 999,
-            name: "injected".into(),
-        }))
-    }
-}
-
 #[test]
 fn a_failed_compaction_poisons_the_arena() {
     let cap = 64 * KIB;
     let mut a = Arena::with_backend(
         ArenaConfig::new(cap),
-        Failing(HostBackend::new(cap).expect("b")),
+        // Its plans fail: the arena must poison itself.
+        crate::errors::Faulty(HostBackend::new(cap).expect("b"), false),
     )
     .expect("arena");
     fragment(&mut a, 16, 4 * KIB);
@@ -386,7 +359,7 @@ fn dedicated_errors_name_what_was_asked() {
     // A backend without a host tier, asked for one.
     let r = Arena::with_backend(
         ArenaConfig::new(4 * KIB).with_spill_host_bytes(8 * KIB),
-        Failing(HostBackend::new(4 * KIB).expect("b")),
+        crate::errors::Faulty(HostBackend::new(4 * KIB).expect("b"), false),
     );
     assert!(matches!(
         r,

@@ -28,7 +28,7 @@ use cuarena::backend::{HostBackend, MetaBackend};
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
 use proptest::prelude::*;
 
-use crate::support::Rng;
+use cuarena_testkit::Rng;
 
 /// One step of a program. Indices pick a live block modulo the live count.
 #[derive(Debug, Clone, Copy)]
@@ -154,7 +154,7 @@ struct Live {
 }
 
 fn pattern(seed: u64, size: u64) -> Vec<u8> {
-    crate::support::bytes(seed, size)
+    cuarena_testkit::bytes(seed, size)
 }
 
 /// What one program reached.

@@ -12,9 +12,9 @@
 
 use std::collections::HashMap;
 
-use crate::support::Rng;
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
+use cuarena_testkit::Rng;
 
 const GRANULE: u64 = 4096;
 const ALIGN: u64 = 256;

@@ -22,23 +22,27 @@ mod moves;
 
 use std::sync::Arc;
 
-use crate::gpu_skip::gpu_available;
-use crate::support::{env_u64, load_kernels, TESTING_CU};
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::cuda::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::DType;
 use cuarena::StreamId;
 use cuarena::{graph, Arena, ArenaConfig, Error, Handle};
+use cuarena_testkit::gpu_available;
+use cuarena_testkit::{env_u64, load_kernels, TESTING_CU};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// The kernels of `tests/kernels/testing.cu`, loaded for `backend`.
+/// The kernels of `crates/cuarena-testkit/kernels/testing.cu`, loaded for `backend`.
 pub(crate) fn test_module(backend: &CudaBackend) -> Arc<CudaModule> {
-    load_kernels(backend, "tests/kernels/testing.cu", TESTING_CU)
-        .unwrap_or_else(|e| panic!("tests/kernels/testing.cu: {e}"))
+    load_kernels(
+        backend,
+        "crates/cuarena-testkit/kernels/testing.cu",
+        TESTING_CU,
+    )
+    .unwrap_or_else(|e| panic!("crates/cuarena-testkit/kernels/testing.cu: {e}"))
 }
 
 // ---- the arena on CUDA ------------------------------------------------------

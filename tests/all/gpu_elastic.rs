@@ -7,11 +7,11 @@
 //! -- --include-ignored --test-threads=1 --nocapture`.
 
 use crate::gpu::{test_module, Gate};
-use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::backend::Backend;
 use cuarena::{Arena, ArenaConfig, Handle};
+use cuarena_testkit::gpu_available;
 
 const MIB: u64 = 1 << 20;
 

@@ -13,8 +13,6 @@
 
 use std::sync::Arc;
 
-use crate::gpu_skip::gpu_available;
-use crate::support::{load_kernels, GRAPH_TEST_CU};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, LaunchConfig, PushKernelArg,
 };
@@ -22,13 +20,15 @@ use cuarena::backend::cuda::CudaBackend;
 use cuarena::graph::{self, ArenaGraph};
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle};
+use cuarena_testkit::gpu_available;
+use cuarena_testkit::{load_kernels, GRAPH_TEST_CU};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 /// Elements of each tensor of the graph (256 KiB of f32).
 const N: usize = 1 << 16;
 
-/// The kernels of `tests/kernels/graph_test.cu`.
+/// The kernels of `crates/cuarena-testkit/kernels/graph_test.cu`.
 struct Kernels {
     _module: Arc<CudaModule>,
     raw_add: CudaFunction,
@@ -43,10 +43,10 @@ impl Kernels {
     fn load(arena: &Arena<CudaBackend>) -> Kernels {
         let module = load_kernels(
             arena.backend(),
-            "tests/kernels/graph_test.cu",
+            "crates/cuarena-testkit/kernels/graph_test.cu",
             GRAPH_TEST_CU,
         )
-        .unwrap_or_else(|e| panic!("tests/kernels/graph_test.cu: {e}"));
+        .unwrap_or_else(|e| panic!("crates/cuarena-testkit/kernels/graph_test.cu: {e}"));
         let f = |name: &str| module.load_function(name).expect(name);
         Kernels {
             raw_add: f("raw_add"),

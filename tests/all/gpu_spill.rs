@@ -15,12 +15,12 @@
 //! `CUARENA_GPU_THREADS` (default 8 here: most of the time is the host's,
 //! generating and comparing bytes and replaying on the host model).
 
-use crate::gpu_skip::gpu_available;
-use crate::support::env_u64;
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::StreamId;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Stats};
+use cuarena_testkit::env_u64;
+use cuarena_testkit::gpu_available;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

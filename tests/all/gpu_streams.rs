@@ -10,8 +10,6 @@
 
 use std::sync::Arc;
 
-use crate::gpu_skip::gpu_available;
-use crate::support::{load_kernels, mv, plan_of, Rng};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -21,6 +19,8 @@ use cuarena::plan::Plan;
 use cuarena::BackendError;
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle, Storage, StreamId};
+use cuarena_testkit::gpu_available;
+use cuarena_testkit::{load_kernels, mv, plan_of, Rng};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

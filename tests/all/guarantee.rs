@@ -335,7 +335,7 @@ fn some_layout_serves(blocks: &[(u64, u64)], slots: u64, want: u64, align: u64) 
 fn the_rule_against_every_layout_on_small_arenas() {
     let g = 256u64;
     let slots = 16u64;
-    let mut rng = crate::support::Rng::new(0x00A1_1CE5);
+    let mut rng = cuarena_testkit::Rng::new(0x00A1_1CE5);
     let (mut ooms, mut missed) = (0u64, 0u64);
     for _ in 0..if cfg!(debug_assertions) { 300 } else { 3000 } {
         let mut a = Arena::metadata(ArenaConfig::new(slots * g)).expect("arena");

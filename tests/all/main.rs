@@ -3,7 +3,8 @@
 //! `cargo test -p cuarena --no-default-features` runs the host-only core's.
 //! The trace readers', replays' and the command's tests live with their
 //! crates (`crates/cuarena-trace`, `crates/cuarena-cli`). What the modules
-//! share with each other and with the benches is in `tests/support`.
+//! share with the other crates' tests and the benches (the generator, the
+//! GPU check, the test kernels) is in `crates/cuarena-testkit`.
 #[cfg(feature = "cuda")]
 mod abi;
 mod arena;
@@ -17,8 +18,6 @@ mod gpu_elastic;
 #[cfg(feature = "cuda")]
 mod gpu_graph;
 #[cfg(feature = "cuda")]
-mod gpu_skip;
-#[cfg(feature = "cuda")]
 mod gpu_spill;
 #[cfg(feature = "cuda")]
 mod gpu_streams;
@@ -29,8 +28,6 @@ mod nccl;
 mod pins;
 mod shared;
 mod spill;
-#[path = "../support/mod.rs"]
-mod support;
 mod threads;
 
 /// Free regions `(offset, len)` of `a`'s region, in address order: the

@@ -21,9 +21,9 @@ mod storage;
 pub(crate) use driver::Model;
 pub(crate) use ops::Op;
 
-use crate::support::Rng;
 use cuarena::backend::Backend;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error};
+use cuarena_testkit::Rng;
 use ops::{gen_huge_op, gen_op};
 use proptest::prelude::*;
 

@@ -13,17 +13,16 @@ use cuarena::backend::cuda::cudarc::driver::{CudaContext, CudaStream};
 use cuarena::backend::cuda::nccl::{self, Communicator, ReduceOp, UniqueId};
 use cuarena::Error;
 
-use crate::gpu_skip::gpu_available;
 use cuarena::BackendError;
 use cuarena::DType;
+use cuarena_testkit::gpu_available;
 
 /// GPUs visible, or `None` (after printing why) when NCCL tests cannot run.
 fn gpus() -> Option<usize> {
     if !gpu_available() {
         return None;
     }
-    if let Err(reason) = nccl::available() {
-        println!("skipped: {reason}");
+    if !cuarena_testkit::usable(nccl::available()) {
         return None;
     }
     match CudaContext::device_count() {

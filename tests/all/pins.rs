@@ -6,8 +6,8 @@
 //! claims, and the misses of its approximation (first fit decreasing into
 //! the other gaps) are counted.
 
-use crate::support::Rng;
 use cuarena::{Arena, ArenaConfig, CompactionPolicy, Error, Handle};
+use cuarena_testkit::Rng;
 
 const SLOT: u64 = 256;
 

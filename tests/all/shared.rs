@@ -6,22 +6,12 @@
 //! their ranges, whose offsets cannot change while they hold it) while
 //! another allocates and compacts, every byte checked.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cuarena::{Arena, ArenaConfig, DType, Error, SharedArena, Storage};
-
-/// Runs `f` on a thread and fails the test if it does not finish in time,
-/// instead of hanging the suite (the old behaviour of these shapes).
-fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{what}: deadlocked"))
-}
+use cuarena_testkit::stress::{finishes, launches_while_compacting, Launches};
 
 fn shared(capacity: u64) -> SharedArena {
     SharedArena::new(Arena::host(ArenaConfig::new(capacity)).expect("arena"))
@@ -285,90 +275,36 @@ fn eight_threads_launch_under_the_shared_lock_while_another_compacts() {
                 .collect()
         })
         .collect();
-    // First, proof that the lock is shared: all eight inside `with` at once
-    // (an exclusive lock would leave the barrier waiting).
-    let barrier = Arc::new(Barrier::new(THREADS));
-    let together: Vec<_> = (0..THREADS)
-        .map(|_| {
-            let (arena, barrier) = (arena.clone(), Arc::clone(&barrier));
-            std::thread::spawn(move || arena.with(|_| barrier.wait()).map(drop))
-        })
-        .collect();
-    finishes("eight readers at once", move || {
-        for t in together {
-            t.join().expect("reader").expect("with");
-        }
-    });
-    // Then the launches, with a compactor taking the exclusive lock.
-    let stop = Arc::new(AtomicBool::new(false));
-    let compactions = Arc::new(AtomicU64::new(0));
-    let compactor = {
-        let (arena, stop, compactions) =
-            (arena.clone(), Arc::clone(&stop), Arc::clone(&compactions));
-        std::thread::spawn(move || {
-            let mut mine: Vec<Storage> = Vec::new();
-            let mut k = 0u64;
-            while !stop.load(Ordering::Relaxed) || k < 100 {
-                k += 1;
-                let size = 512 + (k * 7919) % (12 << 10);
-                match arena.alloc_storage(size) {
-                    Ok(s) => mine.push(s),
-                    Err(Error::OutOfMemory { .. }) => mine.clear(),
-                    Err(e) => panic!("compactor: {e}"),
-                }
-                if mine.len() > 5 {
-                    mine.remove((k % 5) as usize); // holes
-                }
-                if k % 4 == 0 {
-                    arena
-                        .with_mut(|a| a.compact().map(drop))
-                        .expect("lock")
-                        .expect("compact");
-                }
-                compactions.store(
-                    arena.stats().full_compactions + arena.stats().targeted_compactions,
-                    Ordering::Relaxed,
-                );
-                std::thread::yield_now();
-            }
-        })
-    };
-    let launchers: Vec<_> = owned
-        .into_iter()
-        .map(|mine| {
-            let arena = arena.clone();
-            std::thread::spawn(move || {
-                for round in 0..300 {
-                    let o = &mine[round % mine.len()];
-                    // A "launch": resolve, use the bytes, and see that
-                    // nothing moved while the shared lock was held.
-                    arena
-                        .with(|a| {
-                            let h = o.storage.handle().expect("block");
-                            let at = a.resolve(h).expect("resolve");
-                            let got = a.read_bytes(&o.storage).expect("read");
-                            assert!(got == o.bytes, "a launch saw the wrong bytes");
-                            let mid = o.storage.slice(3..11).expect("slice");
-                            let words = a.read::<u32>(&mid).expect("read");
-                            assert_eq!(bytemuck::cast_slice::<u32, u8>(&words), &o.bytes[12..44]);
-                            assert_eq!(a.resolve(h).expect("resolve"), at, "moved under a launch");
-                        })
-                        .expect("with");
-                }
-                mine
-            })
-        })
-        .collect();
-    let survivors: Vec<Vec<Owned>> = launchers
-        .into_iter()
-        .map(|l| l.join().expect("launcher"))
-        .collect();
-    stop.store(true, Ordering::Relaxed);
-    compactor.join().expect("compactor");
-    let st = arena.stats();
-    assert!(
-        st.moves > 0 && compactions.load(Ordering::Relaxed) > 0,
-        "weak test: {st:?}"
+    // Launches (each checks its bytes and that nothing moved under it)
+    // while a compactor takes the exclusive lock: the test kit's harness,
+    // which first proves the lock is shared (all eight inside `with` at once).
+    let survivors = launches_while_compacting(
+        &arena,
+        owned,
+        Launches {
+            setup: |_| (),
+            launch: Arc::new(|arena, _, o: &Owned| {
+                arena
+                    .with(|a| {
+                        let h = o.storage.handle().expect("block");
+                        let at = a.resolve(h).expect("resolve");
+                        let got = a.read_bytes(&o.storage).expect("read");
+                        assert!(got == o.bytes, "a launch saw the wrong bytes");
+                        let mid = o.storage.slice(3..11).expect("slice");
+                        let words = a.read::<u32>(&mid).expect("read");
+                        assert_eq!(bytemuck::cast_slice::<u32, u8>(&words), &o.bytes[12..44]);
+                        assert_eq!(a.resolve(h).expect("resolve"), at, "moved under a launch");
+                    })
+                    .expect("with");
+            }),
+            alloc: |arena, size| match arena.alloc_storage(size) {
+                Ok(s) => Some(s),
+                Err(Error::OutOfMemory { .. }) => None,
+                Err(e) => panic!("compactor: {e}"),
+            },
+            rounds: 300,
+            compactions: 1,
+        },
     );
     // Every byte of every tensor survived the compactions.
     for o in survivors.iter().flatten() {

@@ -2,10 +2,10 @@
 //! three times the region, every tensor's bytes verified; and the errors
 //! when even spilling cannot help.
 
-use crate::support::{bytes, Rng};
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle};
+use cuarena_testkit::{bytes, Rng};
 
 /// A random program over an arena of `cap` with a host tier of `3 * cap`;
 /// returns the stats at the end. Panics on any lost byte.

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use crate::support::Rng;
 use cuarena::DType;
 use cuarena::{ArenaConfig, Error, Handle, SharedArena, Storage, StorageSlice};
+use cuarena_testkit::Rng;
 
 const WORKERS: usize = 8;
 const STEPS: usize = 3000;

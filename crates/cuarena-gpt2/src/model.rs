@@ -217,23 +217,20 @@ pub struct Start {
     pub batches: Vec<Batch>,
 }
 
-/// A small deterministic generator (SplitMix64), for synthetic runs.
-pub struct Rng(u64);
+/// A small deterministic generator for synthetic runs: the test kit's
+/// SplitMix64, with normals of its own.
+pub struct Rng(cuarena_testkit::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x9e37_79b9_7f4a_7c15)
+        Self(cuarena_testkit::Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15))
     }
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next()
     }
     /// Uniform in lo..=hi.
     pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
+        self.0.index_range(lo, hi)
     }
     pub fn normal(&mut self) -> f32 {
         let u1 = ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;

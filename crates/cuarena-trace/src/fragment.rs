@@ -57,7 +57,7 @@ pub struct FragmentReport {
     pub bytes_moved: u64,
     /// Targeted and full compactions.
     pub compactions: (u64, u64),
-    /// Block visits of planning (see [`cuarena::Stats::planning_visits`]):
+    /// Block visits of planning (see [`cuarena::PolicyStats::planning_visits`]):
     /// the deterministic counterpart of `wall`.
     pub planning_visits: u64,
 }

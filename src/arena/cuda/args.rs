@@ -168,7 +168,8 @@ impl<'a> KernelArgs<'a> {
     /// A read-only view of the bytes `r` names (a block, a storage, a slice
     /// of one) as `T`s. [`Error::TypeMismatch`] unless `T` is the range's
     /// dtype (or it is untyped; reinterpret a range with `as_dtype`),
-    /// [`Error::Misaligned`], [`Error::Misaligned`],
+    /// [`Error::Misaligned`] unless it is whole `T`s at an offset aligned
+    /// to `T`'s size,
     /// [`Error::Overlap`] over an earlier output,
     /// [`Error::NotResident`] for a spilled block (call
     /// [`Arena::make_resident`](crate::Arena::make_resident) before taking the arguments). An empty

@@ -42,12 +42,10 @@
 //!
 //! # Performance
 //!
-//! On an H200 (`benches/handles.rs`, BENCHMARKS.md "Handle table on the
-//! device"): resolving three handles per thread in c = a + b over three
-//! 1 GiB tensors costs +0.05% to +0.36% over raw pointers, within noise.
-//! Each compaction adds one copy of the changed table slots after its
-//! moves: +0.095 ms of device time for 100,000 moved blocks (3 MiB of
-//! table).
+//! What resolving handles on the device costs over raw pointers (in
+//! c = a + b over three 1 GiB tensors), and what each compaction's copy of
+//! the changed table slots after its moves adds: `benches/handles.rs`,
+//! measured in `BENCHMARKS.md#handle-table-on-the-device`.
 //!
 //! # Example
 //!

@@ -159,6 +159,7 @@ impl Shadow {
     /// Naive's full compaction for a request of `reserved` at `align`, if
     /// it would make room: the moved blocks' keys and new offsets, and its
     /// bytes, without applying it. `None`: naive fails the request.
+    #[allow(clippy::type_complexity)] // (moves as (key, from, to), bytes)
     pub(super) fn naive_compaction(
         &mut self,
         reserved: u64,

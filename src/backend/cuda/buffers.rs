@@ -43,7 +43,7 @@ impl DeviceBuf {
         pooled: false,
     };
 
-    /// Makes sure the buffer holds `bytes` (growing 2x, so that a slowly
+    /// Makes sure the buffer holds `bytes` (doubling, so that a slowly
     /// growing need reallocates rarely, to at most `cap` bytes, or `bytes`
     /// where that is more); a new one is zeroed on `stream` when `zeroed`.
     /// Returns true when it grew (the address changed).

@@ -8,15 +8,15 @@ use super::stage::{FIRST_CHUNK_MOVES, MAX_CHUNK_MOVES};
 ///
 /// The host lays out chunk k+1 while the GPU runs chunk k, so the GPU idles
 /// whenever that takes the host longer. How long depends on the machine:
-/// the host's time per move varied 2-4x between runs of the same binary on
-/// the GPU machines, so a fixed growth either left the GPU idle at chunk
-/// boundaries on slow hosts (doubling: 100,000 moves of 4-64 KiB at
-/// 0.78-0.87 of one big memcpy where the host took 1.2-1.7 ms, against
-/// 0.90-0.92 where it took 0.8 ms; BENCHMARKS.md, sixth pass) or paid for
+/// the host's time per move varied severalfold between runs of the same
+/// binary on the GPU machines, so a fixed growth either left the GPU idle
+/// at chunk boundaries on slow hosts (doubling lost a tenth of the copy
+/// rate on 100,000 moves of 4-64 KiB where the host was slow) or paid for
 /// needless chunks on fast ones. So each chunk is sized from the last one:
 /// as many moves as the host, at the rate it just showed, lays out while
 /// the GPU moves the last chunk's bytes at the device's peak copy rate
-/// (which copies reach about 90% of: that is the margin), growing 1.25-4x.
+/// (which copies reach about 90% of: that is the margin), growing by a
+/// factor of 5/4 to 4.
 /// Where the host is slower than the GPU anyway (small moves), chunks
 /// double, which keeps launches few. A remainder of at most a quarter of a
 /// chunk joins it (a launch of a few moves costs as much as one of thousands).

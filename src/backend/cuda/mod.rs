@@ -84,13 +84,11 @@
 //!
 //! # Performance (`benches/moves.rs`, BENCHMARKS.md)
 //!
-//! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run
-//! (default options, H100, 2026-11-26): 8 GiB of 1 MiB-1 GiB blocks at
-//! 1.02x its bandwidth; 100,000 blocks of 4-64 KiB compacted in one wave,
-//! end to end, at 0.93-0.96x one big copy of the same bytes; 0.91-0.94x at
-//! 1-byte alignment; a 4 GiB block sliding down by 256 B at 0.96-1.00x a
-//! non-overlapping copy (fourteen runs). This staging code has no H200
-//! figures yet.
+//! Against `cuMemcpyDtoDAsync` on the same bytes, in the same run: large
+//! blocks, 100,000 blocks of 4-64 KiB compacted in one wave end to end,
+//! the same at 1-byte alignment, and a 4 GiB block sliding down by 256 B;
+//! the figures are in
+//! `BENCHMARKS.md#moves-our-kernel-against-cumemcpydtodasync`.
 
 mod buffers;
 mod chunks;
@@ -190,10 +188,10 @@ pub enum CudaCapacity {
 }
 
 /// The device memory's peak bandwidth in bytes per nanosecond: double data
-/// rate at the memory clock over the bus width (3352 GB/s on an H100 80GB
-/// HBM3, where a 4 GiB `cuMemcpyDtoDAsync` reached 3024 GB/s, 90% of it,
-/// counting bytes read plus written: BENCHMARKS.md, 2026-11-26); 0 if the
-/// driver does not say.
+/// rate at the memory clock over the bus width (a large
+/// `cuMemcpyDtoDAsync` reaches about 90% of it, counting bytes read plus
+/// written: `BENCHMARKS.md#moves-our-kernel-against-cumemcpydtodasync`);
+/// 0 if the driver does not say.
 fn copy_bytes_per_ns(ctx: &CudaContext) -> f64 {
     let attr = |a| ctx.attribute(a).ok().filter(|&v| v > 0).map(f64::from);
     let clock_khz = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);

@@ -93,10 +93,10 @@ const DEFAULT_SIDE_BUFFER_BYTES: u32 = 32 << 20;
 
 /// Chunks whose moves average at least 256 KiB (four 64 KiB tiles, so that
 /// partly filled tiles are at most an eighth of the bytes) take 64 KiB
-/// tiles through the bulk kernel with 2 stages (512 x 8): the best copy
-/// rate on an H200 (0.98 of `cuMemcpyDtoDAsync` against 0.95-0.96 for
-/// 32 KiB tiles) but 0.80 on 100,000 blocks of 4-64 KiB, where most tiles
-/// are half empty. Measured 2026-11-25, BENCHMARKS.md.
+/// tiles through the bulk kernel with 2 stages (512 threads of 8 vectors):
+/// the best copy rate for large moves, better than 32 KiB tiles, but not
+/// on 100,000 blocks of 4-64 KiB, where most tiles are half empty
+/// (`BENCHMARKS.md#moves-our-kernel-against-cumemcpydtodasync`).
 const DEFAULT_LARGE_MOVES: LargeMoves = LargeMoves {
     threads_per_cta: 512,
     vectors_per_thread: 8,

@@ -91,8 +91,7 @@ pub(super) struct Scratch {
     pub(super) status: PinnedBuf,
     /// Per-move uploads run here, so that a chunk's upload overlaps the
     /// kernels of the chunk before it (on the arena stream they would
-    /// queue behind them: 0.13 ms more device time for 100,000 moves on
-    /// an H100).
+    /// queue behind them and add device time to a compaction).
     pub(super) upload_stream: Arc<CudaStream>,
     /// Recorded on the arena stream before a plan's first upload, and on
     /// the upload stream after each chunk's (the other stream waits).

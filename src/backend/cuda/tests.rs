@@ -25,8 +25,7 @@ fn options_are_checked() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn bulk_kernel_takes_the_stages_that_fit() {
-    if let Err(reason) = CudaBackend::available() {
-        println!("skipped: {reason}");
+    if !cuarena_testkit::usable(CudaBackend::available()) {
         return;
     }
     let default = CudaOptions::default();

@@ -51,8 +51,8 @@ impl CudaBackend {
     /// `large` and the options name them), whose descriptors and control
     /// words are half `q` of each: the prep kernel on the upload stream,
     /// after the chunk's uploads, so that it overlaps the move kernel of
-    /// the chunk before (on the arena stream it cost 10-20 us of device
-    /// time per chunk, 5% of a 100,000-move compaction on an H200); then,
+    /// the chunk before (on the arena stream it added device time to every
+    /// chunk, a twentieth of a 100,000-move compaction); then,
     /// on the arena stream, the move kernel and, when tiles may have
     /// deferred, the settle kernel.
     pub(super) fn launch_chunk(

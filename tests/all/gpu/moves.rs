@@ -9,14 +9,14 @@ mod bad_plans;
 use std::sync::Arc;
 
 use super::{test_module, GIB, KIB, MIB};
-use crate::gpu_skip::gpu_available;
-use crate::support::{bytes, env_u64, mv, plan_of, Rng};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
 use cuarena::plan::Plan;
+use cuarena_testkit::gpu_available;
+use cuarena_testkit::{bytes, env_u64, mv, plan_of, Rng};
 
 fn max_block() -> u64 {
     env_u64("CUARENA_GPU_MAX_BLOCK").unwrap_or(4 * GIB)

@@ -45,7 +45,7 @@ pub(super) fn pattern(seed: u64, len: u64) -> Vec<u8> {
     if len > DATA_LIMIT {
         return Vec::new();
     }
-    crate::support::bytes(seed, len)
+    cuarena_testkit::bytes(seed, len)
 }
 
 impl<'a, B: Backend> Model<'a, B> {

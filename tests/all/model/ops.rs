@@ -2,7 +2,7 @@
 //! random programs (the proptest strategies are beside their tests in
 //! `model.rs`).
 
-use crate::support::Rng;
+use cuarena_testkit::Rng;
 
 /// One step of a program. Indices pick a live block modulo the live count.
 #[derive(Debug, Clone)]

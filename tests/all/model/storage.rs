@@ -351,7 +351,8 @@ impl<B: Backend> Model<'_, B> {
                     "type"
                 } else if s.handle.is_none() {
                     "ok"
-                } else if !bytes_fill && w > 1 && len % w != 0 {
+                } else if !bytes_fill && w > 1 && (len % w != 0 || off as u64 % w != 0) {
+                    // Whole elements at an offset aligned to their size.
                     "whole"
                 } else {
                     "ok"

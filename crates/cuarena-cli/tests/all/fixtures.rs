@@ -6,7 +6,7 @@ use cuarena_trace::trace::{Action, Trace};
 
 use crate::cli::cuarena;
 use crate::snapshots::{json, text, u};
-use crate::support::data;
+use cuarena_testkit::trace::data;
 
 /// The facts recorded beside `snap_NAME.pickle.gz`.
 fn facts(name: &str) -> serde_json::Value {

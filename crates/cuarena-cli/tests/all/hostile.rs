@@ -19,7 +19,7 @@ use cuarena_trace::trace::limits::{
     GZIP_RATIO_SLACK_BYTES, MAX_GZIP_RATIO, MEMORY_BASE_BYTES, MEMORY_PER_INPUT_BYTE,
 };
 
-use crate::support::{
+use cuarena_testkit::trace::{
     deep_list_pickle, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle, memo_bomb_gz,
     DEEP,
 };

@@ -10,7 +10,7 @@ use cuarena_trace::trace::{Action, FreePoint, Trace};
 use serde_pickle::Value;
 
 use crate::cli::cuarena;
-use crate::support::{data, dict};
+use cuarena_testkit::trace::{data, dict};
 
 /// Every snapshot (pickle) shipped in the trace crate's `tests/data`.
 fn shipped_snapshots() -> Vec<PathBuf> {

@@ -8,7 +8,7 @@ use serde_pickle::Value;
 
 use crate::cli::cuarena;
 use crate::snapshots::{block, ev, json, segment, snapshot, temp, text, u};
-use crate::support::{data, dict};
+use cuarena_testkit::trace::{data, dict};
 
 const MIB: i64 = 1 << 20;
 

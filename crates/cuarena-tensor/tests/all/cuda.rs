@@ -1,10 +1,7 @@
 //! The same tests on a CUDA arena, and kernel arguments taken by many
-//! threads at once. Each test prints `skipped: <reason>` and passes where
-//! no CUDA driver or device is present.
+//! threads at once. Ignored by default; asked for (`--include-ignored`)
+//! where no CUDA driver or device is present, each fails with "no CUDA GPU".
 #![cfg(feature = "cuda")]
-
-use std::io::Write as _;
-use std::sync::Once;
 
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::{Arena, ArenaConfig, SharedArena, StreamId};
@@ -14,26 +11,11 @@ use crate::threads::{concurrent_launches, host_launch};
 use crate::{dtypes, threads, views};
 
 /// A CUDA arena of `capacity` bytes on device 0, or `None` after printing
-/// why there is none (once on the process's stderr too, which the test
-/// harness does not capture).
+/// why there is none: the test kit's GPU check, which fails instead where
+/// the GPU tests were asked for (`--include-ignored`).
 fn cuda_arena(capacity: u64) -> Option<SharedArena<CudaBackend>> {
-    match CudaBackend::available() {
-        Ok(()) => {
-            let arena = Arena::cuda(ArenaConfig::new(capacity), 0).expect("CUDA arena");
-            Some(SharedArena::new(arena))
-        }
-        Err(reason) => {
-            println!("skipped: {reason}");
-            static ONCE: Once = Once::new();
-            ONCE.call_once(|| {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "cuarena-tensor: CUDA tests skipped (no device): {reason}"
-                );
-            });
-            None
-        }
-    }
+    cuarena_testkit::gpu_available()
+        .then(|| SharedArena::new(Arena::cuda(ArenaConfig::new(capacity), 0).expect("CUDA arena")))
 }
 
 #[test]

@@ -1,34 +1,8 @@
-//! What the tests share: a seeded RNG, a naive dense reference of the view
-//! operations, and arenas.
+//! What the tests share: a naive dense reference of the view operations,
+//! and arenas (the seeded generator is the test kit's).
 
 use cuarena::{Arena, ArenaConfig, SharedArena};
-
-/// splitmix64: small, seeded, good enough for test shapes.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-}
+pub use cuarena_testkit::Rng;
 
 /// A row-major array and the view operations written the obvious way, by
 /// multi-index, with no strides: the reference the tensors are checked

@@ -3,15 +3,14 @@
 //! threads "launching" on their tensors under the shared lock at once while
 //! another allocates and compacts.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
-use std::time::Duration;
+use std::sync::Arc;
 
 use cuarena::backend::{Backend, HostBackend};
 use cuarena::{DType, SharedArena};
 use cuarena_tensor::{Error, Tensor};
 
 use crate::support::{host_arena, Dense, Rng};
+use cuarena_testkit::stress::{finishes, launches_while_compacting, Launches};
 
 /// What the thread tests need of a backend.
 pub trait ThreadBackend: Backend + Send + Sync + 'static {}
@@ -24,16 +23,6 @@ fn tensors_are_send_and_sync() {
     send_sync::<Tensor<HostBackend>>();
     #[cfg(feature = "cuda")]
     send_sync::<Tensor<cuarena::backend::cuda::CudaBackend>>();
-}
-
-/// Runs `f` on a thread; fails the test if it takes a minute (a hang).
-fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{what}: did not finish"))
 }
 
 #[test]
@@ -132,7 +121,7 @@ fn reserved(bytes: u64) -> u64 {
 
 fn pattern(seed: u64, n: usize) -> Vec<u32> {
     let mut rng = Rng::new(seed);
-    (0..n).map(|_| rng.next_u64() as u32).collect()
+    (0..n).map(|_| rng.next() as u32).collect()
 }
 
 /// `threads` threads each keep their share of the arena nearly full
@@ -164,11 +153,11 @@ pub fn fragmentation_at_full_fill<B: ThreadBackend>(
                     );
                 };
                 for i in 0..iters {
-                    let rows = rng.range(1, 8);
-                    let cols = rng.range(1, (max_bytes / 4 / rows).max(1));
+                    let rows = rng.index_range(1, 8);
+                    let cols = rng.index_range(1, (max_bytes / 4 / rows).max(1));
                     let need = reserved((rows * cols * 4) as u64);
                     while used + need > budget {
-                        let (t, want) = mine.swap_remove(rng.below(mine.len()));
+                        let (t, want) = mine.swap_remove(rng.index(mine.len()));
                         check(&t, &want, "before its drop");
                         used -= reserved(t.size_bytes());
                     }
@@ -178,7 +167,7 @@ pub fn fragmentation_at_full_fill<B: ThreadBackend>(
                     used += need;
                     check(&t, &data, "new");
                     if i % 8 == 0 {
-                        let (s, want) = match mine.get(rng.below(mine.len().max(1))) {
+                        let (s, want) = match mine.get(rng.index(mine.len().max(1))) {
                             Some((s, want)) => (s, want),
                             None => (&t, &data),
                         };
@@ -296,88 +285,32 @@ fn launch_tensors<B: ThreadBackend>(arena: &SharedArena<B>, threads: usize) -> V
 /// `threads` threads launch on their tensors under the shared lock (all at
 /// once: a barrier inside `with` proves it), while another thread
 /// allocates tensors, drops some, and compacts; every element checked in
-/// every launch and after. `launch` is the backend's launch, with what
-/// `setup` made for its thread (a stream, say).
-pub fn concurrent_launches<B: ThreadBackend, S: Send + 'static>(
+/// every launch and after (the test kit's stress harness). `launch` is the
+/// backend's launch, with what `setup` made for its thread (a stream, say).
+pub fn concurrent_launches<B: ThreadBackend, S: 'static>(
     arena: &SharedArena<B>,
     threads: usize,
     setup: fn(&SharedArena<B>) -> S,
     launch: fn(&SharedArena<B>, &S, &Tensor<B>, &[u32]),
 ) {
     let owned = launch_tensors(arena, threads);
-    let barrier = Arc::new(Barrier::new(threads));
-    let together: Vec<_> = (0..threads)
-        .map(|_| {
-            let (arena, barrier) = (arena.clone(), Arc::clone(&barrier));
-            std::thread::spawn(move || arena.with(|_| barrier.wait()).map(drop))
-        })
-        .collect();
-    finishes("all threads inside `with` at once", move || {
-        for t in together {
-            t.join().expect("thread").expect("with");
-        }
-    });
-    let before = arena.stats();
-    let compactions_before = before.targeted_compactions + before.full_compactions;
-    let stop = Arc::new(AtomicBool::new(false));
-    let compactor = {
-        let (arena, stop) = (arena.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let mut mine: Vec<Tensor<B>> = Vec::new();
-            let mut k = 0usize;
-            while !stop.load(Ordering::Relaxed) || k < 100 {
-                k += 1;
-                let n = 512 + (k * 7919) % (12 << 10);
-                match Tensor::zeros(&arena, DType::U8, &[n]) {
-                    Ok(t) => mine.push(t),
-                    Err(Error::Arena(cuarena::Error::OutOfMemory { .. })) => mine.clear(),
-                    Err(e) => panic!("compactor: {e}"),
-                }
-                if mine.len() > 5 {
-                    mine.remove(k % 5); // holes
-                }
-                if k % 4 == 0 {
-                    arena
-                        .with_mut(|a| a.compact().map(drop))
-                        .expect("lock")
-                        .expect("compact");
-                }
-                std::thread::yield_now();
-            }
-        })
-    };
-    let launchers: Vec<_> = owned
-        .into_iter()
-        .map(|mine| {
-            let (arena, state) = (arena.clone(), setup(arena));
-            let compacted = move |arena: &SharedArena<B>| {
-                let st = arena.stats();
-                st.targeted_compactions + st.full_compactions - compactions_before
-            };
-            std::thread::spawn(move || {
-                // 300 launches, and on until 10 compactions ran among them.
-                let mut round = 0;
-                while round < 300 || compacted(&arena) < 10 {
-                    let (t, want) = &mine[round % mine.len()];
-                    launch(&arena, &state, t, want);
-                    round += 1;
-                }
-                mine
-            })
-        })
-        .collect();
-    let survivors: Vec<Owned<B>> = launchers
-        .into_iter()
-        .map(|l| l.join().expect("launcher"))
-        .collect();
-    stop.store(true, Ordering::Relaxed);
-    compactor.join().expect("compactor");
-    let st = arena.stats();
-    assert!(
-        st.moves > before.moves
-            && st.targeted_compactions + st.full_compactions
-                > before.targeted_compactions + before.full_compactions,
-        "weak test: nothing moved {st:?}"
+    let survivors = launches_while_compacting(
+        arena,
+        owned,
+        Launches {
+            setup,
+            launch: Arc::new(move |arena, state, (t, want): &(Tensor<B>, Vec<u32>)| {
+                launch(arena, state, t, want)
+            }),
+            alloc: |arena, n| match Tensor::zeros(arena, DType::U8, &[n as usize]) {
+                Ok(t) => Some(t),
+                Err(Error::Arena(cuarena::Error::OutOfMemory { .. })) => None,
+                Err(e) => panic!("compactor: {e}"),
+            },
+            // 300 launches, and on until 10 compactions ran among them.
+            rounds: 300,
+            compactions: 10,
+        },
     );
     for (t, want) in survivors.iter().flatten() {
         assert!(

@@ -19,7 +19,7 @@ fn check<B: Backend>(t: &Tensor<B>, want: &Dense, what: &str) {
 /// with a unit dimension put in.
 fn another_shape(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
     let numel: usize = shape.iter().product();
-    match rng.below(4) {
+    match rng.index(4) {
         0 => vec![numel],
         1 if numel == 1 => vec![],
         1 | 2 => {
@@ -31,7 +31,7 @@ fn another_shape(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
         }
         _ => {
             let mut s = shape.to_vec();
-            s.insert(rng.below(s.len() + 1), 1);
+            s.insert(rng.index(s.len() + 1), 1);
             s
         }
     }
@@ -42,13 +42,13 @@ fn another_shape(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
 pub fn random_views<B: Backend>(arena: &SharedArena<B>, seed: u64, programs: usize) {
     let mut rng = Rng::new(seed);
     for p in 0..programs {
-        let rank = rng.range(1, 4);
+        let rank = rng.index_range(1, 4);
         let shape: Vec<usize> = (0..rank)
             .map(|_| {
-                if rng.below(16) == 0 {
+                if rng.index(16) == 0 {
                     0
                 } else {
-                    rng.range(1, 6)
+                    rng.index_range(1, 6)
                 }
             })
             .collect();
@@ -57,12 +57,12 @@ pub fn random_views<B: Backend>(arena: &SharedArena<B>, seed: u64, programs: usi
         for step in 0..10 {
             let what = format!("seed {seed} program {p} step {step}");
             let rank = t.rank();
-            match rng.below(6) {
+            match rng.index(6) {
                 0 | 1 if rank > 0 => {
-                    let dim = rng.below(rank);
+                    let dim = rng.index(rank);
                     let size = t.shape()[dim];
-                    let start = rng.range(0, size);
-                    let len = rng.range(0, size - start);
+                    let start = rng.index_range(0, size);
+                    let len = rng.index_range(0, size - start);
                     t = t.narrow(dim, start, len).expect("narrow");
                     want = want.narrow(dim, start, len);
                 }
@@ -71,7 +71,7 @@ pub fn random_views<B: Backend>(arena: &SharedArena<B>, seed: u64, programs: usi
                     assert_eq!(e, Error::DimOutOfRange { dim: 0, rank: 0 });
                 }
                 2 if rank > 0 => {
-                    let (d0, d1) = (rng.below(rank), rng.below(rank));
+                    let (d0, d1) = (rng.index(rank), rng.index(rank));
                     t = t.transpose(d0, d1).expect("transpose");
                     want = want.transpose(d0, d1);
                 }

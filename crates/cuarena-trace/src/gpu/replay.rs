@@ -24,8 +24,7 @@
 //!
 //! The program runs [`GpuReplayOptions::warmup_passes`] times (default 1)
 //! and then once more, timed, on the same arena; each pass starts from an
-//! empty arena with its lifetimes forgotten ([`Arena::forget_lifetimes`]),
-//! so it makes the same placement and compaction decisions (the arena is
+//! empty arena (the pass before freed every block), so it makes the same placement and compaction decisions (the arena is
 //! deterministic), and every pass is checked. The warm-up
 //! loads every kernel and fills the backend's staging pool to what the
 //! program keeps in flight (the backend sizes its device scratch from the
@@ -54,8 +53,8 @@
 //!   and whether the call returned before the device reached the work
 //!   queued ahead of its moves (the start event still pending: nothing
 //!   waited for it). [`PassReport::host_vs_device`] sums that up over the
-//!   compactions after the first, against the target of at most 1 ms of
-//!   host time for plans of up to 10,000 moves.
+//!   compactions after the first, against the target of at most a
+//!   millisecond of host time for plans of up to 10,000 moves.
 //! - **Allocator time**: host time inside `Arena::alloc` and `Arena::free`
 //!   (planning and enqueueing included).
 //! - **Wall time**: a whole pass, pattern launches, delays, the checks of

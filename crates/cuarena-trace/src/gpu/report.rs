@@ -119,7 +119,7 @@ pub struct GpuReplayOptions {
     /// makes the same placement decisions.
     pub warmup_passes: u32,
     /// Initial delay enqueued before an allocation that will compact (see
-    /// the module's "Timing"); doubles, up to 64 ms, after a compaction
+    /// the module's "Timing"); doubles, up to the replay's `MAX_DELAY`, after a compaction
     /// whose timing came out inexact.
     pub settle_delay: Duration,
     /// Self-test of the checks: right after block `id` is filled (in every
@@ -286,8 +286,8 @@ pub struct HostVsDevice {
 
 impl HostVsDevice {
     /// Whether every compaction counted met the target of issue 25, item 5
-    /// (none waited, and plans of up to 10,000 moves took at most 1 ms of
-    /// host time).
+    /// (none waited, and plans of up to 10,000 moves took at most a
+    /// millisecond of host time).
     pub fn met(&self) -> bool {
         self.unblocked == self.compactions && self.small_plans_within_target == self.small_plans
     }

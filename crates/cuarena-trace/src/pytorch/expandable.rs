@@ -8,7 +8,7 @@ use super::blocks::{Block, Id};
 use super::caching::{Expandable, Model, LARGE_BUFFER, SMALL_BUFFER};
 use crate::Result;
 
-/// Address space reserved per expandable segment. PyTorch reserves 1.125 x
+/// Address space reserved per expandable segment. PyTorch reserves 9/8 of
 /// the device's memory, which a snapshot does not record; any range larger
 /// than what the trace maps serves the same.
 const ADDRESS_SPACE: u64 = 1 << 40;

@@ -1,9 +1,10 @@
-//! The real-bytes replay on the GPU (`cuarena_trace::gpu`). Prints
-//! `skipped: <reason>` and passes when no GPU is usable.
+//! The real-bytes replay on the GPU (`cuarena_trace::gpu`). Ignored by
+//! default; asked for (`--include-ignored`) where no GPU is usable, it fails
+//! with "no CUDA GPU" (the test kit's check).
 
-use crate::gpu_skip::gpu_available;
 use cuarena::backend::cuda::CudaOptions;
 use cuarena::ArenaConfig;
+use cuarena_testkit::gpu_available;
 
 /// A synthetic trace under pressure, replayed on the GPU with real bytes at
 /// its peak live bytes: completes with every pattern intact; a deliberately

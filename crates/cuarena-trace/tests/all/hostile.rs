@@ -10,7 +10,7 @@ use cuarena_trace::trace::{Action, Trace, TraceEvent};
 use cuarena_trace::ToolError;
 use serde_pickle::{HashableValue, Value};
 
-use crate::support::{
+use cuarena_testkit::trace::{
     data, deep_list_pickle, dict, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle,
     pickle, DEEP,
 };
@@ -556,7 +556,7 @@ fn pending_free_block_not_in_the_trace_is_live_to_the_end() {
 /// tests).
 #[test]
 fn memo_bomb_program_is_refused_by_the_budget() {
-    let bomb = crate::support::memo_bomb_gz(120);
+    let bomb = cuarena_testkit::trace::memo_bomb_gz(120);
     assert!(bomb.len() < 16 << 10, "{} bytes", bomb.len());
     let t = Trace::from_bytes(&bomb, "bomb").unwrap();
     assert_eq!(t.events.len(), 12_000_001);

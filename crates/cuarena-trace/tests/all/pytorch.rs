@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use cuarena_trace::pytorch::{recommend, Recommendation, Session};
 use cuarena_trace::trace::Trace;
 
-use crate::support::data;
+use cuarena_testkit::trace::data;
 
 /// Every snapshot (pickle) shipped in `tests/data`.
 fn snapshots() -> Vec<PathBuf> {

@@ -239,7 +239,7 @@ fn steady_state_stress() {
 /// arena's smallest capacity is within 0.1% of it.
 #[test]
 fn recorded_pickles_replay_at_peak_live() {
-    let dir = crate::support::data();
+    let dir = cuarena_testkit::trace::data();
     for name in [
         "gpt2_varlen_h100.pickle.gz",
         "resnet50_varbatch_h100.pickle.gz",
@@ -261,7 +261,7 @@ fn recorded_pickles_replay_at_peak_live() {
 /// Every trace shipped in `tests/data` (and the shared ones when present),
 /// as `(name, ops)`.
 fn all_traces() -> Vec<(String, Ops)> {
-    let dir = crate::support::data();
+    let dir = cuarena_testkit::trace::data();
     let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

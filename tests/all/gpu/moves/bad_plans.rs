@@ -3,13 +3,13 @@
 //! region (rejected on the host before any launch).
 
 use super::{backend, each_kernel, KIB, MIB};
-use crate::gpu_skip::gpu_available;
-use crate::support::{mv, plan_of};
 use cuarena::backend::cuda::CudaOptions;
 use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan, PlanKind};
 use cuarena::BackendError;
 use cuarena::Error;
+use cuarena_testkit::gpu_available;
+use cuarena_testkit::{mv, plan_of};
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use super::shared;
-use crate::support::{dict, gzip};
 use cuarena::ArenaConfig;
+use cuarena_testkit::trace::{dict, gzip};
 use cuarena_trace::trace::{replay, Action, Trace, TraceFormat};
 use cuarena_trace::ToolError;
 use serde_pickle::Value;

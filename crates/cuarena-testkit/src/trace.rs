@@ -1,8 +1,7 @@
-//! Test helpers shared by this crate's tests and the `cuarena` command's
-//! (`crates/cuarena-cli/tests/all/main.rs` includes this file by path): the
-//! recorded traces, and pickle and gzip inputs built byte by byte.
-// Each test binary uses its own part.
-#![allow(dead_code)]
+//! What the trace crate's tests and the `cuarena` command's share: the
+//! recorded traces, and pickle and gzip inputs built byte by byte
+//! (feature `trace`).
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

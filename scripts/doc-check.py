@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Docs that cannot go stale: run by `.ci/run`, exits non-zero on a finding.
+
+1. Figures live in BENCHMARKS.md only: a rustdoc comment (`///`, `//!`) in
+   a crate's sources that quotes a measured figure (a number with a unit of
+   time, bandwidth or speed-up: ns, us, ms, s, GB/s, x) must quote one
+   that BENCHMARKS.md holds; better, it links to the heading instead.
+   Sizes (KiB, MiB, GiB) are configuration, not measurements, and pass;
+   so do code spans and examples. A reference `BENCHMARKS.md#anchor`, in
+   any comment, names a heading BENCHMARKS.md has.
+2. Relative links resolve: in the Markdown documents a link `[..](path)`,
+   `[..](path#heading)` or `[..](#heading)` names a file that exists and a
+   heading that it has (GitHub's anchors); a rustdoc comment links no file
+   by a relative path (dead on docs.rs). Intra-doc links are rustdoc's
+   (`-D rustdoc::broken_intra_doc_links`).
+
+Usage: python3 scripts/doc-check.py (from the repository root).
+"""
+
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(ns|µs|us|ms|GB/s|x)(?![\w/])")
+BENCH_ANCHOR = re.compile(r"BENCHMARKS\.md#([\w-]+)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+SOURCES = ["src", "crates/cuarena-trace/src", "crates/cuarena-cli/src", "crates/cuarena-tensor/src"]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    s = heading.strip().lower()
+    s = re.sub(r"[^\w\- ]", "", s)
+    return s.replace(" ", "-")
+
+
+def anchors(path: pathlib.Path) -> set:
+    text = path.read_text(encoding="utf-8")
+    out, seen = set(), {}
+    in_code = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code:
+            continue
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            a = slug(m.group(1))
+            n = seen.get(a, 0)
+            seen[a] = n + 1
+            out.add(a if n == 0 else f"{a}-{n}")
+    return out
+
+
+def check_link(target: str, base: pathlib.Path, where: str, errors: list, rustdoc=False) -> None:
+    if re.match(r"^[a-z]+:", target) or target.startswith("<"):
+        return  # a URL
+    path, _, anchor = target.partition("#")
+    if not path and not anchor:
+        return
+    if path and not re.search(r"[./]", path):
+        return  # an intra-doc link (`Arena`, `crate::plan`): rustdoc checks those
+    if path.startswith(("crate::", "self::", "super::")) or "::" in path:
+        return
+    if rustdoc and path:
+        errors.append(f"{where}: relative link to {target} in rustdoc: dead on docs.rs "
+                      "(name the file in code quotes, or link a URL)")
+        return
+    file = (base / path).resolve() if path else None
+    if file is not None and not file.exists():
+        errors.append(f"{where}: link to {target}: no such file")
+        return
+    doc = file if file is not None else None
+    if anchor and doc is not None and doc.suffix == ".md":
+        if anchor not in anchors(doc):
+            errors.append(f"{where}: link to {target}: no such heading")
+
+
+def main() -> int:
+    errors = []
+    bench = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    figures = {m.group(0).replace(" ", "") for m in FIGURE.finditer(bench)}
+    bench_anchors = anchors(ROOT / "BENCHMARKS.md")
+    for src in SOURCES:
+        for path in sorted((ROOT / src).rglob("*.rs")):
+            rel = path.relative_to(ROOT)
+            in_code = False
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for m in BENCH_ANCHOR.finditer(line):
+                    if m.group(1) not in bench_anchors:
+                        errors.append(f"{rel}:{n}: BENCHMARKS.md has no heading #{m.group(1)}")
+                doc = re.match(r"\s*//[/!](.*)", line)
+                if not doc:
+                    continue
+                text = doc.group(1)
+                if text.strip().startswith("```"):
+                    in_code = not in_code
+                    continue
+                if in_code:
+                    continue
+                text = re.sub(r"`[^`]*`", "", text)  # code spans: not prose
+                for m in FIGURE.finditer(text):
+                    if m.group(0).replace(" ", "") not in figures:
+                        errors.append(
+                            f"{rel}:{n}: figure {m.group(0)!r} is not in BENCHMARKS.md "
+                            "(link to its heading instead)"
+                        )
+                for m in LINK.finditer(text):
+                    check_link(m.group(1), path.parent, f"{rel}:{n}", errors, rustdoc=True)
+    docs = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "CHANGELOG.md"]
+    docs += sorted((ROOT / "docs").glob("*.md")) + sorted(ROOT.glob("crates/*/README.md"))
+    docs += sorted(ROOT.glob("benches/*.md"))
+    for path in docs:
+        rel = path.relative_to(ROOT)
+        in_code = False
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("```"):
+                in_code = not in_code
+            if in_code:
+                continue
+            for m in LINK.finditer(line):
+                check_link(m.group(1), path.parent, f"{rel}:{n}", errors)
+    for e in errors:
+        print(e)
+    print(f"doc-check: {len(errors)} finding(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
