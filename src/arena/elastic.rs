@@ -28,12 +28,12 @@
 //! 40.9 GiB (naive: 0.47 GiB), with it 1.7 GiB.
 //!
 //! **Chunks** ([`chunk_ends`]): a chunk is at most `1/128` of the mapped
-//! bytes below it (never below the granule). Mapping costs 40–90 µs per
-//! chunk whatever its size (issue 34's H100 figures), so chunks should be
-//! large; but a chunk is unmapped whole, so the one holding the live end
+//! bytes below it (never below the granule). Mapping costs about the same
+//! per chunk whatever its size (the driver calls, not the bytes), so chunks
+//! should be large; but a chunk is unmapped whole, so the one holding the live end
 //! after a trim is waste, and at `1/128` of its offset it stays below the
 //! trim's promise of `max(granule, 1% of live)`. A growth from nothing to
-//! 40 GiB takes 853 chunks (some 50 ms of driver calls at 60 µs each).
+//! 40 GiB takes 853 chunks.
 //!
 //! **Trim**: compacts only when the highest block is above the target (by
 //! evacuating just the blocks above it into holes below, when that moves
