@@ -400,26 +400,38 @@ fn range_program<B: Backend>(arena: &mut Arena<B>) -> Vec<Vec<u8>> {
         .write(f.slice(100..110).unwrap(), &[1.5f32; 10])
         .expect("write a f32 slice");
     snaps.push(snap(arena));
-    // Fills of every pattern width, at aligned and odd offsets.
+    // Fills of every pattern width at aligned offsets; at an offset not
+    // a multiple of the pattern's width, `Misaligned` and nothing written.
     arena
         .fill(raw.slice(0..64).unwrap(), 0xABu8)
         .expect("fill 1");
+    for (at, len, width) in [(65u64, 30u64, 2u64), (203, 40, 8), (1301, 32, 8)] {
+        let r = if width == 2 {
+            arena.fill(raw.slice(at..at + len).unwrap(), 0x1234u16)
+        } else {
+            arena.fill(raw.slice(at..at + len).unwrap(), 0x0102_0304_0506_0708u64)
+        };
+        assert!(
+            matches!(r, Err(cuarena::Error::Misaligned { .. })),
+            "fill of width {width} at {at}: {r:?}"
+        );
+    }
     arena
-        .fill(raw.slice(65..65 + 30).unwrap(), 0x1234u16)
+        .fill(raw.slice(66..66 + 30).unwrap(), 0x1234u16)
         .expect("fill 2");
     arena
         .fill(raw.slice(128..128 + 64).unwrap(), 0xDEAD_BEEFu32)
         .expect("fill 4");
     arena
-        .fill(raw.slice(203..203 + 40).unwrap(), 0x0102_0304_0506_0708u64)
-        .expect("fill 8 odd");
+        .fill(raw.slice(200..200 + 40).unwrap(), 0x0102_0304_0506_0708u64)
+        .expect("fill 8 at 200");
     let p8 = u64::from_le_bytes(std::array::from_fn(|i| i as u8 * 3 + 1));
     arena
         .fill(raw.slice(256..256 + 1024).unwrap(), p8)
         .expect("fill 8");
     arena
-        .fill(raw.slice(1301..1301 + 32).unwrap(), p8)
-        .expect("fill 8 odd");
+        .fill(raw.slice(1304..1304 + 32).unwrap(), p8)
+        .expect("fill 8 at 1304");
     arena
         .fill(zeros.slice(10..20).unwrap(), 0xFFFF_0000u32)
         .expect("fill u32s");
