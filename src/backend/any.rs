@@ -22,9 +22,9 @@ use super::cuda::CudaBackend;
 /// let gpu = false; // say, from the command line or a probe
 /// let config = ArenaConfig::new(1 << 20);
 /// let mut arena: Arena<AnyBackend> = if gpu {
-///     Arena::with_backend(config.clone(), AnyBackend::new(&config, Some(0))?) // CUDA device 0
+///     Arena::with_backend(config.clone(), AnyBackend::new(&config, Some(0))?)? // CUDA device 0
 /// } else {
-///     Arena::with_backend(config.clone(), AnyBackend::new(&config, None)?) // host memory
+///     Arena::with_backend(config.clone(), AnyBackend::new(&config, None)?)? // host memory
 /// };
 /// let h = arena.alloc(256)?;
 /// arena.write(h, &[7u8; 256])?;
