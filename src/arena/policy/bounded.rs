@@ -208,7 +208,7 @@ impl Bounded {
         }
         let naive = planner::plan_full(&core.live, capacity);
         if !self.mirror_only {
-            if let Some(node) = self.try_free(core, &naive, reserved, align)? {
+            if let Some(node) = self.try_free(core, &naive, reserved, align, t0)? {
                 return Ok(node);
             }
         }
@@ -243,6 +243,7 @@ impl Bounded {
         naive: &Plan,
         reserved: u64,
         align: u64,
+        t0: Instant,
     ) -> Result<Option<Allocation>> {
         let capacity = core.capacity();
         // Naive's offsets after its compaction.
@@ -350,7 +351,8 @@ impl Bounded {
         self.free_entries += 1;
         // The plan, made on the layout the index now has.
         if !plan.is_empty() {
-            let t0 = Instant::now();
+            // Planning time counts from the request (`t0`): the plan was
+            // made above.
             core.collect_live();
             core.run(plan, t0)?;
             self.note_all(core);
