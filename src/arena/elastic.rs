@@ -40,7 +40,8 @@
 //! less than a full compaction), then unmaps every chunk above the highest
 //! block (the backend unmaps in stream order). The automatic trim, on
 //! allocation and free, targets the largest live bytes of the last window
-//! (`trim_window_us`), looks at most once per eighth of a window, acts only
+//! (`trim_window_us`), looks when they fall and at least once per eighth
+//! of a window, acts only
 //! when mapped exceeds the target by half a tolerance, compacts only on
 //! allocation (frees never move blocks), and only within a budget of bytes
 //! moved (`TRIM_BUDGET_BASE`): unbudgeted full-compaction trims moved
@@ -82,6 +83,9 @@ pub(crate) struct Elastic {
     /// When the automatic trim last looked, and when the arena first noted
     /// its live bytes.
     last_check_us: u64,
+    /// The window's largest live bytes when the automatic trim last looked:
+    /// it looks again at once when they fall.
+    checked_peak: u64,
     start_us: Option<u64>,
     /// Bytes the trims' compactions moved.
     trim_moved: u64,
@@ -182,6 +186,7 @@ impl Elastic {
             window_us: config.trim_window_us,
             peaks: VecDeque::new(),
             last_check_us: 0,
+            checked_peak: 0,
             start_us: None,
             trim_moved: 0,
             trims: 0,
@@ -316,10 +321,15 @@ impl<B: Backend> Arena<B> {
         let Some(e) = &mut self.elastic else {
             return Ok(());
         };
-        if e.window_us == 0 || now.saturating_sub(e.last_check_us) < e.window_us / 8 {
+        // Looks at once when the window's largest live bytes fall (a
+        // phase ended: what it held can go back now, not up to an eighth
+        // of a window later), else once per eighth of a window.
+        let fell = window_peak < e.checked_peak;
+        if e.window_us == 0 || (!fell && now.saturating_sub(e.last_check_us) < e.window_us / 8) {
             return Ok(());
         }
         e.last_check_us = now;
+        e.checked_peak = window_peak;
         let g = self.core.backend.granularity_bytes();
         let target = allowed(window_peak, e.slack, g);
         let mapped = self.core.capacity();
@@ -351,6 +361,12 @@ impl<B: Backend> Arena<B> {
     /// [`synchronize`](Self::synchronize) after a trim waits).
     pub fn trim(&mut self) -> Result<u64> {
         self.check_usable()?;
+        if self.elastic.is_none() {
+            return Ok(0);
+        }
+        // Storages dropped since the last call are not live: their blocks
+        // go first, so that the target counts only what is.
+        self.drain_reclaim()?;
         let Some(e) = &self.elastic else {
             return Ok(0);
         };
