@@ -34,15 +34,16 @@
 //! listed (`cN`: CTAs per SM, `bS`: bulk stages, `sM`: side buffer MiB), `CUARENA_BENCH_PER_BLOCK=0`
 //! leaves out the one-memcpy-per-block baseline of the compaction cases.
 
-use std::sync::Arc;
-
-use cuarena::backend::cuda::cudarc::driver::{result, sys, CudaEvent, CudaStream};
+use cuarena::backend::cuda::cudarc::driver::{sys, CudaStream};
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
 use cuarena::plan::{Move, Plan};
 use cuarena::Result;
 
-use cuarena_testkit::{driver_err, gpu_bench_reps, median, mv, plan_of, Rng};
+use cuarena_testkit::{
+    driver_err, fill_region, gpu_bench_reps, ladder_moves, memcpy_in_region, mv, plan_of,
+    EventTimer, Rng,
+};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -50,68 +51,6 @@ const GIB: u64 = 1 << 30;
 
 fn one_wave(moves: Vec<Move>) -> Plan {
     plan_of(vec![moves])
-}
-
-struct Timer {
-    stream: Arc<CudaStream>,
-    start: CudaEvent,
-    end: CudaEvent,
-    reps: usize,
-}
-
-impl Timer {
-    fn new(backend: &CudaBackend, reps: usize) -> Result<Self> {
-        let ctx = backend.context();
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let err = driver_err("cuEventCreate");
-        Ok(Self {
-            stream: backend.stream().clone(),
-            start: ctx.new_event(flags).map_err(&err)?,
-            end: ctx.new_event(flags).map_err(&err)?,
-            reps,
-        })
-    }
-
-    /// Median milliseconds of `f` (after one warm-up call).
-    fn median_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-        let drv = driver_err("event");
-        f()?;
-        self.stream.synchronize().map_err(&drv)?;
-        let mut times = Vec::with_capacity(self.reps);
-        for _ in 0..self.reps {
-            self.start.record(&self.stream).map_err(&drv)?;
-            f()?;
-            self.end.record(&self.stream).map_err(&drv)?;
-            self.end.synchronize().map_err(&drv)?;
-            times.push(f64::from(self.start.elapsed_ms(&self.end).map_err(&drv)?));
-        }
-        Ok(median(&mut times))
-    }
-
-    /// Median (device ms, host ms) of `f` when the stream is kept busy by
-    /// `block` while the host runs `f`: the device time then excludes the
-    /// host's work, and the host time is what `f` costs the caller.
-    fn split_ms(
-        &self,
-        mut block: impl FnMut() -> Result<()>,
-        mut f: impl FnMut() -> Result<()>,
-    ) -> Result<(f64, f64)> {
-        let drv = driver_err("event");
-        f()?;
-        self.stream.synchronize().map_err(&drv)?;
-        let (mut dev, mut host) = (Vec::new(), Vec::new());
-        for _ in 0..self.reps {
-            block()?;
-            self.start.record(&self.stream).map_err(&drv)?;
-            let t = std::time::Instant::now();
-            f()?;
-            host.push(t.elapsed().as_secs_f64() * 1e3);
-            self.end.record(&self.stream).map_err(&drv)?;
-            self.end.synchronize().map_err(&drv)?;
-            dev.push(f64::from(self.start.elapsed_ms(&self.end).map_err(&drv)?));
-        }
-        Ok((median(&mut dev), median(&mut host)))
-    }
 }
 
 /// Keeps the arena stream busy for several milliseconds (a memset of 16 GiB).
@@ -130,19 +69,6 @@ fn blocker(region_ptr: u64, stream: &CudaStream) -> Result<()> {
     .map_err(driver_err("cuMemsetD32Async"))
 }
 
-/// `cuMemcpyDtoDAsync` of each (src, dst, len) on the arena stream.
-fn memcpy_each(backend: &CudaBackend, copies: &[(u64, u64, u64)]) -> Result<()> {
-    let base = backend.region_ptr();
-    let stream = backend.stream().cu_stream();
-    for &(s, d, n) in copies {
-        // SAFETY: every range lies in the region (built that way below), the
-        // ranges of one copy do not overlap, and the stream keeps order.
-        unsafe { result::memcpy_dtod_async(base + d, base + s, n as usize, stream) }
-            .map_err(driver_err("cuMemcpyDtoDAsync"))?;
-    }
-    Ok(())
-}
-
 struct Row {
     case: String,
     bytes: u64,
@@ -157,20 +83,6 @@ impl Row {
     fn gbps(bytes: u64, ms: f64) -> f64 {
         2.0 * bytes as f64 / (ms * 1e-3) / 1e9
     }
-}
-
-fn large_moves() -> (Vec<Move>, u64) {
-    let mut moves = Vec::new();
-    let mut off = 0;
-    for _ in 0..4 {
-        let mut size = MIB;
-        while size <= GIB {
-            moves.push(mv(off, off + 8 * GIB, size));
-            off += size;
-            size *= 2;
-        }
-    }
-    (moves, off)
 }
 
 /// `count` blocks of 4-64 KiB separated by holes of 0-64 KiB, slid down
@@ -218,7 +130,7 @@ fn slide_shift() -> u64 {
         .unwrap_or(256)
 }
 
-fn run_cases(backend: &mut CudaBackend, timer: &Timer, label: &str) -> Result<Vec<Row>> {
+fn run_cases(backend: &mut CudaBackend, timer: &EventTimer, label: &str) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     if wanted("large") {
         large_case(backend, timer, label, &mut rows)?;
@@ -239,15 +151,15 @@ fn run_cases(backend: &mut CudaBackend, timer: &Timer, label: &str) -> Result<Ve
 /// large: 8 GiB of 1 MiB..1 GiB blocks, non-overlapping.
 fn large_case(
     backend: &mut CudaBackend,
-    timer: &Timer,
+    timer: &EventTimer,
     label: &str,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
-    let (moves, total) = large_moves();
+    let (moves, total) = ladder_moves(8 * GIB);
     let copies: Vec<_> = moves.iter().map(|m| (m.src, m.dst, m.len)).collect();
     let plan = one_wave(moves);
     let ours = timer.median_ms(|| backend.execute(&plan))?;
-    let base = timer.median_ms(|| memcpy_each(backend, &copies))?;
+    let base = timer.median_ms(|| memcpy_in_region(backend, &copies))?;
     rows.push(Row {
         case: format!("{label} large 1M-1G x44"),
         bytes: total,
@@ -263,7 +175,7 @@ fn large_case(
 /// sizes and holes multiples of `unit` bytes.
 fn compact_case(
     backend: &mut CudaBackend,
-    timer: &Timer,
+    timer: &EventTimer,
     label: &str,
     unit: u64,
     rows: &mut Vec<Row>,
@@ -285,7 +197,7 @@ fn compact_case(
         .map(|m| (m.src, far + m.dst, m.len))
         .collect();
     if per_block_baseline() {
-        let per_block = timer.median_ms(|| memcpy_each(backend, &copies))?;
+        let per_block = timer.median_ms(|| memcpy_in_region(backend, &copies))?;
         rows.push(Row {
             case: format!("{label} {name}"),
             bytes: live,
@@ -295,7 +207,7 @@ fn compact_case(
             target: "speedup>=10",
         });
     }
-    let one_big = timer.median_ms(|| memcpy_each(backend, &[(0, far, live)]))?;
+    let one_big = timer.median_ms(|| memcpy_in_region(backend, &[(0, far, live)]))?;
     rows.push(Row {
         case: format!("{label} {name}"),
         bytes: live,
@@ -315,7 +227,7 @@ fn compact_case(
 /// slide-4g: a 4 GiB block sliding down by 256 B, against a plain copy.
 fn slide_case(
     backend: &mut CudaBackend,
-    timer: &Timer,
+    timer: &EventTimer,
     label: &str,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
@@ -327,7 +239,7 @@ fn slide_case(
     println!(
         "{label} slide 4G: end-to-end {ours:.3} ms; device alone {dev:.3} ms; host {host:.3} ms"
     );
-    let plain = timer.median_ms(|| memcpy_each(backend, &[(0, 8 * GIB, 4 * GIB)]))?;
+    let plain = timer.median_ms(|| memcpy_in_region(backend, &[(0, 8 * GIB, 4 * GIB)]))?;
     let ours_plain =
         timer.median_ms(|| backend.execute(&one_wave(vec![mv(0, 8 * GIB, 4 * GIB)])))?;
     rows.push(Row {
@@ -459,20 +371,8 @@ fn main() -> Result<()> {
             backend.copy_bytes_per_ns(),
             backend.describe_kernels()
         );
-        // Non-zero contents (never time on zeros).
-        let base = backend.region_ptr();
-        // SAFETY: the whole region, on its own stream.
-        unsafe {
-            sys::cuMemsetD32Async(
-                base,
-                0x5A3C_96E1,
-                (capacity / 4) as usize,
-                backend.stream().cu_stream(),
-            )
-        }
-        .result()
-        .map_err(driver_err("cuMemsetD32Async"))?;
-        let timer = Timer::new(&backend, reps)?;
+        fill_region(&backend, 0x5A3C_96E1)?;
+        let timer = EventTimer::new(&backend, reps)?;
         all.extend(run_cases(&mut backend, &timer, &label)?);
     }
     println!();

@@ -11,6 +11,10 @@
 # give the speed ratio (medians). FIND_CAP=1 also searches PyTorch's smallest
 # memory cap (default allocator and expandable segments) on the same batches;
 # TRAIN=0 skips the training runs (with FIND_CAP=1: the caps only);
+# ELASTIC=1 adds an elastic arena run (no capacity given) after each fixed
+# arena run (`--elastic`): tokens/s against the fixed arena's, peak mapped
+# against peak live (the Rust loop alone, without PyTorch:
+# `BIN --mem arena --elastic --repeat 3 --steps 50`);
 # MEMCHECK=1 runs two steps of the arena run under compute-sanitizer memcheck;
 # WORLD=2 (on a host with two GPUs, BIN built with `--features nccl`) trains
 # the same batches data-parallel, alternating with one-GPU arena runs
@@ -53,6 +57,7 @@ for P in ${PRECISIONS:-fp32 bf16}; do
     else
         python3 "$PY" train --init "$INIT" --precision "$P" --json "$OUT/torch_$P.json" "${extra_t[@]}" || status=1
     fi
+    [ "${ELASTIC:-0}" = 1 ] && extra_r+=(--elastic)
     "$BIN" --init "$INIT" --precision "$P" --repeat "${REPEAT:-3}" --json "$OUT/rust_$P.json" "${extra_r[@]}" || status=1
     python3 "$PY" compare --torch "$OUT/torch_$P.json" --rust "$OUT/rust_$P.json" "${tol[@]}" || status=1
   fi

@@ -8,7 +8,8 @@
 #                                 info, stage them into .gpu-stage/ and print
 #                                 how to run them on the CUDA machine
 #   scripts/gpu-suite.sh run      (on the CUDA machine) run the GPU tests, the
-#                                 GPU benches (moves, handles, spill), the
+#                                 GPU benches (moves, handles, spill,
+#                                 elastic_gpu), the
 #                                 examples (demo, train_mlp), the GPU trace
 #                                 replay (`cuarena replay --gpu`), the NCCL
 #                                 tests, and the GPU tests again under
@@ -20,7 +21,7 @@
 # Environment for `run` (all optional):
 #   SUITE_SKIP="bench racecheck"  parts to skip: tests nccl bench examples replay memcheck
 #                                 racecheck synccheck nccl-memcheck
-#   SUITE_BENCHES="moves handles spill"  GPU benches to run (default all three)
+#   SUITE_BENCHES="moves handles spill elastic_gpu"  GPU benches to run (default all four)
 #   SUITE_EXAMPLES="demo train_mlp"      examples to run (default these two)
 #   CUARENA_GPU_PROGRAMS          random arena programs in the plain test run (default 4000)
 #   CUARENA_BENCH_REPS            bench repetitions (default 10)
@@ -142,7 +143,7 @@ run() {
         step "nccl tests" nccl.log "$bin/test-all" nccl --include-ignored --test-threads=1 --nocapture
     fi
     if [[ $skip != *" bench "* ]]; then
-        for b in ${SUITE_BENCHES:-moves handles spill}; do
+        for b in ${SUITE_BENCHES:-moves handles spill elastic_gpu}; do
             local log=bench.log
             [ "$b" != moves ] && log="bench-$b.log"
             step "$b bench" "$log" "$bin/bench-$b" --bench
@@ -201,7 +202,7 @@ run() {
     done
     grep -hE "^device |end-to-end" "$out/bench.log" 2>/dev/null
     sed -n '/^moves bench/,$p' "$out/bench.log" 2>/dev/null
-    for log in bench-handles bench-spill; do
+    for log in bench-handles bench-spill bench-elastic_gpu; do
         [ -e "$out/$log.log" ] && { echo "-- $log"; grep -E '^\|' "$out/$log.log"; }
     done
     for ex in demo train_mlp; do

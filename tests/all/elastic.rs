@@ -428,3 +428,27 @@ fn the_host_backend_refuses_unmapped_bytes() {
     assert_eq!(b.unmap_to(GRANULE).unwrap(), GRANULE);
     assert!(b.read(GRANULE, &mut [0; 1]).is_err());
 }
+
+/// A trim right after storages were dropped (their blocks wait in the
+/// reclaim queue until the next allocation) gives their memory back too,
+/// as it does after plain frees. Found by the NCCL test of elastic arenas:
+/// `trim` computes its target from the live bytes before it drains that
+/// queue, so it counts the dropped blocks as live and unmaps nothing.
+#[test]
+#[ignore = "open: Arena::trim counts storages dropped since the last allocation as live (src/arena/elastic.rs)"]
+fn a_trim_after_dropped_storages_gives_their_memory_back() {
+    const MIB: u64 = 1 << 20;
+    let mut a = Arena::host(ArenaConfig::elastic().with_trim_window_us(0)).expect("arena");
+    let low = a.alloc_storage(2 * MIB).expect("low");
+    let fillers: Vec<_> = (0..8)
+        .map(|_| a.alloc_storage(32 * MIB).expect("filler"))
+        .collect();
+    let high = a.alloc_storage(2 * MIB).expect("high");
+    drop(fillers);
+    let given = a.trim().expect("trim");
+    let st = a.stats();
+    assert_eq!(st.allocated_bytes, 4 * MIB);
+    assert!(given >= 256 * MIB, "gave back {given} B");
+    assert!(st.capacity_bytes <= st.allocated_bytes + GRANULE.max(st.allocated_bytes / 100));
+    drop((low, high));
+}

@@ -23,27 +23,17 @@ mod moves;
 use std::sync::Arc;
 
 use cuarena::backend::cuda::cudarc::driver::CudaContext;
-use cuarena::backend::cuda::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
+use cuarena::backend::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::DType;
 use cuarena::StreamId;
 use cuarena::{graph, Arena, ArenaConfig, Error, Handle};
 use cuarena_testkit::gpu_available;
-use cuarena_testkit::{env_u64, load_kernels, TESTING_CU};
+use cuarena_testkit::{env_u64, gpu_arena, test_kernel, Gate};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-/// The kernels of `crates/cuarena-testkit/kernels/testing.cu`, loaded for `backend`.
-pub(crate) fn test_module(backend: &CudaBackend) -> Arc<CudaModule> {
-    load_kernels(
-        backend,
-        "crates/cuarena-testkit/kernels/testing.cu",
-        TESTING_CU,
-    )
-    .unwrap_or_else(|e| panic!("crates/cuarena-testkit/kernels/testing.cu: {e}"))
-}
 
 // ---- the arena on CUDA ------------------------------------------------------
 
@@ -62,27 +52,26 @@ fn launch_cfg(n: usize) -> LaunchConfig {
 }
 
 /// An arena whose tensor `x` (N f32s) sits above freed space, so that a
-/// compaction moves it; returns the arena, `x` and a live block below it.
-fn arena_with_a_movable_tensor() -> (Arena<CudaBackend>, Handle, Handle) {
-    let mut a = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
+/// compaction moves it; returns the arena, `x` and a live block below it
+/// (`None` where no GPU is usable, see [`gpu_arena`]).
+fn arena_with_a_movable_tensor() -> Option<(Arena<CudaBackend>, Handle, Handle)> {
+    let mut a = gpu_arena(ArenaConfig::new(64 * MIB))?;
     let low = a.alloc(MIB).expect("low");
     let fillers: Vec<Handle> = (0..8).map(|_| a.alloc(MIB).expect("filler")).collect();
     let x = a.alloc_dtype(DType::F32, N as u64).expect("x");
     for h in fillers {
         a.free(h).expect("free filler");
     }
-    (a, x, low)
+    Some((a, x, low))
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
-    if !gpu_available() {
+    let Some((mut a, x, _low)) = arena_with_a_movable_tensor() else {
         return;
-    }
-    let (mut a, x, _low) = arena_with_a_movable_tensor();
-    let module = test_module(a.backend());
-    let f = module.load_function("test_iota_f32").expect("kernel");
+    };
+    let f = test_kernel(a.backend(), "test_iota_f32");
     // Take the stream first: the view borrows the arena mutably.
     let stream = a.backend().stream().clone();
     {
@@ -119,12 +108,10 @@ fn a_kernel_on_the_arena_stream_then_a_compaction_keeps_the_tensor() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn work_on_a_second_stream_is_joined_before_the_compaction() {
-    if !gpu_available() {
+    let Some((mut a, x, _low)) = arena_with_a_movable_tensor() else {
         return;
-    }
-    let (mut a, x, _low) = arena_with_a_movable_tensor();
-    let module = test_module(a.backend());
-    let slow = module.load_function("test_slow_iota_f32").expect("kernel");
+    };
+    let slow = test_kernel(a.backend(), "test_slow_iota_f32");
     let other = a.backend().stream().context().new_stream().expect("stream");
     let s = a.register_stream(other.clone()).expect("register");
     assert_eq!(a.register_stream(other.clone()).expect("again"), s);
@@ -174,48 +161,6 @@ fn work_on_a_second_stream_is_joined_before_the_compaction() {
     a.free(y).expect("free y");
 }
 
-/// A gate on the arena stream: a kernel that holds the stream until the
-/// host opens it (a flag in page-locked host memory mapped for the
-/// device), or a timeout passes.
-pub(crate) struct Gate {
-    host: *mut u32,
-    pub(crate) device: u64,
-}
-
-impl Gate {
-    pub(crate) fn new() -> Self {
-        use cuarena::backend::cuda::cudarc::driver::{result, sys};
-        // SAFETY: a page-locked allocation of 4 bytes, mapped for the
-        // device; the context is current (the arena made it so).
-        let host = unsafe { result::malloc_host(4, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-            .expect("cuMemHostAlloc")
-            .cast::<u32>();
-        // SAFETY: `host` points to 4 writable bytes, ours.
-        unsafe { host.write_volatile(0) };
-        let mut device = 0;
-        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
-            .result()
-            .expect("cuMemHostGetDevicePointer");
-        Gate { host, device }
-    }
-
-    pub(crate) fn open(&self) {
-        // SAFETY: `host` is live until drop; the kernel only reads it.
-        unsafe { self.host.write_volatile(1) };
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-        // SAFETY: callers synchronise the stream of the gate kernel before
-        // dropping the gate (the kernel no longer reads it).
-        let _ =
-            unsafe { cuarena::backend::cuda::cudarc::driver::result::free_host(self.host.cast()) };
-    }
-}
-
 /// A compacting call never waits for work queued before it: with the
 /// arena stream held by a gate kernel, four compactions in a row (more
 /// than the staging buffers of one plan in flight, the first larger than
@@ -224,13 +169,10 @@ impl Drop for Gate {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn compactions_behind_queued_work_return_without_waiting() {
-    if !gpu_available() {
-        return;
-    }
     // 16 MiB: scratch sized at creation for plans of 4096 moves.
-    let mut a = Arena::cuda(ArenaConfig::new(16 * MIB), 0).expect("CUDA arena");
-    let module = test_module(a.backend());
-    let gate_fn = module.load_function("test_gate").expect("kernel");
+    let Some(mut a) = gpu_arena(ArenaConfig::new(16 * MIB)) else {
+        return;
+    };
     let n = 12_000usize;
     let blocks: Vec<Handle> = (0..n).map(|_| a.alloc(512).expect("block")).collect();
     let words = |i: usize| -> Vec<u32> { (0..128).map(|k| (i * 1000 + k) as u32).collect() };
@@ -240,23 +182,7 @@ fn compactions_behind_queued_work_return_without_waiting() {
     a.synchronize().expect("sync");
     let stats0 = a.backend().host_stats();
 
-    let gate = Gate::new();
-    let timeout_ns: u64 = 20_000_000_000;
-    let stream = a.backend().stream().clone();
-    {
-        let mut b = stream.launch_builder(&gate_fn);
-        b.arg(&gate.device).arg(&timeout_ns);
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: test_gate(const u32*, u64) reads the mapped flag only.
-        unsafe { b.launch(cfg) }.expect("launch");
-    }
-    let passed = stream.context().new_event(None).expect("event");
-    passed.record(&stream).expect("record");
-
+    let gate = Gate::hold(a.backend()).expect("gate");
     let t0 = std::time::Instant::now();
     let mut live: Vec<(usize, Handle)> = blocks.into_iter().enumerate().collect();
     let mut moves = Vec::new();
@@ -275,7 +201,7 @@ fn compactions_behind_queued_work_return_without_waiting() {
         moves.push(a.compact().expect("compact").moves);
     }
     let host = t0.elapsed();
-    let still_queued = !passed.try_is_complete().expect("query");
+    let still_queued = gate.closed().expect("query");
     let stats = a.backend().host_stats();
     gate.open();
     a.synchronize().expect("no kernel error");
@@ -315,16 +241,14 @@ fn compactions_behind_queued_work_return_without_waiting() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn kernels_resolve_handles_through_the_device_table() {
-    if !gpu_available() {
+    let Some((mut a, x, low)) = arena_with_a_movable_tensor() else {
         return;
-    }
-    let (mut a, x, low) = arena_with_a_movable_tensor();
+    };
     a.compact().expect("compact");
     let args = graph::handle_args(&mut a).expect("table");
     let (table, slots) = (args.table, args.slots);
     assert_ne!(table, 0);
-    let module = test_module(a.backend());
-    let f = module.load_function("test_iota_by_handle").expect("kernel");
+    let f = test_kernel(a.backend(), "test_iota_by_handle");
     let base = a.backend().region_ptr();
     let stream = a.backend().stream().clone();
     let flag = stream.clone_htod(&[0i32]).expect("flag");
@@ -363,10 +287,9 @@ fn kernels_resolve_handles_through_the_device_table() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn views_check_types_lengths_and_aliasing() {
-    if !gpu_available() {
+    let Some(mut a) = gpu_arena(ArenaConfig::new(4 * MIB)) else {
         return;
-    }
-    let mut a = Arena::cuda(ArenaConfig::new(4 * MIB), 0).expect("CUDA arena");
+    };
     let f = a.alloc_dtype(DType::F32, 100).expect("f32s");
     let g = a.alloc_dtype(DType::F32, 100).expect("f32s");
     let odd = a.alloc(10).expect("bytes");

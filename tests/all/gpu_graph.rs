@@ -20,7 +20,7 @@ use cuarena::backend::cuda::CudaBackend;
 use cuarena::graph::{self, ArenaGraph};
 use cuarena::DType;
 use cuarena::{Arena, ArenaConfig, Error, Handle};
-use cuarena_testkit::gpu_available;
+use cuarena_testkit::gpu_arena;
 use cuarena_testkit::{load_kernels, GRAPH_TEST_CU};
 
 const KIB: u64 = 1 << 10;
@@ -29,7 +29,7 @@ const MIB: u64 = 1 << 20;
 const N: usize = 1 << 16;
 
 /// The kernels of `crates/cuarena-testkit/kernels/graph_test.cu`.
-struct Kernels {
+pub(crate) struct Kernels {
     _module: Arc<CudaModule>,
     raw_add: CudaFunction,
     raw_mul: CudaFunction,
@@ -71,34 +71,34 @@ fn cfg() -> LaunchConfig {
 /// The graph's tensors: t1 = a + b; t2 = t1 * c; acc += t2 (err counts
 /// handles the checked kernel refused).
 #[derive(Clone, Copy)]
-struct Tensors {
-    a: Handle,
-    b: Handle,
-    c: Handle,
-    t1: Handle,
-    t2: Handle,
-    acc: Handle,
-    err: Handle,
+pub(crate) struct Tensors {
+    pub(crate) a: Handle,
+    pub(crate) b: Handle,
+    pub(crate) c: Handle,
+    pub(crate) t1: Handle,
+    pub(crate) t2: Handle,
+    pub(crate) acc: Handle,
+    pub(crate) err: Handle,
 }
 
 impl Tensors {
-    fn all(&self) -> [Handle; 7] {
+    pub(crate) fn all(&self) -> [Handle; 7] {
         [self.a, self.b, self.c, self.t1, self.t2, self.acc, self.err]
     }
 }
 
 /// What the host expects the tensors to hold.
-struct Model {
-    a: Vec<f32>,
-    b: Vec<f32>,
-    c: Vec<f32>,
-    t1: Vec<f32>,
-    t2: Vec<f32>,
-    acc: Vec<f32>,
+pub(crate) struct Model {
+    pub(crate) a: Vec<f32>,
+    pub(crate) b: Vec<f32>,
+    pub(crate) c: Vec<f32>,
+    pub(crate) t1: Vec<f32>,
+    pub(crate) t2: Vec<f32>,
+    pub(crate) acc: Vec<f32>,
 }
 
 impl Model {
-    fn new() -> Model {
+    pub(crate) fn new() -> Model {
         // Small integers and halves: every sum and product is exact in f32,
         // so the device's results must match bit for bit.
         Model {
@@ -112,7 +112,7 @@ impl Model {
     }
 
     /// One replay of the graph.
-    fn step(&mut self) {
+    pub(crate) fn step(&mut self) {
         for i in 0..N {
             self.t1[i] = self.a[i] + self.b[i];
             self.t2[i] = self.t1[i] * self.c[i];
@@ -140,13 +140,38 @@ fn compare(arena: &mut Arena<CudaBackend>, t: &Tensors, m: &Model) -> (usize, us
     )
 }
 
-fn assert_correct(arena: &mut Arena<CudaBackend>, t: &Tensors, m: &Model, when: &str) {
+pub(crate) fn assert_correct(arena: &mut Arena<CudaBackend>, t: &Tensors, m: &Model, when: &str) {
     let (t1, t2, acc, err) = compare(arena, t, m);
     println!("{when}: mismatches t1 {t1}, t2 {t2}, acc {acc}; refused handles {err}");
     assert_eq!((t1, t2, acc, err), (0, 0, 0, 0), "{when}");
 }
 
-fn offsets(arena: &Arena<CudaBackend>, t: &Tensors) -> Vec<u64> {
+/// A full compaction that must move every tensor of `t`.
+fn compact_moving_all(arena: &mut Arena<CudaBackend>, t: &Tensors, when: &str) {
+    let before = offsets(arena, t);
+    arena.compact().expect("compact");
+    let after = offsets(arena, t);
+    println!("{when}: offsets {before:?} -> {after:?}");
+    assert_eq!(moved(&before, &after), 7, "{when}: every tensor moved");
+}
+
+/// Replays `g` `times` times (the model steps along), then checks.
+fn replay_and_check(
+    arena: &mut Arena<CudaBackend>,
+    g: &ArenaGraph,
+    (t, m): (&Tensors, &mut Model),
+    times: usize,
+    when: &str,
+) {
+    for _ in 0..times {
+        g.launch(arena).expect("replay");
+        m.step();
+    }
+    let s = if times == 1 { "" } else { "s" };
+    assert_correct(arena, t, m, &format!("{when}, {times} replay{s}"));
+}
+
+pub(crate) fn offsets(arena: &Arena<CudaBackend>, t: &Tensors) -> Vec<u64> {
     t.all()
         .iter()
         .map(|&h| arena.info(h).expect("info").offset)
@@ -154,14 +179,17 @@ fn offsets(arena: &Arena<CudaBackend>, t: &Tensors) -> Vec<u64> {
 }
 
 /// How many of the graph's tensors moved between two `offsets` snapshots.
-fn moved(before: &[u64], after: &[u64]) -> usize {
+pub(crate) fn moved(before: &[u64], after: &[u64]) -> usize {
     before.iter().zip(after).filter(|(b, a)| b != a).count()
 }
 
 /// The layout of the tests: four 64 KiB blocks at the bottom (`low`, freed
 /// one per round so the tensors above slide down), then the tensors with a
 /// 64 KiB filler before each.
-fn setup(arena: &mut Arena<CudaBackend>, m: &Model) -> (Tensors, Vec<Handle>, Vec<Handle>) {
+pub(crate) fn setup(
+    arena: &mut Arena<CudaBackend>,
+    m: &Model,
+) -> (Tensors, Vec<Handle>, Vec<Handle>) {
     let low: Vec<Handle> = (0..4)
         .map(|_| arena.alloc(64 * KIB).expect("low"))
         .collect();
@@ -194,7 +222,11 @@ fn setup(arena: &mut Arena<CudaBackend>, m: &Model) -> (Tensors, Vec<Handle>, Ve
 }
 
 /// The three kernels through handles, captured once.
-fn capture_handles(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> ArenaGraph {
+pub(crate) fn capture_handles(
+    arena: &mut Arena<CudaBackend>,
+    k: &Kernels,
+    t: &Tensors,
+) -> ArenaGraph {
     let n = N as u32;
     ArenaGraph::capture(arena, |cap| {
         // SAFETY: h_add(CuarenaTable, out, x, y, u32 n) and h_mul write n
@@ -213,7 +245,7 @@ fn capture_handles(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> 
 }
 
 /// The same kernels with the addresses the blocks have now.
-fn capture_raw(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> ArenaGraph {
+pub(crate) fn capture_raw(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> ArenaGraph {
     let base = arena.backend().region_ptr();
     let at = |h: Handle| base + arena.resolve(h).expect("resolve");
     let (a, b, c) = (at(t.a), at(t.b), at(t.c));
@@ -240,47 +272,73 @@ fn capture_raw(arena: &mut Arena<CudaBackend>, k: &Kernels, t: &Tensors) -> Aren
     .expect("capture with raw addresses")
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored"]
-fn graph_through_handles_survives_compactions() {
-    if !gpu_available() {
-        return;
-    }
-    let mut arena = Arena::cuda(ArenaConfig::new(16 * MIB), 0).expect("CUDA arena");
-    let mut m = Model::new();
+/// An arena of `config` with the tensors of [`setup`] holding the
+/// model's inputs, the kernels, and the graph captured through handles.
+pub(crate) struct Fixture {
+    pub(crate) arena: Arena<CudaBackend>,
+    pub(crate) m: Model,
+    pub(crate) t: Tensors,
+    pub(crate) low: Vec<Handle>,
+    pub(crate) fillers: Vec<Handle>,
+    pub(crate) k: Kernels,
+    pub(crate) g: ArenaGraph,
+}
+
+/// The [`Fixture`] on a CUDA arena of `config`, or `None` where no GPU is
+/// usable (see [`gpu_arena`]).
+pub(crate) fn fixture(config: ArenaConfig) -> Option<Fixture> {
+    let mut arena = gpu_arena(config)?;
+    let m = Model::new();
     let (t, low, fillers) = setup(&mut arena, &m);
     let k = Kernels::load(&arena);
     let g = capture_handles(&mut arena, &k, &t);
+    Some(Fixture {
+        arena,
+        m,
+        t,
+        low,
+        fillers,
+        k,
+        g,
+    })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
+fn graph_through_handles_survives_compactions() {
+    let Some(Fixture {
+        mut arena,
+        mut m,
+        t,
+        low,
+        fillers,
+        k,
+        g,
+    }) = fixture(ArenaConfig::new(16 * MIB))
+    else {
+        return;
+    };
     assert_eq!(g.handles().len(), 7);
     let table = g.table().table;
 
     // Round 0: as captured, replayed twice.
-    for _ in 0..2 {
-        g.launch(&mut arena).expect("replay");
-        m.step();
-    }
-    assert_correct(
+    replay_and_check(
         &mut arena,
-        &t,
-        &m,
-        "round 0 (before any compaction), 2 replays",
+        &g,
+        (&t, &mut m),
+        2,
+        "round 0 (before any compaction)",
     );
 
     // Round 1: free the fillers and the lowest block, compact fully: every
     // tensor slides down. New input data.
-    let before = offsets(&arena, &t);
     for h in fillers.iter().chain(&low[..1]) {
         arena.free(*h).expect("free");
     }
-    arena.compact().expect("compact");
-    let after = offsets(&arena, &t);
-    println!("round 1: offsets {before:?} -> {after:?}");
-    assert_eq!(moved(&before, &after), 7, "every tensor moved");
+    compact_moving_all(&mut arena, &t, "round 1");
     m.a = (0..N).map(|i| (i % 31) as f32 + 2.0).collect();
     arena.write(t.a, &m.a).expect("a");
-    g.launch(&mut arena).expect("replay");
-    m.step();
-    assert_correct(&mut arena, &t, &m, "round 1 (full compaction), 1 replay");
+    replay_and_check(&mut arena, &g, (&t, &mut m), 1, "round 1 (full compaction)");
 
     // Round 2: the rest of the arena taken by one unrelated block, a 64 KiB
     // hole left after the tensors and another below them (the last low
@@ -309,15 +367,12 @@ fn graph_through_handles_survives_compactions() {
     for h in [low[1], low[2], wall] {
         arena.unpin(h).expect("unpin");
     }
-    for _ in 0..3 {
-        g.launch(&mut arena).expect("replay");
-        m.step();
-    }
-    assert_correct(
+    replay_and_check(
         &mut arena,
-        &t,
-        &m,
-        "round 2 (targeted compaction), 3 replays",
+        &g,
+        (&t, &mut m),
+        3,
+        "round 2 (targeted compaction)",
     );
 
     // Round 3: free the wall and a low block, a few fresh allocations of
@@ -329,14 +384,8 @@ fn graph_through_handles_survives_compactions() {
         .collect();
     m.c = (0..N).map(|i| (i % 5) as f32 + 0.5).collect();
     arena.write(t.c, &m.c).expect("c");
-    let before = offsets(&arena, &t);
-    arena.compact().expect("compact");
-    let after = offsets(&arena, &t);
-    println!("round 3: offsets {before:?} -> {after:?}");
-    assert_eq!(moved(&before, &after), 7, "every tensor moved");
-    g.launch(&mut arena).expect("replay");
-    m.step();
-    assert_correct(&mut arena, &t, &m, "round 3 (full compaction), 1 replay");
+    compact_moving_all(&mut arena, &t, "round 3");
+    replay_and_check(&mut arena, &g, (&t, &mut m), 1, "round 3 (full compaction)");
 
     // Round 4: the last low block, the 128 KiB block and every other fresh
     // block freed; full compaction.
@@ -345,16 +394,8 @@ fn graph_through_handles_survives_compactions() {
     for h in fresh.iter().step_by(2) {
         arena.free(*h).expect("free");
     }
-    let before = offsets(&arena, &t);
-    arena.compact().expect("compact");
-    let after = offsets(&arena, &t);
-    println!("round 4: offsets {before:?} -> {after:?}");
-    assert_eq!(moved(&before, &after), 7, "every tensor moved");
-    for _ in 0..2 {
-        g.launch(&mut arena).expect("replay");
-        m.step();
-    }
-    assert_correct(&mut arena, &t, &m, "round 4 (full compaction), 2 replays");
+    compact_moving_all(&mut arena, &t, "round 4");
+    replay_and_check(&mut arena, &g, (&t, &mut m), 2, "round 4 (full compaction)");
     assert_eq!(g.table().table, table);
     assert_eq!(
         arena.backend().table_ptr(),
@@ -380,14 +421,18 @@ fn graph_through_handles_survives_compactions() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn graph_with_raw_addresses_is_wrong_after_a_compaction() {
-    if !gpu_available() {
+    let Some(Fixture {
+        mut arena,
+        mut m,
+        t,
+        fillers,
+        k,
+        g: by_handle,
+        ..
+    }) = fixture(ArenaConfig::new(16 * MIB))
+    else {
         return;
-    }
-    let mut arena = Arena::cuda(ArenaConfig::new(16 * MIB), 0).expect("CUDA arena");
-    let mut m = Model::new();
-    let (t, _low, fillers) = setup(&mut arena, &m);
-    let k = Kernels::load(&arena);
-    let by_handle = capture_handles(&mut arena, &k, &t);
+    };
     let raw = capture_raw(&mut arena, &k, &t);
 
     // Before any compaction both are right.
@@ -399,12 +444,10 @@ fn graph_with_raw_addresses_is_wrong_after_a_compaction() {
     assert_correct(&mut arena, &t, &m, "handles, before compaction");
 
     // One compaction moves every tensor.
-    let before = offsets(&arena, &t);
     for h in &fillers {
         arena.free(*h).expect("free");
     }
-    arena.compact().expect("compact");
-    assert_eq!(moved(&before, &offsets(&arena, &t)), 7);
+    compact_moving_all(&mut arena, &t, "one compaction");
 
     by_handle.launch(&mut arena).expect("replay");
     m.step();
@@ -425,20 +468,24 @@ fn graph_with_raw_addresses_is_wrong_after_a_compaction() {
     );
 }
 
+/// `x`, `y` and `out` of `h_add`, `n` floats each, `x` and `y` filled.
+fn add_operands(arena: &mut Arena<CudaBackend>, n: usize, x: f32, y: f32) -> [Handle; 3] {
+    let [hx, hy, out] =
+        ["x", "y", "out"].map(|what| arena.alloc_dtype(DType::F32, n as u64).expect(what));
+    arena.write(hx, &vec![x; n]).expect("x");
+    arena.write(hy, &vec![y; n]).expect("y");
+    [hx, hy, out]
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
-    if !gpu_available() {
+    let Some(mut arena) = gpu_arena(ArenaConfig::new(64 * MIB)) else {
         return;
-    }
-    let mut arena = Arena::cuda(ArenaConfig::new(64 * MIB), 0).expect("CUDA arena");
+    };
     let k = Kernels::load(&arena);
     let n = 1024usize;
-    let x = arena.alloc_dtype(DType::F32, n as u64).expect("x");
-    let y = arena.alloc_dtype(DType::F32, n as u64).expect("y");
-    let out = arena.alloc_dtype(DType::F32, n as u64).expect("out");
-    arena.write(x, &vec![1.5f32; n]).expect("x");
-    arena.write(y, &vec![2.0f32; n]).expect("y");
+    let [x, y, out] = add_operands(&mut arena, n, 1.5, 2.0);
     let nu = n as u32;
     let capture = |arena: &mut Arena<CudaBackend>, slots: usize| {
         ArenaGraph::capture_reserving(arena, slots, |cap| {
@@ -484,18 +531,13 @@ fn replay_refuses_a_moved_table_and_reserving_prevents_it() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored"]
 fn replay_brings_spilled_handles_back() {
-    if !gpu_available() {
-        return;
-    }
     let config = ArenaConfig::new(4 * MIB).with_spill_host_bytes(16 * MIB);
-    let mut arena = Arena::cuda(config, 0).expect("CUDA arena");
+    let Some(mut arena) = gpu_arena(config) else {
+        return;
+    };
     let k = Kernels::load(&arena);
     let n = N;
-    let x = arena.alloc_dtype(DType::F32, n as u64).expect("x");
-    let y = arena.alloc_dtype(DType::F32, n as u64).expect("y");
-    let out = arena.alloc_dtype(DType::F32, n as u64).expect("out");
-    arena.write(x, &vec![1.0f32; n]).expect("x");
-    arena.write(y, &vec![0.25f32; n]).expect("y");
+    let [x, y, out] = add_operands(&mut arena, n, 1.0, 0.25);
     let nu = n as u32;
     let g = ArenaGraph::capture(&mut arena, |cap| {
         // SAFETY: h_add writes n floats of out, reads n of x and y.

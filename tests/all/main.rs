@@ -25,6 +25,8 @@ mod guarantee;
 mod model;
 #[cfg(feature = "nccl")]
 mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_elastic;
 mod pins;
 mod shared;
 mod spill;

@@ -18,7 +18,7 @@ use cuarena::DType;
 use cuarena_testkit::gpu_available;
 
 /// GPUs visible, or `None` (after printing why) when NCCL tests cannot run.
-fn gpus() -> Option<usize> {
+pub(crate) fn gpus() -> Option<usize> {
     if !gpu_available() {
         return None;
     }
@@ -354,36 +354,21 @@ fn rank_that_dies_or_survives(rank: usize, id: UniqueId) {
     println!("rank 0: arena consistent after the peer died ({waited:?})");
 }
 /// One GPU's arena for the arena tests, with its communication stream.
-struct ArenaRank {
-    arena: cuarena::Arena<cuarena::backend::cuda::CudaBackend>,
-    comm_stream: cuarena::StreamId,
-    filler: Vec<cuarena::Storage>,
+pub(crate) struct ArenaRank {
+    pub(crate) arena: cuarena::Arena<cuarena::backend::cuda::CudaBackend>,
+    pub(crate) comm_stream: cuarena::StreamId,
+    pub(crate) filler: Vec<cuarena::Storage>,
 }
 
-/// Drops every other filler block and allocates larger ones, so that the
-/// arena has to compact (targeted), then compacts fully too.
-fn churn(r: &mut ArenaRank, round: usize) {
-    let mut k = 0;
-    r.filler.retain(|_| {
-        k += 1;
-        k % 2 == round % 2
-    });
-    for _ in 0..8 {
-        let bytes = (64 << 10) * (1 + (round % 3) as u64);
-        r.filler.push(r.arena.alloc_storage(bytes).expect("filler"));
-    }
-    r.arena.compact().expect("compact");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored"]
-fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
-    use cuarena::{Arena, ArenaConfig};
-    let Some(n) = gpus() else { return };
-    let mut ranks: Vec<ArenaRank> = (0..n)
+/// An arena of `config` on each of `n` GPUs, each with a stream registered
+/// for its communicator, and the communicators (one process, `n` ranks).
+pub(crate) fn arena_ranks(
+    n: usize,
+    config: &cuarena::ArenaConfig,
+) -> (Vec<ArenaRank>, Vec<Communicator>) {
+    let ranks: Vec<ArenaRank> = (0..n)
         .map(|i| {
-            // Tight: the fillers fragment it and force compactions.
-            let mut arena = Arena::cuda(ArenaConfig::new(24 << 20), i).expect("arena");
+            let mut arena = cuarena::Arena::cuda(config.clone(), i).expect("arena");
             let s = arena.backend().context().new_stream().expect("stream");
             let comm_stream = arena.register_stream(s).expect("register");
             ArenaRank {
@@ -404,6 +389,30 @@ fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
         })
         .collect();
     let comms = Communicator::init_all(streams, Duration::from_secs(60)).expect("init_all");
+    (ranks, comms)
+}
+
+/// Drops every other filler block and allocates larger ones, so that the
+/// arena has to compact (targeted), then compacts fully too.
+fn churn(r: &mut ArenaRank, round: usize) {
+    let mut k = 0;
+    r.filler.retain(|_| {
+        k += 1;
+        k % 2 == round % 2
+    });
+    for _ in 0..8 {
+        let bytes = (64 << 10) * (1 + (round % 3) as u64);
+        r.filler.push(r.arena.alloc_storage(bytes).expect("filler"));
+    }
+    r.arena.compact().expect("compact");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored"]
+fn collectives_on_arena_tensors_survive_compactions_on_every_rank() {
+    let Some(n) = gpus() else { return };
+    // Tight: the fillers fragment it and force compactions.
+    let (mut ranks, comms) = arena_ranks(n, &cuarena::ArenaConfig::new(24 << 20));
     let len = 1 << 18; // 2 MiB of i64
     let mut moved_before = vec![0u64; n];
     for round in 0..12 {

@@ -21,8 +21,14 @@ OPTIONS:
   --steps N            train the first N steps (default: all)
   --precision P        fp32 (default) or bf16 (GEMM operands in bf16,
                        f32 accumulation, as autocast)
-  --mem M              arena, plain (cudarc allocations) or both (default:
-                       both, arena first; plain is the speed baseline)
+  --mem M              arena, plain (cudarc allocations), elastic or both
+                       (default: both, arena first; plain is the speed
+                       baseline)
+  --elastic            also run on an elastic arena (no capacity given:
+                       it maps memory as the blocks need it and gives it
+                       back), after each fixed arena run: tokens/s against
+                       the fixed arena, and its peak mapped bytes against
+                       its peak live bytes
   --headroom X         arena capacity over the run's peak live bytes
                        (default 1.0)
   --json FILE          write losses, gradient norms, speed and memory
@@ -50,6 +56,8 @@ Without a CUDA GPU the run says so and exits 0.";
 pub enum Mem {
     Arena,
     Plain,
+    /// An arena with no capacity (`ArenaConfig::elastic()`).
+    Elastic,
 }
 
 impl Mem {
@@ -57,6 +65,7 @@ impl Mem {
         match self {
             Mem::Arena => "arena",
             Mem::Plain => "plain",
+            Mem::Elastic => "elastic",
         }
     }
 }
@@ -76,6 +85,22 @@ impl Mems {
     }
 }
 
+impl Settings {
+    /// The runs of one round, in order: `--mem`'s, with `--elastic` the
+    /// elastic arena's right after the fixed arena's (or last).
+    pub fn mems(&self) -> Vec<Mem> {
+        let mut list = self.mem.list();
+        if self.elastic && !list.contains(&Mem::Elastic) {
+            let at = list
+                .iter()
+                .position(|&m| m == Mem::Arena)
+                .map_or(list.len(), |i| i + 1);
+            list.insert(at, Mem::Elastic);
+        }
+        list
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub init: Option<PathBuf>,
@@ -87,6 +112,8 @@ pub struct Settings {
     pub check_grads: Option<PathBuf>,
     pub every: usize,
     pub repeat: usize,
+    /// `--elastic`: an elastic arena run beside the others.
+    pub elastic: bool,
     pub world: usize,
     pub seed: u64,
     pub dry: bool,
@@ -127,6 +154,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
         check_grads: None,
         every: 10,
         repeat: 1,
+        elastic: false,
         world: 1,
         seed: 0,
         dry: false,
@@ -153,8 +181,11 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
                 s.mem = match text(p.value()?, "--mem")?.as_str() {
                     "arena" => Mems::One(Mem::Arena),
                     "plain" => Mems::One(Mem::Plain),
+                    "elastic" => Mems::One(Mem::Elastic),
                     "both" => Mems::Both,
-                    other => return Err(format!("--mem `{other}`: arena, plain or both").into()),
+                    other => {
+                        return Err(format!("--mem `{other}`: arena, plain, elastic or both").into())
+                    }
                 }
             }
             Long("headroom") => {
@@ -184,6 +215,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
                     return Err(format!("--world {}: give 1 to 16", s.world).into());
                 }
             }
+            Long("elastic") => s.elastic = true,
             Long("seed") => s.seed = num(p.value()?, "--seed")?,
             Long("dry") => s.dry = true,
             Short('h') | Long("help") => return Ok(None),
@@ -198,8 +230,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Res<Option<Settings>> 
             )
             .into());
         }
-        if s.mem == Mems::One(Mem::Plain) {
-            return Err("--world runs on arenas: drop `--mem plain`".into());
+        if matches!(s.mem, Mems::One(Mem::Plain | Mem::Elastic)) {
+            return Err("--world runs on fixed arenas: give `--mem arena` or `both`".into());
         }
     }
     Ok(Some(s))
@@ -218,7 +250,7 @@ mod tests {
         for (a, want) in [
             (&["--steps", "0"][..], "--steps"),
             (&["--precision", "fp16"][..], "fp32 or bf16"),
-            (&["--mem", "cuda"][..], "arena, plain or both"),
+            (&["--mem", "cuda"][..], "arena, plain, elastic or both"),
             (&["--headroom", "0.5"][..], "--headroom"),
             (&["--every", "x"][..], "--every"),
             (&["--json", "--dry"][..], "looks like an option"),
@@ -239,5 +271,16 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(s.bf16 && s.mem == Mems::One(Mem::Arena) && s.steps == Some(5));
+        assert_eq!(s.mems(), vec![Mem::Arena]);
+        let both = |a: &[&str]| parse(args(a)).unwrap().unwrap().mems();
+        assert_eq!(
+            both(&["--elastic"]),
+            vec![Mem::Arena, Mem::Elastic, Mem::Plain]
+        );
+        assert_eq!(
+            both(&["--mem", "plain", "--elastic"]),
+            vec![Mem::Plain, Mem::Elastic]
+        );
+        assert_eq!(both(&["--mem", "elastic"]), vec![Mem::Elastic]);
     }
 }

@@ -56,7 +56,18 @@ pub struct Cuda {
 impl Cuda {
     /// The arena of `capacity` bytes on device `ordinal`.
     pub fn arena(ordinal: usize, capacity: u64) -> Res<Self> {
-        let arena = Arena::cuda(ArenaConfig::new(capacity), ordinal)?;
+        Self::on_arena(ordinal, ArenaConfig::new(capacity))
+    }
+
+    /// An elastic arena on device `ordinal`: no capacity given, memory
+    /// mapped as the blocks need it and given back by the automatic trim
+    /// (its default window).
+    pub fn elastic(ordinal: usize) -> Res<Self> {
+        Self::on_arena(ordinal, ArenaConfig::elastic())
+    }
+
+    fn on_arena(ordinal: usize, config: ArenaConfig) -> Res<Self> {
+        let arena = Arena::cuda(config, ordinal)?;
         let ctx = arena.backend().context().clone();
         let stream = arena.backend().stream().clone();
         let arch = arena.backend().arch().to_owned();

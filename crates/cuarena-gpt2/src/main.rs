@@ -137,10 +137,11 @@ fn run(s: &Settings) -> Res<()> {
     #[cfg(feature = "nccl")]
     let mut world_runs = Vec::new();
     for _ in 0..s.repeat {
-        for mem in s.mem.list() {
+        for mem in s.mems() {
             let mut d = match mem {
                 Mem::Arena => cuda::Cuda::arena(0, capacity)?,
                 Mem::Plain => cuda::Cuda::plain()?,
+                Mem::Elastic => cuda::Cuda::elastic(0)?,
             };
             runs.push(train_on(&mut d, mem, mem.name(), &lay, &start, &whole, s)?);
         }

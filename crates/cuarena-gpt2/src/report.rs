@@ -101,6 +101,17 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
     println!("| --- | --- | --- | --- | --- |");
     for r in runs {
         let memory = match &r.stats {
+            Some(st) if r.mem == Mem::Elastic => format!(
+                "elastic arena, no capacity: peak mapped {} = {:.4} x its peak live {}; {} trims; {} compactions ({} targeted, {} full), {} moved",
+                fmt_bytes(st.peak_mapped_bytes),
+                st.peak_mapped_bytes as f64 / st.peak_allocated_bytes.max(1) as f64,
+                fmt_bytes(st.peak_allocated_bytes),
+                st.trims,
+                st.targeted_compactions + st.full_compactions,
+                st.targeted_compactions,
+                st.full_compactions,
+                fmt_bytes(st.bytes_moved)
+            ),
             Some(st) => format!(
                 "arena {} = {:.4} x peak live {}; {} compactions ({} targeted, {} full), {} moved",
                 fmt_bytes(capacity),
@@ -156,14 +167,7 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
             b.staging_time.as_secs_f64() * 1e3
         );
     }
-    let med = |m: Mem| {
-        median(
-            runs.iter()
-                .filter(|r| r.mem == m)
-                .map(Run::tokens_per_s)
-                .collect(),
-        )
-    };
+    let med = |m: Mem| median_tokens_per_s(runs, m);
     let first = |m: Mem| runs.iter().find(|r| r.mem == m);
     if let (Some(a), Some(p), Some(ta), Some(tp)) = (
         first(Mem::Arena),
@@ -180,6 +184,7 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
             ta / tp
         );
     }
+    elastic_summary(s, runs);
     if let Some(path) = &s.json {
         let run_json = |r: &Run| {
             json!({
@@ -190,6 +195,9 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
                 "time_s": r.time_s,
                 "tokens": r.tokens,
                 "bytes_moved": r.stats.as_ref().map(|st| st.bytes_moved),
+                "peak_live_bytes": r.stats.as_ref().map(|st| st.peak_allocated_bytes),
+                "peak_mapped_bytes": r.stats.as_ref().filter(|_| r.mem == Mem::Elastic).map(|st| st.peak_mapped_bytes),
+                "trims": r.stats.as_ref().filter(|_| r.mem == Mem::Elastic).map(|st| st.trims),
                 "compactions": r.stats.as_ref().map(|st| st.targeted_compactions + st.full_compactions),
                 "grad_check": r.grads,
                 "backend_buffers_grown": r.backend.map(|b| b.buffers_grown),
@@ -200,7 +208,7 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
         };
         let first = runs.first().ok_or("no run")?;
         let doc = json!({
-            "tokens_per_s_median": { "arena": med(Mem::Arena), "plain": med(Mem::Plain) },
+            "tokens_per_s_median": { "arena": med(Mem::Arena), "plain": med(Mem::Plain), "elastic": med(Mem::Elastic) },
             "precision": if s.bf16 { "bf16" } else { "fp32" },
             "steps": steps,
             "losses": first.losses,
@@ -215,6 +223,49 @@ pub fn finish(s: &Settings, start: &Start, peak: u64, capacity: u64, runs: &[Run
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The median tokens/s of the runs on `m`.
+fn median_tokens_per_s(runs: &[Run], m: Mem) -> Option<f64> {
+    median(
+        runs.iter()
+            .filter(|r| r.mem == m)
+            .map(Run::tokens_per_s)
+            .collect(),
+    )
+}
+
+/// Issue 34's figures for an elastic run: tokens/s against the fixed
+/// arena's (medians of the alternating runs; target at least 0.99 of it),
+/// and each elastic run's peak mapped bytes against its own peak live
+/// bytes (target: at most peak live + max(2 MiB, 1% of it)).
+fn elastic_summary(s: &Settings, runs: &[Run]) {
+    let med = |m: Mem| median_tokens_per_s(runs, m);
+    if let (Some(te), Some(ta)) = (med(Mem::Elastic), med(Mem::Arena)) {
+        let ratio = te / ta;
+        let losses = |m: Mem| runs.iter().find(|r| r.mem == m).map(|r| &r.losses);
+        let diff = match (losses(Mem::Elastic), losses(Mem::Arena)) {
+            (Some(e), Some(a)) => max_rel_diff(e, a, usize::MAX),
+            _ => f32::NAN,
+        };
+        println!(
+            "elastic / fixed arena tokens/s (medians of {} alternating runs each): {te:.0} / {ta:.0} = {ratio:.4} (target >= 0.99: {}); largest relative loss difference: {diff:.2e}",
+            s.repeat,
+            if ratio >= 0.99 { "met" } else { "MISSED" }
+        );
+    }
+    for (i, r) in runs.iter().filter(|r| r.mem == Mem::Elastic).enumerate() {
+        let Some(st) = &r.stats else { continue };
+        let (mapped, live) = (st.peak_mapped_bytes, st.peak_allocated_bytes);
+        let allowed = live + (2u64 << 20).max(live / 100);
+        println!(
+            "[elastic run {}] peak mapped {mapped} B, peak live {live} B: {} B above it, {} B allowed (max(2 MiB, 1%)): {}",
+            i + 1,
+            mapped.saturating_sub(live),
+            allowed - live,
+            if mapped <= allowed { "met" } else { "MISSED" }
+        );
+    }
 }
 
 #[cfg(test)]

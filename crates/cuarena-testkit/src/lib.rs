@@ -2,16 +2,21 @@
 //! deterministic generator ([`Rng`]), [`median`], plan builders, the GPU
 //! check that skips or fails ([`usable`], `gpu_available`), the
 //! multi-thread stress harness ([`stress`]), and, with features, the test
-//! kernels (`cuda`) and trace inputs (`trace`). A dev-dependency of the
+//! kernels, the gate kernel and the event timer (`cuda`) and trace inputs
+//! (`trace`). A dev-dependency of the
 //! workspace's crates; never published.
 
 use cuarena::plan::{Move, Plan, PlanKind};
 
+#[cfg(feature = "cuda")]
+mod cuda_tools;
 mod gpu;
 pub mod stress;
 #[cfg(feature = "trace")]
 pub mod trace;
 
+#[cfg(feature = "cuda")]
+pub use cuda_tools::*;
 #[cfg(feature = "cuda")]
 pub use gpu::cuda::*;
 pub use gpu::{forced, usable};
@@ -80,6 +85,23 @@ pub fn mv(src: u64, dst: u64, len: u64) -> Move {
         dst,
         len,
     }
+}
+
+/// Blocks of 1 MiB, 2 MiB, ... 1 GiB, four times over (8 GiB in 44
+/// blocks) from offset 0, each moved up by `shift` bytes: the large moves
+/// of the GPU move benches. Returns the moves and their bytes.
+pub fn ladder_moves(shift: u64) -> (Vec<Move>, u64) {
+    let mut moves = Vec::new();
+    let mut off = 0;
+    for _ in 0..4 {
+        let mut size = 1 << 20;
+        while size <= 1 << 30 {
+            moves.push(mv(off, off + shift, size));
+            off += size;
+            size *= 2;
+        }
+    }
+    (moves, off)
 }
 
 /// A full plan of `waves` in order, empty ones left out.

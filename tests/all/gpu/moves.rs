@@ -8,7 +8,7 @@ mod bad_plans;
 
 use std::sync::Arc;
 
-use super::{test_module, GIB, KIB, MIB};
+use super::{GIB, KIB, MIB};
 use cuarena::backend::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -16,6 +16,7 @@ use cuarena::backend::cuda::{CudaBackend, CudaCapacity, CudaOptions};
 use cuarena::backend::Backend;
 use cuarena::plan::Plan;
 use cuarena_testkit::gpu_available;
+use cuarena_testkit::test_module;
 use cuarena_testkit::{bytes, env_u64, mv, plan_of, Rng};
 
 fn max_block() -> u64 {

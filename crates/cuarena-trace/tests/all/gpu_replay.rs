@@ -14,32 +14,11 @@ use cuarena_testkit::gpu_available;
 fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
     use cuarena_trace::gpu::replay::{replay_gpu, GpuReplayOptions};
     use cuarena_trace::trace::replay::Outcome;
-    use cuarena_trace::trace::{Op, Ops};
     if !gpu_available() {
         return;
     }
     // Sizes 256 B..1 MiB; frees in random order keep ~64 MiB live.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let (mut ops, mut live, mut live_bytes, mut next) = (Vec::new(), Vec::new(), 0u64, 0u32);
-    while ops.len() < 6000 {
-        let size = (1 + rnd() % 4096) * 256;
-        while live_bytes + size > 64 << 20 {
-            let (id, s): (u32, u64) = live.swap_remove((rnd() as usize) % live.len());
-            live_bytes -= s;
-            ops.push(Op::Free { id });
-        }
-        ops.push(Op::Alloc { id: next, size });
-        live.push((next, size));
-        live_bytes += size;
-        next += 1;
-    }
-    let ops = Ops::from_ops(ops);
+    let ops = crate::trace::steady(6000, 64 << 20);
     let cap = ops.peak_live_rounded(256);
     let config = ArenaConfig::new(cap);
     // The default kernels, and registers with no side buffer.

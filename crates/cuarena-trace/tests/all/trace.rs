@@ -175,7 +175,7 @@ fn million_op_replay_is_fast() {
 
 /// Live bytes held near a ceiling with random frees: at a capacity of the
 /// peak, almost every allocation near the ceiling needs a compaction.
-fn steady(n_ops: usize, budget: u64) -> Ops {
+pub(crate) fn steady(n_ops: usize, budget: u64) -> Ops {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let mut rnd = move || {
         seed ^= seed << 13;
