@@ -79,9 +79,9 @@ fn main() {
     }
     println!("window {window} us, slack {slack}");
     println!(
-        "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | moved | naive at peak | trims | checks |"
+        "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | expandable segments: reserved mean / mean mapped | moved | naive at peak | trims | checks |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     let mut failed = 0;
     for p in &files {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -100,9 +100,19 @@ fn main() {
         let ops = t.ops(device).unwrap();
         let r = replay_elastic(&ops, ALIGN, window, slack).unwrap();
         let naive = naive_bytes_moved_at_peak_live(&ops, ALIGN).unwrap();
-        let reserved = t.reserved(device);
-        let (times, _) = op_times(&ops);
-        let torch = time_weighted_mean(&times, |i| reserved.at(ops.event_index[i]));
+        let torch = reserved_mean(&t, &ops, device);
+        // The same program recorded with expandable segments, where the
+        // folder has it (`settings/NAME__exp.pickle.gz`): its reserved mean
+        // against the elastic arena's mean mapped on that recording.
+        let stem = name.trim_end_matches(".gz").trim_end_matches(".pickle");
+        let exp = Trace::read(&dir.join("settings").join(format!("{stem}__exp.pickle.gz")))
+            .ok()
+            .and_then(|e| {
+                let d = *e.devices().first()?;
+                let ops = e.ops(d).ok()?;
+                let r = replay_elastic(&ops, ALIGN, window, slack).ok()?;
+                Some(reserved_mean(&e, &ops, d) as f64 / r.mean_mapped_bytes.max(1) as f64)
+            });
         let peak = r.peak_live_bytes;
         let mut bad = Vec::new();
         if !r.outcome.is_completed() {
@@ -125,7 +135,7 @@ fn main() {
             failed += 1;
         }
         println!(
-            "| {name} | {half} | {} | {:.4} | {} | {} | {:.4} | {} | {} | {} | {} | {} |",
+            "| {name} | {half} | {} | {:.4} | {} | {} | {:.4} | {} | {} | {} | {} | {} | {} |",
             fmt_bytes(peak),
             r.peak_mapped_bytes as f64 / peak.max(1) as f64,
             fmt_bytes(r.mean_live_bytes),
@@ -136,6 +146,7 @@ fn main() {
             } else {
                 "-".to_owned()
             },
+            exp.map_or("-".to_owned(), |x| format!("{x:.3}")),
             fmt_bytes(r.bytes_moved),
             naive.map_or("failed".to_owned(), fmt_bytes),
             r.trims,
@@ -147,4 +158,11 @@ fn main() {
         );
     }
     println!("{failed} of {} traces fail a check", files.len());
+}
+
+/// PyTorch's reserved bytes over the trace's time, from its segment events.
+fn reserved_mean(t: &Trace, ops: &cuarena_trace::trace::Ops, device: u32) -> u64 {
+    let reserved = t.reserved(device);
+    let (times, _) = op_times(ops);
+    time_weighted_mean(&times, |i| reserved.at(ops.event_index[i]))
 }
