@@ -95,6 +95,15 @@ impl ArenaConfig {
     /// given: 1 TiB (reserved, never held: memory is mapped as needed).
     pub const ELASTIC_HOST_LIMIT: u64 = 1 << 40;
 
+    /// The limit of an elastic host or metadata arena: the capacity, or
+    /// [`Self::ELASTIC_HOST_LIMIT`] where none is given.
+    pub(crate) fn elastic_limit(&self) -> u64 {
+        match self.capacity_bytes {
+            0 => Self::ELASTIC_HOST_LIMIT,
+            c => c,
+        }
+    }
+
     /// An elastic arena with no capacity to give: it maps memory as its
     /// blocks need it, up to the device's memory, and gives it back
     /// ([`crate::Arena::trim`]). [`with_capacity_bytes`](Self::with_capacity_bytes)

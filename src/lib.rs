@@ -42,7 +42,7 @@ pub mod guide {
 pub mod policies {}
 
 #[cfg(feature = "cuda")]
-pub use arena::cuda::graph;
+pub use arena::cuda::{args::KernelArgs, graph};
 pub use arena::{fmt_bytes, Arena, CompactionReport, PolicyStats, SharedArena, Stats};
 pub use config::{ArenaConfig, CompactionPolicy};
 pub use dtype::{DType, Element};

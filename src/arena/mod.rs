@@ -89,22 +89,6 @@ pub struct Arena<B: Backend = HostBackend> {
     elastic: Option<elastic::Elastic>,
 }
 
-/// The host backend's mapping granularity in elastic mode: a host page
-/// group small enough for tests of small arenas.
-pub(crate) const HOST_GRANULARITY: u64 = 64 << 10;
-
-/// The metadata backend's: CUDA's granularity on the cards we measured
-/// (2 MiB), so that replays map what a GPU would.
-const META_GRANULARITY: u64 = 2 << 20;
-
-/// The limit of an elastic host or metadata arena.
-pub(crate) fn elastic_limit(config: &ArenaConfig) -> u64 {
-    match config.capacity_bytes {
-        0 => ArenaConfig::ELASTIC_HOST_LIMIT,
-        c => c,
-    }
-}
-
 impl Arena<HostBackend> {
     /// An arena in host memory: the backend of tests, docs and CI.
     ///
@@ -118,7 +102,7 @@ impl Arena<HostBackend> {
     pub fn host(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
         let backend = if config.elastic {
-            HostBackend::elastic(elastic_limit(&config), HOST_GRANULARITY)
+            HostBackend::elastic(config.elastic_limit(), crate::backend::HOST_GRANULARITY)
         } else {
             HostBackend::new(config.capacity_bytes)?
         };
@@ -139,7 +123,7 @@ impl Arena<MetaBackend> {
     pub fn metadata(config: ArenaConfig) -> Result<Self> {
         config.validate()?;
         let backend = if config.elastic {
-            MetaBackend::elastic(elastic_limit(&config), META_GRANULARITY)
+            MetaBackend::elastic(config.elastic_limit(), crate::backend::META_GRANULARITY)
         } else {
             MetaBackend::new(config.capacity_bytes)
         };

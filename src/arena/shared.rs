@@ -479,7 +479,7 @@ impl<B: Backend> SharedArena<B> {
 
 #[cfg(feature = "cuda")]
 impl SharedArena<crate::backend::cuda::CudaBackend> {
-    /// Runs `f` with [`KernelArgs`](crate::backend::cuda::KernelArgs) for `stream` under
+    /// Runs `f` with [`KernelArgs`](crate::KernelArgs) for `stream` under
     /// the shared lock: threads take their views and launch at once, while
     /// allocation, compaction and spilling wait for `f` to return (and for
     /// no kernel: the arguments order the arena stream after the work on
@@ -503,7 +503,7 @@ impl SharedArena<crate::backend::cuda::CudaBackend> {
         &self,
         stream: StreamId,
         resident: &[A],
-        f: impl FnOnce(&mut crate::backend::cuda::KernelArgs<'_>) -> Result<R>,
+        f: impl FnOnce(&mut super::cuda::args::KernelArgs<'_>) -> Result<R>,
     ) -> Result<R> {
         const CALL: &str = "with_kernel_args";
         {

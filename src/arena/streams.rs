@@ -166,7 +166,7 @@ impl<B: Backend> Arena<B> {
 #[cfg(feature = "cuda")]
 impl Arena<crate::backend::cuda::CudaBackend> {
     /// Kernel arguments for work on registered stream `stream` (see
-    /// [`KernelArgs`](crate::backend::cuda::KernelArgs); for work on the
+    /// [`KernelArgs`](crate::KernelArgs); for work on the
     /// arena stream, [`StreamId::ARENA`], which the arena's moves order by
     /// themselves): first makes `stream` wait for the arena stream's
     /// work it has not waited for (moves, writes, fills, table updates), so
@@ -194,12 +194,12 @@ impl Arena<crate::backend::cuda::CudaBackend> {
     /// // launch a kernel on `args.stream()` with `input` and `output`
     /// # Ok::<(), cuarena::Error>(())
     /// ```
-    pub fn kernel_args(&self, stream: StreamId) -> Result<crate::backend::cuda::KernelArgs<'_>> {
+    pub fn kernel_args(&self, stream: StreamId) -> Result<super::cuda::args::KernelArgs<'_>> {
         self.check_usable()?;
         let r = self.core.backend.check_status(false);
         self.sticky(r)?;
         self.wait_on_arena(stream)?;
-        Ok(crate::backend::cuda::KernelArgs::new(
+        Ok(super::cuda::args::KernelArgs::new(
             self.core.backend.view_set(stream)?,
             &self.core.blocks,
             self.core.id,

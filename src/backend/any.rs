@@ -47,7 +47,7 @@ pub enum AnyBackend {
 /// A stream of an [`AnyBackend`]: [`AnyStream::Host`] (an id only) for a
 /// host backend, a CUDA stream of the device's context for a CUDA one;
 /// the other kind is refused
-/// ([`BackendError::ForeignStream`](crate::BackendError::ForeignStream)).
+/// ([`BackendError::ForeignStream`](crate::error::BackendError::ForeignStream)).
 #[derive(Debug, Clone)]
 pub enum AnyStream {
     /// A stream of a host backend (work is synchronous: an id only).
@@ -113,7 +113,7 @@ impl Backend for AnyBackend {
             #[cfg(feature = "cuda")]
             (AnyBackend::Cuda(b), AnyStream::Cuda(s)) => b.register_stream(s),
             #[cfg(feature = "cuda")]
-            (b, _) => Err(crate::BackendError::ForeignStream {
+            (b, _) => Err(crate::error::BackendError::ForeignStream {
                 reason: format!(
                     "a {} stream for a {} backend",
                     if matches!(b, AnyBackend::Host(_)) {
@@ -164,13 +164,13 @@ impl AnyBackend {
     /// [`Arena::cuda`](crate::Arena::cuda), default kernel options); give
     /// it to [`Arena::with_backend`](crate::Arena::with_backend) with the
     /// same config. A CUDA device without the `cuda` feature, or where none
-    /// is present, is [`BackendError::NoDevice`](crate::BackendError::NoDevice).
-    pub fn new(config: &crate::ArenaConfig, cuda_device: Option<usize>) -> Result<Self> {
+    /// is present, is [`BackendError::NoDevice`](crate::error::BackendError::NoDevice).
+    pub fn new(config: &crate::config::ArenaConfig, cuda_device: Option<usize>) -> Result<Self> {
         config.validate()?;
         let backend = match cuda_device {
             None if config.elastic => AnyBackend::Host(HostBackend::elastic(
-                crate::arena::elastic_limit(config),
-                crate::arena::HOST_GRANULARITY,
+                config.elastic_limit(),
+                super::host::HOST_GRANULARITY,
             )),
             None => AnyBackend::Host(HostBackend::new(config.capacity_bytes)?),
             #[cfg(feature = "cuda")]
@@ -187,7 +187,7 @@ impl AnyBackend {
             }
             #[cfg(not(feature = "cuda"))]
             Some(_) => {
-                return Err(crate::BackendError::NoDevice {
+                return Err(crate::error::BackendError::NoDevice {
                     reason: "cuarena was built without the `cuda` feature".into(),
                 }
                 .into())

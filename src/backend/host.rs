@@ -15,6 +15,10 @@ use crate::handle::TableEntry;
 use crate::plan::{Plan, Wave};
 use crate::stream::{StreamId, MAX_STREAMS};
 
+/// The host backend's mapping granularity in elastic mode: a host page
+/// group small enough for tests of small arenas.
+pub(crate) const HOST_GRANULARITY: u64 = 64 << 10;
+
 /// Host-memory backend for tests, docs, CI and the demo's fallback.
 #[derive(Debug, Clone)]
 pub struct HostBackend {
@@ -188,14 +192,14 @@ pub(crate) fn zeroed(bytes: u64, what: &'static str) -> Result<Vec<u8>> {
 }
 
 /// `n` zeroed values of `T` (`n * elem_bytes` bytes, for the error), or
-/// [`crate::Error::HostMemory`] (not an abort) when the host cannot
+/// [`crate::error::Error::HostMemory`] (not an abort) when the host cannot
 /// provide them.
 pub(crate) fn zeroed_vec<T: Clone + Default>(
     n: u64,
     elem_bytes: u64,
     what: &'static str,
 ) -> Result<Vec<T>> {
-    let cannot = || crate::Error::HostMemory {
+    let cannot = || crate::error::Error::HostMemory {
         requested_bytes: n.saturating_mul(elem_bytes),
         what,
     };

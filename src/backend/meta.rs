@@ -8,6 +8,10 @@ use crate::error::Result;
 use crate::plan::Plan;
 use crate::stream::StreamId;
 
+/// The metadata backend's mapping granularity in elastic mode: CUDA's on
+/// the cards measured (2 MiB), so that replays map what a GPU would.
+pub(crate) const META_GRANULARITY: u64 = 2 << 20;
+
 /// Metadata-only backend.
 #[derive(Debug, Clone)]
 pub struct MetaBackend {

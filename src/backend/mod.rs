@@ -26,6 +26,8 @@ pub use crate::handle::TableEntry;
 pub use any::{AnyBackend, AnyStream};
 pub use host::HostBackend;
 pub use meta::MetaBackend;
+pub(crate) use host::HOST_GRANULARITY;
+pub(crate) use meta::META_GRANULARITY;
 
 use crate::error::{Error, Result};
 use crate::plan::Plan;

@@ -5,8 +5,7 @@
 //! run the very same value. A backend reads it through [`Plan::waves`] and
 //! [`Wave::moves`]; the wave rule below is its contract. (How the planner
 //! chooses moves, and why [`crate::CompactionPolicy::Auto`] never moves
-//! more bytes than naive compact-on-failure, is told in the design notes
-//! of the source, `src/plan/lag.rs` and `src/plan/policy.rs`.)
+//! more bytes than naive compact-on-failure, is told in [`crate::policies`].)
 //!
 //! # The wave rule
 //!
@@ -37,6 +36,7 @@
 //! direction; the planner uses such moves to evacuate a window into holes.
 
 pub(crate) mod lag;
+pub(crate) mod live;
 pub(crate) mod pacer;
 pub(crate) mod pieces;
 pub(crate) mod planner;

@@ -37,7 +37,7 @@
 
 use std::collections::BTreeMap;
 
-use super::planner::LiveBlock;
+use super::live::LiveBlock;
 use super::{Move, Plan, PlanKind, Wave};
 
 /// Bytes `[boff, boff + len)` of block `block`'s reservation, now at `pos`.

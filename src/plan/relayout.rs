@@ -25,7 +25,7 @@
 //! destination covers a run of adjacent sources.
 #![deny(unsafe_code)]
 
-use super::planner::LiveBlock;
+use super::live::LiveBlock;
 use super::{Move, Plan, PlanKind, Wave};
 
 /// Plans moving `blocks` (ascending, as [`super::planner::check_live`]

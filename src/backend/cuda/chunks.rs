@@ -1,7 +1,13 @@
 //! How many moves each chunk of a wave holds: sized from what the host and
 //! the device just showed (plain data, tested without a GPU).
 
-use super::stage::{FIRST_CHUNK_MOVES, MAX_CHUNK_MOVES};
+/// Moves of the first chunk of a wave: small, so that the GPU starts soon.
+pub(crate) const FIRST_CHUNK_MOVES: usize = 1024;
+
+/// Moves of the largest chunk the sizing picks (see
+/// [`Chunks`]); a wave's last chunk may hold up to a
+/// quarter more (its remainder joins it).
+pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 
 /// Sizes the chunks `(first move, moves)` of a wave of `n` moves, from
 /// [`FIRST_CHUNK_MOVES`] up to [`MAX_CHUNK_MOVES`].

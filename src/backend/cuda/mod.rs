@@ -108,7 +108,6 @@ mod view;
 mod vmm;
 mod wave;
 
-pub use crate::arena::cuda::args::KernelArgs;
 /// The cudarc this crate is built with (use it for your own kernels so the
 /// types match).
 pub use cudarc;

@@ -16,19 +16,13 @@ use crate::plan::{Move, Plan};
 
 #[cfg(test)]
 use super::chunks::chunks;
+pub(crate) use super::chunks::{FIRST_CHUNK_MOVES, MAX_CHUNK_MOVES};
 
 /// The most tiles one chunk may have: the kernel indexes tiles with `u32`
 /// and its ticket counter overshoots by up to one ticket per CTA (the bulk
 /// kernel: one per slot of each CTA's ring, at most 16).
 pub(crate) const MAX_CHUNK_TILES: u64 = (u32::MAX as u64) - (1 << 24);
 
-/// Moves of the first chunk of a wave: small, so that the GPU starts soon.
-pub(crate) const FIRST_CHUNK_MOVES: usize = 1024;
-
-/// Moves of the largest chunk the sizing picks (see
-/// [`Chunks`](super::chunks::Chunks)); a wave's last chunk may hold up to a
-/// quarter more (its remainder joins it).
-pub(crate) const MAX_CHUNK_MOVES: usize = 65536;
 
 /// Most moves a plan's scratch is sized for ahead of time (4 MiB of
 /// records; see [`presize_for`]).

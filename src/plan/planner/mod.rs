@@ -32,33 +32,9 @@ use smallvec::smallvec;
 
 pub use pack::{largest_hole_by_gaps, plan_gap};
 
+pub use super::live::LiveBlock;
 use super::PlanError;
 use super::{Move, Plan, PlanKind, Wave};
-
-/// A live block as the planner sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LiveBlock {
-    /// Opaque identifier carried into the [`Move`]s.
-    pub key: u64,
-    /// Current offset.
-    pub offset: u64,
-    /// Bytes the block occupies (its reservation).
-    pub len: u64,
-    /// Bytes that hold data and must be copied (`<= len`).
-    pub copy_len: u64,
-    /// Alignment its offset must keep (power of two).
-    pub align: u64,
-    /// Pinned blocks never move.
-    pub pinned: bool,
-}
-
-impl LiveBlock {
-    /// End of the block (exclusive); saturating, so a block that
-    /// [`check_live`] would refuse cannot wrap around.
-    fn end(&self) -> u64 {
-        self.offset.saturating_add(self.len)
-    }
-}
 
 /// Checks the planners' input: blocks ascending and disjoint inside
 /// `[0, capacity)`, each of `len > 0`, `copy_len <= len`, alignment a power
