@@ -10,7 +10,11 @@ enclosing rooms' items is no arrow; a room naming its children's items
 higher one (the floors below), and on any circle of arrows.
 
     python3 scripts/module-graph.py            # the check (CI)
-    python3 scripts/module-graph.py --rooms    # the table of rooms for README.md
+    python3 scripts/module-graph.py --rooms    # every room and its arrows
+    python3 scripts/module-graph.py --house    # the house by floors (README.md's table)
+
+The check also fails when README.md's table between `<!-- house -->` and
+`<!-- /house -->` is not the one `--house` prints.
 
 A test over the `use` lines rather than `cargo-modules`: that tool needs a
 nightly-only build of rust-analyzer's crates per toolchain and a network
@@ -148,6 +152,9 @@ def main():
     if "--rooms" in sys.argv:
         print_rooms(modules, edges, rooms)
         return 0
+    if "--house" in sys.argv:
+        print(house(modules, edges))
+        return 0
 
     problems = []
     name = lambda m: "::".join(m) or "crate"
@@ -164,6 +171,13 @@ def main():
         if len(comp) > 1:
             cyc = find_cycle(comp, edges)
             problems.append("a circle: " + " -> ".join(rooms[m] for m in cyc))
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    m = re.search(r"<!-- house -->\n(.*?)<!-- /house -->", readme, flags=re.S)
+    if not m or m.group(1).strip() != house(modules, edges).strip():
+        problems.append(
+            "README.md's house (between <!-- house --> and <!-- /house -->) is not the tree's: "
+            "paste `python3 scripts/module-graph.py --house`"
+        )
     for p in problems:
         print("error:", p, file=sys.stderr)
     if problems:
@@ -222,6 +236,23 @@ def find_cycle(comp, edges):
                     nxt.append(w)
         frontier = nxt
     return sorted(comp)
+
+
+def house(modules, edges):
+    """The floors, top first: each floor's top-level rooms with the rooms
+    inside them, and the floors below that its arrows reach."""
+    top = lambda m: m[0] if m else "lib"
+    lines = ["| floor | rooms (and the rooms inside them) | names items of |", "| ---: | --- | --- |"]
+    for i in reversed(range(len(FLOORS))):
+        names, reach = [], set()
+        for t in FLOORS[i]:
+            inner = sorted("/".join(m[1:]) for m in modules if m and m[0] == t and len(m) > 1)
+            names.append(f"`{t}`" + (f" ({', '.join(inner)})" if inner else ""))
+            for m in modules:
+                if top(m) == t:
+                    reach |= {top(x) for x in edges[m] if top(x) != t}
+        lines.append(f"| {i} | {'; '.join(names)} | {', '.join(sorted(reach)) or '-'} |")
+    return "\n".join(lines)
 
 
 def print_rooms(modules, edges, rooms):
