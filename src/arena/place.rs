@@ -24,7 +24,7 @@ impl<B: Backend> Arena<B> {
             Err(Error::OutOfMemory { .. }) if self.tier.is_some() => {
                 // Evictions plan on the real layout.
                 self.policy.settle(&mut self.core)?;
-                super::spill::alloc_by_spilling(self, reserved, align, keep)
+                self.alloc_by_spilling(reserved, align, keep)
             }
             r => r,
         };

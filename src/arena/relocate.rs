@@ -86,8 +86,8 @@ impl<B: Backend> Arena<B> {
             }
         }
         if spilled.len() > 1 {
-            super::spill::make_room_for_all(self, &spilled, &keep)?;
+            self.make_room_for_all(&spilled, &keep)?;
         }
-        super::spill::restore_each(self, handles, &keep)
+        self.restore_each(handles, &keep)
     }
 }

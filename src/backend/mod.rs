@@ -25,8 +25,8 @@ pub mod cuda;
 pub use crate::handle::TableEntry;
 pub use any::{AnyBackend, AnyStream};
 pub use host::HostBackend;
-pub use meta::MetaBackend;
 pub(crate) use host::HOST_GRANULARITY;
+pub use meta::MetaBackend;
 pub(crate) use meta::META_GRANULARITY;
 
 use crate::error::{Error, Result};

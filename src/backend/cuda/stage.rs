@@ -23,7 +23,6 @@ pub(crate) use super::chunks::{FIRST_CHUNK_MOVES, MAX_CHUNK_MOVES};
 /// kernel: one per slot of each CTA's ring, at most 16).
 pub(crate) const MAX_CHUNK_TILES: u64 = (u32::MAX as u64) - (1 << 24);
 
-
 /// Most moves a plan's scratch is sized for ahead of time (4 MiB of
 /// records; see [`presize_for`]).
 pub(crate) const PRESIZE_MAX_MOVES: usize = 1 << 17;
