@@ -7,7 +7,8 @@
 #
 # CORPUS_DIR holds the snapshots and a manifest.json listing each file with
 # its half (`design` or `report`), as `scripts/record-corpus.sh` writes it.
-# Prints, per trace and policy, the outcome, bytes moved, the device time
+# With ELASTIC=1 the default policy's run also replays on an elastic arena
+# (no capacity; `--elastic`), whose row ends the log. Prints, per trace and policy, the outcome, bytes moved, the device time
 # spent moving and whether every pass made the metadata replay's decisions;
 # the logs go to OUT_DIR (default: out/gpu-report).
 set -uo pipefail
@@ -22,11 +23,15 @@ print("\n".join(t["file"] for t in m["traces"] if t["half"] == "report"))
 ' "$dir")
 printf '%-36s %-8s %s\n' trace policy "result (from the table row)"
 for f in $files; do
-    for policy in bounded naive; do
+    for policy in ${POLICIES:-bounded naive}; do
+        extra=()
+        if [ "${ELASTIC:-0}" = 1 ] && [ "$policy" = bounded ]; then
+            extra=(--elastic)
+        fi
         log="$out/${f%%.pickle*}.$policy.log"
         timeout --signal=INT --kill-after=10 "${STEP_TIMEOUT:-120}" \
             "$bin" replay "$dir/$f" --gpu --policy "$policy" --capacity 1.0 \
-            --gpu-no-baselines --gpu-warmup 0 >"$log" 2>&1
+            --gpu-no-baselines --gpu-warmup 0 "${extra[@]}" >"$log" 2>&1
         rc=$?
         row=$(grep -E '^cuarena' "$log" | tail -1 | tr -s ' ')
         same=$(grep -o 'decisions (compactions, bytes moved, ops run, peak): [A-Za-z]*' "$log" | awk '{print $NF}')

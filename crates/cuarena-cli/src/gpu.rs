@@ -118,6 +118,22 @@ mod imp {
             }
             Err(e) => outln!("  GPU replay error: {e}")?,
         }
+        if args.elastic {
+            // The elastic arena with real bytes: no capacity, its automatic
+            // trim on the wall clock (the replay runs faster than the trace).
+            outln!()?;
+            outln!("cuarena elastic on the GPU (no capacity) ...")?;
+            let elastic = ArenaConfig::elastic().with_alignment_bytes(align);
+            match replay_gpu(&ops, &elastic, &options) {
+                Ok(g) => {
+                    print_gpu_details(&g)?;
+                    let mut row = arena_row(&g, g.timed.peak_mapped_bytes, peak, trace_wall);
+                    row.allocator = "cuarena elastic on the GPU (peak mapped)".to_owned();
+                    rows.push(row);
+                }
+                Err(e) => outln!("  GPU elastic replay error: {e}")?,
+            }
+        }
         if let Some(id) = args.gpu_corrupt {
             outln!()?;
             print_table(&rows)?;

@@ -11,7 +11,7 @@ use crate::Res;
 
 /// One row of the comparison table.
 pub(crate) struct Row {
-    allocator: String,
+    pub(crate) allocator: String,
     pub(crate) capacity: String,
     result: String,
     pub(crate) cap_over_peak: String,

@@ -81,7 +81,9 @@ fn main() {
     println!(
         "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | expandable segments: reserved mean / mean mapped | moved | naive at peak | trims | checks |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!(
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    );
     let mut failed = 0;
     for p in &files {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();

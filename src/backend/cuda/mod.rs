@@ -361,7 +361,7 @@ impl CudaBackend {
         // only a built `CudaBackend` (whose drop frees it) may return early.
         let scratch = Scratch::new(&ctx)?;
         let arena_stream = streams::Registered::new(Arc::clone(&stream), &stream)?;
-        if let Some(limit) = elastic {
+        let (region, region_ptr, capacity_bytes, vmm) = if let Some(limit) = elastic {
             let limit = match limit {
                 Some(l) => l,
                 None => ctx.mem_get_info().map_err(driver_err("cuMemGetInfo"))?.1 as u64,
@@ -377,57 +377,37 @@ impl CudaBackend {
             let region = ManuallyDrop::new(unsafe {
                 stream.upgrade_device_ptr::<u8>(ptr, reserved as usize)
             });
-            let mut backend = CudaBackend {
-                region,
-                region_ptr: ptr,
-                capacity_bytes: 0,
-                vmm: Some(vmm),
-                scratch,
-                primary,
-                large,
-                options,
-                device_name,
-                arch,
-                sm_count,
-                copy_bytes_per_ns,
-                streams: vec![arena_stream],
-                stream,
-                ctx,
-            };
-            backend
-                .scratch
-                .ctl
-                .reserve(2 * CTL_WORDS * 4, true, &backend.stream)?;
-            backend.scratch.status.reserve(CTL_WORDS)?;
-            return Ok(backend);
-        }
-        // The allocation ends on a 256-byte boundary at least 16 bytes past
-        // the region: the move kernel's shifting path reads whole aligned
-        // 16-byte vectors, which may reach up to 15 bytes past the last
-        // byte it moves (and discards them). The arena never sees the slack.
-        let bytes = capacity_bytes
-            .checked_add(16)
-            .map(|b| b.next_multiple_of(256))
-            .and_then(|b| usize::try_from(b).ok())
-            .ok_or(Error::LimitReached {
-                what: "bytes of a CUDA region (this machine's address space)",
-                requested: capacity_bytes,
-                limit: usize::MAX as u64 - 271,
-            })?;
-        // SAFETY: a plain allocation in the context bound by
-        // CudaContext::new; its bytes are uninitialised, which the arena
-        // never exposes (it reads only what it wrote).
-        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(driver_err("cuMemAlloc"))?;
-        // SAFETY: `ptr` is a live allocation of `bytes` bytes in this
-        // context; the slice takes it over and `Drop` gives it back to
-        // cuMemFree through `leak`.
-        let region = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes) });
+            (region, ptr, 0, Some(vmm))
+        } else {
+            // The allocation ends on a 256-byte boundary at least 16 bytes past
+            // the region: the move kernel's shifting path reads whole aligned
+            // 16-byte vectors, which may reach up to 15 bytes past the last
+            // byte it moves (and discards them). The arena never sees the slack.
+            let bytes = capacity_bytes
+                .checked_add(16)
+                .map(|b| b.next_multiple_of(256))
+                .and_then(|b| usize::try_from(b).ok())
+                .ok_or(Error::LimitReached {
+                    what: "bytes of a CUDA region (this machine's address space)",
+                    requested: capacity_bytes,
+                    limit: usize::MAX as u64 - 271,
+                })?;
+            // SAFETY: a plain allocation in the context bound by
+            // CudaContext::new; its bytes are uninitialised, which the arena
+            // never exposes (it reads only what it wrote).
+            let ptr = unsafe { result::malloc_sync(bytes) }.map_err(driver_err("cuMemAlloc"))?;
+            // SAFETY: `ptr` is a live allocation of `bytes` bytes in this
+            // context; the slice takes it over and `Drop` gives it back to
+            // cuMemFree through `leak`.
+            let region = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes) });
 
+            (region, ptr, capacity_bytes, None)
+        };
         let mut backend = CudaBackend {
             region,
-            region_ptr: ptr,
+            region_ptr,
             capacity_bytes,
-            vmm: None,
+            vmm,
             scratch,
             primary,
             large,
@@ -445,8 +425,32 @@ impl CudaBackend {
             .ctl
             .reserve(2 * CTL_WORDS * 4, true, &backend.stream)?;
         backend.scratch.status.reserve(CTL_WORDS)?;
-        backend.presize()?;
+        // An elastic region has nothing mapped to presize for yet.
+        if backend.vmm.is_none() {
+            backend.presize()?;
+        }
         Ok(backend)
+    }
+
+    /// Binds the backend's context to the calling thread (driver calls
+    /// act on the thread's current context).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))
+    }
+
+    /// Checks a copy of `len` bytes between the region at `offset` and the
+    /// host tier at `host_offset`, and binds the context: `false` when
+    /// there is nothing to copy.
+    pub(crate) fn begin_tier_copy(&self, offset: u64, host_offset: u64, len: u64) -> Result<bool> {
+        crate::backend::check_range(offset, len, self.capacity_bytes)?;
+        crate::backend::check_range(host_offset, len, self.scratch.host_tier_bytes)?;
+        if len == 0 {
+            return Ok(false);
+        }
+        self.bind()?;
+        Ok(true)
     }
 
     /// The arena stream: every transfer and plan runs on it.
@@ -561,9 +565,7 @@ impl CudaBackend {
     /// Waits for all work on the arena stream and reports any error the
     /// kernels found since the last check.
     pub fn synchronize(&mut self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
+        self.bind()?;
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
@@ -591,9 +593,7 @@ impl CudaBackend {
             })?;
         let old_bytes = self.scratch.table.bytes;
         if old_bytes < need {
-            self.ctx
-                .bind_to_thread()
-                .map_err(driver_err("cuCtxSetCurrent"))?;
+            self.bind()?;
             let want = need.max(old_bytes.saturating_mul(2)).max(64 * entry);
             // SAFETY: a plain allocation in the bound context.
             let ptr = unsafe { result::malloc_sync(want) }.map_err(driver_err("cuMemAlloc"))?;

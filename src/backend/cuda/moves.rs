@@ -167,9 +167,7 @@ impl CudaBackend {
         if plan.is_empty() {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
+        self.bind()?;
         let (wave_words, words) = stage::wave_offsets(plan);
         let ctx = Arc::clone(&self.ctx);
         let mut staging = self

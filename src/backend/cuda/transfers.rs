@@ -72,9 +72,7 @@ impl Backend for CudaBackend {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
+        self.bind()?;
         let (base, _record) = self.region.device_ptr_mut(&self.stream);
         // SAFETY: the range lies in the region (checked above). From pageable
         // memory the driver copies `bytes` into its staging area before it
@@ -87,9 +85,7 @@ impl Backend for CudaBackend {
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         check_range(offset, out.len() as u64, self.capacity_bytes)?;
         if !out.is_empty() {
-            self.ctx
-                .bind_to_thread()
-                .map_err(driver_err("cuCtxSetCurrent"))?;
+            self.bind()?;
             let (base, record) = self.region.device_ptr(&self.stream);
             // SAFETY: the range lies in the region (checked above); the
             // stream is synchronised below before `out` is used again.
@@ -112,9 +108,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let n = usize::try_from(len).map_err(|_| address_space(len))?;
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
+        self.bind()?;
         let (base, _record) = self.region.device_ptr_mut(&self.stream);
         // SAFETY: both ranges lie in the region and do not overlap (checked
         // above); the copy is ordered on the arena stream.
@@ -143,9 +137,7 @@ impl Backend for CudaBackend {
         let Some(unit) = unit else {
             return self.fill_staged(offset, len, pattern);
         };
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
+        self.bind()?;
         let (base, _record) = self.region.device_ptr_mut(&self.stream);
         let dst = base + offset;
         let stream = self.stream.cu_stream();
@@ -179,9 +171,7 @@ impl Backend for CudaBackend {
             requested_bytes: bytes,
             capacity_bytes: usize::MAX as u64,
         })?;
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
+        self.bind()?;
         // Copies from an older tier may still be in flight.
         self.stream
             .synchronize()
@@ -193,14 +183,9 @@ impl Backend for CudaBackend {
     }
 
     fn spill(&mut self, offset: u64, host_offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes)?;
-        check_range(host_offset, len, self.scratch.host_tier_bytes)?;
-        if len == 0 {
+        if !self.begin_tier_copy(offset, host_offset, len)? {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
         let (base, _record) = self.region.device_ptr(&self.stream);
         let tier: &mut [u8] = bytemuck::cast_slice_mut(self.scratch.host_tier.as_mut_slice());
         let (h, l) = (host_offset as usize, len as usize);
@@ -215,14 +200,9 @@ impl Backend for CudaBackend {
     }
 
     fn restore(&mut self, host_offset: u64, offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.capacity_bytes)?;
-        check_range(host_offset, len, self.scratch.host_tier_bytes)?;
-        if len == 0 {
+        if !self.begin_tier_copy(offset, host_offset, len)? {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
         let (base, _record) = self.region.device_ptr_mut(&self.stream);
         let tier: &[u8] = bytemuck::cast_slice(self.scratch.host_tier.as_mut_slice());
         let (h, l) = (host_offset as usize, len as usize);

@@ -108,6 +108,8 @@ struct Run<'a> {
     corrupt_block: Option<u32>,
     /// Naive compact-on-failure (a full compaction on out-of-memory).
     naive: bool,
+    /// Whether the arena is elastic (every allocation timed).
+    elastic: bool,
 }
 
 /// Most delay enqueued before one compaction.
@@ -143,10 +145,15 @@ impl Run<'_> {
                 let backend_before = self.arena.backend().host_stats();
                 let reserved = round_up(size, self.align);
                 let predicted = will_compact(&before, reserved);
-                let start = if predicted {
-                    let ns = u64::try_from(self.delay.as_nanos()).unwrap_or(u64::MAX);
-                    self.kernels.delay(ns)?;
-                    self.pass.delay_time += self.delay;
+                // An elastic arena may also compact to grow less or to
+                // trim: every allocation is timed, without a delay kernel
+                // where none was predicted (an upper bound then).
+                let start = if predicted || self.elastic {
+                    if predicted {
+                        let ns = u64::try_from(self.delay.as_nanos()).unwrap_or(u64::MAX);
+                        self.kernels.delay(ns)?;
+                        self.pass.delay_time += self.delay;
+                    }
                     let e = self.timing_event()?;
                     e.record(self.arena.backend().stream())
                         .map_err(driver_err("cuEventRecord"))?;
@@ -174,7 +181,7 @@ impl Run<'_> {
                     let end = self.timing_event()?;
                     end.record(self.arena.backend().stream())
                         .map_err(driver_err("cuEventRecord"))?;
-                    if targeted + full > 0 {
+                    if targeted + full > 0 || after.bytes_moved > before.bytes_moved {
                         // Still pending: the moves were queued before the
                         // GPU reached the start event.
                         let exact = !start
@@ -330,6 +337,7 @@ impl Run<'_> {
                 ..e.timing
             });
         }
+        p.peak_mapped_bytes = st.peak_mapped_bytes;
         Ok((std::mem::take(&mut self.pass), outcome))
     }
 }
@@ -363,11 +371,16 @@ pub fn replay_gpu(
 ) -> Result<GpuReplayReport> {
     CudaBackend::available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
     let config = config.clone().with_compaction(options.allocator.policy());
-    let backend = CudaBackend::with_options(
-        options.ordinal,
-        CudaCapacity::Bytes(config.capacity_bytes),
-        options.cuda_options,
-    )?;
+    let backend = if config.elastic {
+        let limit = (config.capacity_bytes > 0).then_some(config.capacity_bytes);
+        CudaBackend::elastic(options.ordinal, limit, options.cuda_options)?
+    } else {
+        CudaBackend::with_options(
+            options.ordinal,
+            CudaCapacity::Bytes(config.capacity_bytes),
+            options.cuda_options,
+        )?
+    };
     let arena = Arena::with_backend(config.clone(), backend)?;
     let kernels = PatternKernels::load(arena.backend())?;
     let device_name = arena.backend().device_name().to_owned();
@@ -386,6 +399,7 @@ pub fn replay_gpu(
         pass: PassReport::default(),
         corrupt_block: options.corrupt_block,
         naive: options.allocator == Allocator::NaiveCompacting,
+        elastic: config.elastic,
     };
     run.arena.synchronize()?;
 

@@ -341,6 +341,9 @@ pub struct PassReport {
     pub checked_full: u64,
     /// Tensors checked at their edges only.
     pub checked_edges: u64,
+    /// The arena's peak of mapped bytes so far (its capacity, unless
+    /// elastic).
+    pub peak_mapped_bytes: u64,
 }
 
 impl PassReport {
