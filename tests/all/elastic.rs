@@ -431,11 +431,9 @@ fn the_host_backend_refuses_unmapped_bytes() {
 
 /// A trim right after storages were dropped (their blocks wait in the
 /// reclaim queue until the next allocation) gives their memory back too,
-/// as it does after plain frees. Found by the NCCL test of elastic arenas:
-/// `trim` computes its target from the live bytes before it drains that
-/// queue, so it counts the dropped blocks as live and unmaps nothing.
+/// as it does after plain frees (a regression test: `trim` once set its
+/// target before it drained that queue and unmapped nothing).
 #[test]
-#[ignore = "open: Arena::trim counts storages dropped since the last allocation as live (src/arena/elastic.rs)"]
 fn a_trim_after_dropped_storages_gives_their_memory_back() {
     const MIB: u64 = 1 << 20;
     let mut a = Arena::host(ArenaConfig::elastic().with_trim_window_us(0)).expect("arena");

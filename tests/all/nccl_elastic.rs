@@ -140,10 +140,6 @@ fn collectives_on_elastic_arena_tensors_survive_growth_and_trim() {
     for (rank, r) in ranks.iter_mut().enumerate() {
         let before = offset(r, &b[rank]);
         r.filler.clear();
-        // `trim` counts storages dropped since the last allocation as live
-        // (`elastic::a_trim_after_dropped_storages_gives_their_memory_back`):
-        // their blocks are freed first.
-        r.arena.reclaim().expect("reclaim");
         let given = r.arena.trim().expect("trim");
         let st = r.arena.stats();
         let g = r.arena.backend().granularity_bytes();
