@@ -302,6 +302,14 @@ impl FreeIndex {
     /// class order. Classes at or above the upper bound were found empty.
     #[cold]
     fn alloc_scan(&mut self, size: u64, align_mask: u64) -> Option<(u32, u64)> {
+        let (node, bin, pad) = self.scan(size, align_mask)?;
+        self.take(node, bin, pad, size)
+    }
+
+    /// The exact scan's find: the first region (its node, class and
+    /// padding) of the classes `[class of size, class that surely fits)`
+    /// that holds `size` at `align_mask`.
+    fn scan(&self, size: u64, align_mask: u64) -> Option<(u32, u32, u64)> {
         let end = bin_round_up(size.saturating_add(align_mask));
         let mut next = self.classes.first_at_or_above(bin_round_down(size));
         while let Some((bin, head)) = next {
@@ -312,7 +320,7 @@ impl FreeIndex {
             while node != NIL {
                 let n = &self.nodes[node as usize];
                 if let Some(pad) = fit(n, size, align_mask) {
-                    return self.take(node, bin, pad, size);
+                    return Some((node, bin, pad));
                 }
                 node = n.bin_next;
             }

@@ -48,23 +48,7 @@ impl FreeIndex {
         if fits_at(bin_round_up(size)) || fits_at(bin_round_up(size.saturating_add(align_mask))) {
             return true;
         }
-        let end = bin_round_up(size.saturating_add(align_mask));
-        let mut next = self.classes.first_at_or_above(bin_round_down(size));
-        while let Some((bin, head)) = next {
-            if bin >= end {
-                break;
-            }
-            let mut node = head;
-            while node != NIL {
-                let n = &self.nodes[node as usize];
-                if fit(n, size, align_mask).is_some() {
-                    return true;
-                }
-                node = n.bin_next;
-            }
-            next = self.classes.first_at_or_above(bin + 1);
-        }
-        false
+        self.scan(size, align_mask).is_some()
     }
 
     /// Extends the range to `[0, capacity)`: the free region at the top

@@ -25,3 +25,18 @@ impl LiveBlock {
         self.offset.saturating_add(self.len)
     }
 }
+
+#[cfg(test)]
+impl LiveBlock {
+    /// An unpinned block whose bytes all hold data (the tests' block).
+    pub(crate) fn at(key: u64, offset: u64, len: u64, align: u64) -> Self {
+        Self {
+            key,
+            offset,
+            len,
+            copy_len: len,
+            align,
+            pinned: false,
+        }
+    }
+}

@@ -249,14 +249,7 @@ mod tests {
     use crate::plan::PlanKind;
 
     fn blk(key: u64, offset: u64, len: u64) -> LiveBlock {
-        LiveBlock {
-            key,
-            offset,
-            len,
-            copy_len: len,
-            align: 1,
-            pinned: false,
-        }
+        LiveBlock::at(key, offset, len, 1)
     }
 
     /// `n` blocks of 256 B with a 256 B hole after each.

@@ -601,14 +601,7 @@ mod tests {
     /// A swap of two blocks with one granule free: only pieces can do it.
     #[test]
     fn a_full_swap_goes_through_one_granule() {
-        let blk = |key, offset, len| LiveBlock {
-            key,
-            offset,
-            len,
-            copy_len: len,
-            align: 16,
-            pinned: false,
-        };
+        let blk = |key, offset, len| LiveBlock::at(key, offset, len, 16);
         let blocks = [blk(0, 0, 64), blk(1, 64, 96)];
         assert!(
             crate::plan::relayout::plan_whole(&blocks, &[96, 0], 176, PlanKind::Full).is_none()

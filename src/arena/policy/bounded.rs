@@ -225,12 +225,7 @@ impl Bounded {
         node: Allocation,
         at_compaction: bool,
     ) -> Result<Allocation> {
-        let (lo, hi) = (node.offset(), node.offset() + node.size());
-        if let Err(e) = self.mirror.clear_range(core, lo, hi, at_compaction) {
-            let _ = core.index.free(node);
-            return Err(e);
-        }
-        Ok(node)
+        self.mirror.cleared(core, node, at_compaction)
     }
 
     /// At a request naive compacts for (its plan `naive`, made from

@@ -48,9 +48,19 @@ impl Strict {
             Some(node) => (node, false),
             None => self.slow(core, reserved, align)?,
         };
+        self.cleared(core, node, at_compaction)
+    }
+
+    /// `node`, with the deferred bytes in its way sent home; given back to
+    /// the index if that fails (nothing moved, or the arena is poisoned).
+    pub(super) fn cleared<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        node: Allocation,
+        at_compaction: bool,
+    ) -> Result<Allocation> {
         let (lo, hi) = (node.offset(), node.offset() + node.size());
         if let Err(e) = self.clear_range(core, lo, hi, at_compaction) {
-            // Nothing moved (or the arena is poisoned): give the space back.
             let _ = core.index.free(node);
             return Err(e);
         }

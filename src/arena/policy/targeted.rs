@@ -48,14 +48,8 @@ pub(crate) fn make_room<B: Backend>(
         core.collect_live();
         if planner::largest_hole_after_full(&core.live, capacity, align) >= reserved {
             let plan = planner::plan_full(&core.live, capacity);
-            core.counters.planning += t0.elapsed();
-            if affords(core, &plan) {
-                // Two passes: the reach above and the plan.
-                pacer.full_ran(plan.move_count(), 2 * core.live.len() as u64);
-                core.run(plan, t0)?;
-                if let Some(node) = core.index.alloc(reserved, align) {
-                    return Ok(node);
-                }
+            if let Some(node) = run_whole(core, pacer, plan, t0, req, &mut affords)? {
+                return Ok(node);
             }
         }
         // Pins leave the room in gaps the full compaction fills: empty
@@ -63,13 +57,8 @@ pub(crate) fn make_room<B: Backend>(
         let t0 = Instant::now();
         core.collect_live();
         if let Some(plan) = planner::plan_gap(&core.live, capacity, req) {
-            core.counters.planning += t0.elapsed();
-            if affords(core, &plan) {
-                pacer.full_ran(plan.move_count(), 2 * core.live.len() as u64);
-                core.run(plan, t0)?;
-                if let Some(node) = core.index.alloc(reserved, align) {
-                    return Ok(node);
-                }
+            if let Some(node) = run_whole(core, pacer, plan, t0, req, &mut affords)? {
+                return Ok(node);
             }
         }
     }
@@ -98,4 +87,24 @@ pub(crate) fn out_of_memory<B: Backend>(
         largest_free_bytes: core.index.largest_free(),
         reachable_bytes: reachable,
     }
+}
+
+/// Runs `plan`, one that passes over every live block (planned from
+/// `t0`), if `affords` it; then the request's node, if it has room.
+fn run_whole<B: Backend>(
+    core: &mut Core<B>,
+    pacer: &mut Pacer,
+    plan: Plan,
+    t0: Instant,
+    req: Request,
+    affords: &mut impl FnMut(&mut Core<B>, &Plan) -> bool,
+) -> Result<Option<Allocation>> {
+    core.counters.planning += t0.elapsed();
+    if !affords(core, &plan) {
+        return Ok(None);
+    }
+    // Two passes: the reach and the plan.
+    pacer.full_ran(plan.move_count(), 2 * core.live.len() as u64);
+    core.run(plan, t0)?;
+    Ok(core.index.alloc(req.size, req.align))
 }

@@ -60,22 +60,31 @@ pub struct ArenaViewMut<'a, T> {
     _elems: PhantomData<&'a mut [T]>,
 }
 
+/// What both kinds of view answer alike.
+macro_rules! view_accessors {
+    ($view:ident) => {
+        impl<'a, T> $view<'a, T> {
+            /// Elements in the view.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// True for a view of no elements.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// The stream the view is for.
+            pub fn stream(&self) -> &'a Arc<CudaStream> {
+                self.stream
+            }
+        }
+    };
+}
+view_accessors!(ArenaView);
+view_accessors!(ArenaViewMut);
+
 impl<'a, T> ArenaView<'a, T> {
-    /// Elements in the view.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True for a view of no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The stream the view is for.
-    pub fn stream(&self) -> &'a Arc<CudaStream> {
-        self.stream
-    }
-
     /// Device address of the first element, as a **plain number**: right
     /// while this view lives (the view borrows the arena, so nothing moves),
     /// stale at the next compaction after it is dropped, and not known to
@@ -87,21 +96,6 @@ impl<'a, T> ArenaView<'a, T> {
 }
 
 impl<'a, T> ArenaViewMut<'a, T> {
-    /// Elements in the view.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True for a view of no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The stream the view is for.
-    pub fn stream(&self) -> &'a Arc<CudaStream> {
-        self.stream
-    }
-
     /// The same bytes, read-only, for as long as this view is borrowed.
     pub fn as_view(&self) -> ArenaView<'_, T> {
         ArenaView {

@@ -77,14 +77,7 @@ mod tests {
     use super::*;
 
     fn blk(key: u64, offset: u64, len: u64) -> LiveBlock {
-        LiveBlock {
-            key,
-            offset,
-            len,
-            copy_len: len,
-            align: 16,
-            pinned: false,
-        }
+        LiveBlock::at(key, offset, len, 16)
     }
 
     #[test]

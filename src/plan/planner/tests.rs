@@ -3,14 +3,7 @@
 use super::*;
 
 fn blk(key: u64, offset: u64, len: u64) -> LiveBlock {
-    LiveBlock {
-        key,
-        offset,
-        len,
-        copy_len: len,
-        align: 1,
-        pinned: false,
-    }
+    LiveBlock::at(key, offset, len, 1)
 }
 fn pinned(key: u64, offset: u64, len: u64) -> LiveBlock {
     LiveBlock {
