@@ -20,7 +20,13 @@ impl<B: Backend> Arena<B> {
     ) -> Result<Allocation> {
         // An elastic arena maps more first if its rule says so.
         self.make_room(reserved, align)?;
-        let placed = match self.policy.place(&mut self.core, reserved, align) {
+        let placed = match self.policy.place(
+            &mut self.core,
+            crate::plan::planner::Request {
+                size: reserved,
+                align,
+            },
+        ) {
             Err(Error::OutOfMemory { .. }) if self.tier.is_some() => {
                 // Evictions plan on the real layout.
                 self.policy.settle(&mut self.core)?;

@@ -352,8 +352,12 @@ impl State<'_> {
 }
 
 /// The complement of the target layout (reserved lengths) in the region,
-/// ascending; `None` if it overlaps itself or leaves the region.
+/// ascending; `None` if it overlaps itself, leaves the region or does not
+/// give one offset per block.
 fn target_free(blocks: &[LiveBlock], target: &[u64], capacity: u64) -> Option<Vec<(u64, u64)>> {
+    if target.len() != blocks.len() {
+        return None;
+    }
     let mut used: Vec<(u64, u64)> = blocks
         .iter()
         .zip(target)
@@ -393,9 +397,7 @@ pub fn plan_in_pieces(
     capacity: u64,
     kind: PlanKind,
 ) -> Option<Plan> {
-    if target.len() != blocks.len() {
-        return None;
-    }
+    // `target_free` also refuses a target of another length.
     let mut st = State {
         blocks,
         target,

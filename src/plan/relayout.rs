@@ -348,14 +348,7 @@ mod tests {
     use super::*;
 
     fn blk(key: u64, offset: u64, len: u64, align: u64) -> LiveBlock {
-        LiveBlock {
-            key,
-            offset,
-            len,
-            copy_len: len,
-            align,
-            pinned: false,
-        }
+        LiveBlock::at(key, offset, len, align)
     }
 
     #[test]

@@ -138,21 +138,20 @@ impl Bounded {
     pub(super) fn place<B: Backend>(
         &mut self,
         core: &mut Core<B>,
-        reserved: u64,
-        align: u64,
+        req: Request,
     ) -> Result<Allocation> {
         if self.ended {
             // Deferred moves may remain from mirror mode: a hole over
             // their bytes sends them home.
-            return match core.index.alloc(reserved, align) {
+            return match core.index.alloc(req.size, req.align) {
                 Some(node) => self.cleared(core, node, false),
-                None => self.mirror.fallback(core, reserved, align),
+                None => self.mirror.fallback(core, req.size, req.align),
             };
         }
         if self.free.is_some() {
-            self.place_free(core, reserved, align)
+            self.place_free(core, req.size, req.align)
         } else {
-            self.place_mirror(core, reserved, align)
+            self.place_mirror(core, req.size, req.align)
         }
     }
 

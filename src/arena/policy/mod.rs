@@ -27,6 +27,7 @@ use crate::error::Result;
 use crate::handle::BlockKey;
 use crate::placement::Allocation;
 use crate::plan::planner;
+use crate::plan::planner::Request;
 
 pub(crate) use bounded::Bounded;
 pub(crate) use strict::Strict;
@@ -101,16 +102,15 @@ impl Policy {
     pub(super) fn place<B: Backend>(
         &mut self,
         core: &mut Core<B>,
-        reserved: u64,
-        align: u64,
+        req: Request,
     ) -> Result<Allocation> {
         match self {
-            Policy::Manual => match core.index.alloc(reserved, align) {
+            Policy::Manual => match core.index.alloc(req.size, req.align) {
                 Some(node) => Ok(node),
-                None => Err(out_of_memory(core, reserved, align, false)),
+                None => Err(out_of_memory(core, req.size, req.align, false)),
             },
-            Policy::Strict(s) => s.place(core, reserved, align),
-            Policy::Bounded(b) => b.place(core, reserved, align),
+            Policy::Strict(s) => s.place(core, req),
+            Policy::Bounded(b) => b.place(core, req),
         }
     }
 

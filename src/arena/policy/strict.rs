@@ -18,6 +18,7 @@ use crate::placement::Allocation;
 use crate::plan::lag::{self, Lag, Lagging};
 use crate::plan::pacer::Pacer;
 use crate::plan::planner;
+use crate::plan::planner::Request;
 use crate::plan::{Plan, PlanKind};
 
 /// The state of [`CompactionPolicy::Auto`](crate::CompactionPolicy::Auto).
@@ -41,12 +42,11 @@ impl Strict {
     pub(super) fn place<B: Backend>(
         &mut self,
         core: &mut Core<B>,
-        reserved: u64,
-        align: u64,
+        req: Request,
     ) -> Result<Allocation> {
-        let (node, at_compaction) = match core.index.alloc(reserved, align) {
+        let (node, at_compaction) = match core.index.alloc(req.size, req.align) {
             Some(node) => (node, false),
-            None => self.slow(core, reserved, align)?,
+            None => self.slow(core, req.size, req.align)?,
         };
         self.cleared(core, node, at_compaction)
     }
