@@ -37,8 +37,10 @@
 //!
 //! **Trim**: compacts only when the highest block is above the target (by
 //! evacuating just the blocks above it into holes below, when that moves
-//! less than a full compaction), then unmaps every chunk above the highest
-//! block (the backend unmaps in stream order). The automatic trim, on
+//! less than a full compaction; under the default policy in free mode,
+//! naive's layout is trimmed alike and the arena's plan runs as the
+//! policy's potential affords, `policy/trim.rs`), then unmaps every chunk
+//! above the highest block (the backend unmaps in stream order). The automatic trim, on
 //! allocation and free, targets the largest live bytes of the last window
 //! (`trim_window_us`), looks when they fall and at least once per eighth
 //! of a window, acts only
@@ -433,14 +435,12 @@ impl<B: Backend> Arena<B> {
             if full.bytes_moved() > budget {
                 return Ok(());
             }
-        } else if !unlimited {
-            // A handover to naive's layout moves at most twice the bytes
-            // away from it, then the full compaction at most the live bytes.
-            let away = self.policy.stats(&self.core).away_bytes;
-            let cost = away.saturating_mul(2).saturating_add(self.live_bytes());
-            if cost > budget {
-                return Ok(());
-            }
+        } else if self.policy.trim_free(&mut self.core, cut, budget)? || !unlimited {
+            // Free mode: naive's layout and the arena's evacuated below
+            // the cut, as the potential affords (`policy/trim.rs`); only
+            // an explicit trim goes on to the handover and a full
+            // compaction.
+            return Ok(());
         }
         self.policy.compact(&mut self.core).map(|_| ())
     }

@@ -45,7 +45,7 @@ pub(crate) struct Bounded {
     /// Mirror mode's machinery, `N` and the pacer.
     pub(super) mirror: Strict,
     /// Free mode: naive's layout. `None` in mirror mode.
-    free: Option<Box<Shadow>>,
+    pub(super) free: Option<Box<Shadow>>,
     /// The comparison with naive has ended (naive failed a request, or
     /// spilling ran): the arena goes on with the targeted mechanism.
     pub(super) ended: bool,
@@ -59,7 +59,7 @@ pub(crate) struct Bounded {
 }
 
 /// What a step costs the potential: bytes that `A + R` may grow by.
-fn fits(slack: u64, cost: u64) -> bool {
+pub(super) fn fits(slack: u64, cost: u64) -> bool {
     // A planted bug for the tests (`tests/all/bound.rs`): no budget.
     #[cfg(cuarena_plant = "skip-budget")]
     {
@@ -129,7 +129,7 @@ impl Bounded {
     }
 
     /// `N + 2P - A - R`.
-    fn slack<B: Backend>(&self, core: &Core<B>) -> u64 {
+    pub(super) fn slack<B: Backend>(&self, core: &Core<B>) -> u64 {
         self.bound(core)
             .saturating_sub(core.counters.bytes_moved.saturating_add(self.owed()))
     }
@@ -370,19 +370,7 @@ impl Bounded {
             };
             // Blocks naive moves away from where the arena has them, or
             // brings to it.
-            let mut grows = 0u64;
-            let mut shrinks = 0u64;
-            for &(key, at, len) in &moved {
-                let arena_at = match core.blocks.get(key).map(|b| &b.place) {
-                    Some(Place::Device(a)) => a.offset(),
-                    _ => continue,
-                };
-                match (shadow.is_away(key), arena_at != at) {
-                    (false, true) => grows = grows.saturating_add(len),
-                    (true, false) => shrinks = shrinks.saturating_add(len),
-                    _ => {}
-                }
-            }
+            let (grows, shrinks) = moved_away(core, shadow, &moved);
             let slack = self
                 .slack(core)
                 .saturating_add(bytes)
@@ -479,7 +467,7 @@ impl Bounded {
     }
 
     /// Recomputes which blocks are away (after the arena's own plans).
-    fn note_all<B: Backend>(&mut self, core: &Core<B>) {
+    pub(super) fn note_all<B: Backend>(&mut self, core: &Core<B>) {
         let Some(shadow) = self.free.as_mut() else {
             return;
         };
@@ -661,4 +649,27 @@ impl<B: Backend> Core<B> {
         }
         Ok((old, old_owners, nodes))
     }
+}
+
+/// Bytes of the blocks that naive's `moved` takes away from where the
+/// arena has them, and bytes it brings back to it.
+pub(super) fn moved_away<B: Backend>(
+    core: &Core<B>,
+    shadow: &Shadow,
+    moved: &[super::shadow::Moved],
+) -> (u64, u64) {
+    let mut grows = 0u64;
+    let mut shrinks = 0u64;
+    for &(key, at, len) in moved {
+        let arena_at = match core.blocks.get(key).map(|b| &b.place) {
+            Some(Place::Device(a)) => a.offset(),
+            _ => continue,
+        };
+        match (shadow.is_away(key), arena_at != at) {
+            (false, true) => grows = grows.saturating_add(len),
+            (true, false) => shrinks = shrinks.saturating_add(len),
+            _ => {}
+        }
+    }
+    (grows, shrinks)
 }

@@ -16,6 +16,7 @@ mod bounded;
 mod shadow;
 mod strict;
 mod targeted;
+mod trim;
 
 use std::num::NonZeroU64;
 
@@ -250,6 +251,20 @@ impl Policy {
             Policy::Bounded(b) => {
                 b.mirror.naive_bytes = b.mirror.naive_bytes.saturating_add(bytes);
             }
+        }
+    }
+
+    /// An elastic trim below `cut` in free mode (see `trim.rs`): whether
+    /// the arena and naive's layout now end at or below it.
+    pub(super) fn trim_free<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        cut: u64,
+        budget: u64,
+    ) -> Result<bool> {
+        match self {
+            Policy::Bounded(b) => b.trim_free(core, cut, budget),
+            _ => Ok(false),
         }
     }
 

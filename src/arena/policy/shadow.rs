@@ -178,6 +178,16 @@ impl Shadow {
         Some((moved, plan.bytes_moved()))
     }
 
+    /// Naive's evacuation of the blocks above `cut` into holes below it
+    /// (naive trims as the arena does): the moved blocks and its bytes,
+    /// without applying it; `None` if there is no such plan.
+    pub(super) fn naive_evacuation(&mut self, cut: u64) -> Option<(Vec<Moved>, u64)> {
+        self.collect_live();
+        let plan = crate::plan::planner::evacuate::plan_evacuate(&self.live, cut)?;
+        let moved = final_offsets(&plan, &self.live);
+        Some((moved, plan.bytes_moved()))
+    }
+
     /// Applies naive's compaction (`moved` from
     /// [`naive_compaction`](Self::naive_compaction)): the shadow's index is
     /// rebuilt as naive's is.

@@ -1,0 +1,80 @@
+//! The default policy under an elastic arena's trim, in free mode: naive
+//! trims too (its layout's blocks above the cut evacuated below it, its
+//! bytes counted in `N`), and the arena evacuates its own blocks above the
+//! cut if the potential `N + 2P - A - R` affords it. In mirror mode the
+//! arena's layout is naive's and a trim moves both alike (`note_external`).
+
+use std::time::Instant;
+
+use super::bounded::{fits, moved_away, Bounded};
+use crate::arena::block::Place;
+use crate::arena::core::Core;
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::plan::planner;
+use crate::plan::planner::evacuate::plan_evacuate;
+
+impl Bounded {
+    /// Evacuates naive's layout and then the arena's below `cut`, the
+    /// arena's within `budget` bytes moved. Returns whether both now end
+    /// at or below `cut`; `false`, with the arena's layout unchanged, where
+    /// the potential or the budget does not afford its evacuation.
+    pub(super) fn trim_free<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        cut: u64,
+        budget: u64,
+    ) -> Result<bool> {
+        let t0 = Instant::now();
+        let Some(shadow) = self.free.as_mut() else {
+            return Ok(false);
+        };
+        if shadow.index.used_end() > cut {
+            // Naive evacuates, or packs its layout where no evacuation fits.
+            let Some((moved, bytes)) = shadow
+                .naive_evacuation(cut)
+                .or_else(|| shadow.naive_compaction(0, 1))
+            else {
+                return Ok(false);
+            };
+            let (grows, shrinks) = moved_away(core, shadow, &moved);
+            let slack = self
+                .slack(core)
+                .saturating_add(bytes)
+                .saturating_add(2 * shrinks);
+            if !fits(slack, grows.saturating_mul(2)) {
+                return Ok(false);
+            }
+            let Some(shadow) = self.free.as_mut() else {
+                return Ok(false);
+            };
+            if let Err(e) = shadow.apply(&moved) {
+                return Err(core.broken("naive's evacuation in the shadow failed", e));
+            }
+            self.mirror.naive_bytes = self.mirror.naive_bytes.saturating_add(bytes);
+            for &(key, _, len) in &moved {
+                if let Some(Place::Device(a)) = core.blocks.get(key).map(|b| &b.place) {
+                    shadow.note(key, len, a.offset());
+                }
+            }
+        }
+        if core.index.used_end() <= cut {
+            return Ok(true);
+        }
+        core.collect_live();
+        let Some(plan) = plan_evacuate(&core.live, cut)
+            .or_else(|| Some(planner::plan_full(&core.live, core.capacity())))
+        else {
+            return Ok(false);
+        };
+        // Each moved byte costs once in `A` and, if its block leaves
+        // naive's place, twice more in `R`.
+        let t = plan.bytes_moved();
+        if t > budget || !fits(self.slack(core), t.saturating_mul(3)) {
+            return Ok(false);
+        }
+        core.run(plan, t0)?;
+        self.note_all(core);
+        Ok(true)
+    }
+}
