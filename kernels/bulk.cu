@@ -58,17 +58,21 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
 }
 
+// mbarrier.try_wait or .test_wait (`op`) on `bar`: sets `ok` to 1 when the
+// phase of parity `parity` has completed.
+#define CUARENA_MBAR_WAIT(op, ok, bar, parity)                                         \
+    asm volatile("{ .reg .pred p; mbarrier." op ".parity.shared::cta.b64 p, [%1], %2; " \
+                 "selp.u32 %0, 1, 0, p; }"                                             \
+                 : "=r"(ok)                                                            \
+                 : "r"(bar), "r"(parity)                                               \
+                 : "memory")
+
 // Whether the phase of parity `parity` of the mbarrier has completed; may
 // suspend the thread for a while (for threads that have nothing else to do).
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
     u32 ok = 0;
 #if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    CUARENA_MBAR_WAIT("try_wait", ok, bar, parity);
 #endif
     return ok != 0;
 }
@@ -77,12 +81,7 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ bool mbar_test_wait(u32 bar, u32 parity) {
     u32 ok = 0;
 #if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    CUARENA_MBAR_WAIT("test_wait", ok, bar, parity);
 #endif
     return ok != 0;
 }

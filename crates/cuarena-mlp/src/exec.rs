@@ -106,6 +106,25 @@ impl Operand {
 }
 
 impl Kernel {
+    /// C = op(A) · op(B), C [m×n], inner dimension k.
+    pub fn matmul(
+        op: Op,
+        a: Handle,
+        b: Handle,
+        c: Handle,
+        (m, n, k): (usize, usize, usize),
+    ) -> Self {
+        Kernel::Matmul {
+            op,
+            a,
+            b,
+            c,
+            m,
+            n,
+            k,
+        }
+    }
+
     /// The pointer arguments in the order of the kernel's C signature in
     /// `mlp.cu`. Every executor makes them resident in this order before
     /// the kernel runs, so the spill decisions of the GPU, the host

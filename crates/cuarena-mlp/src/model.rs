@@ -104,15 +104,13 @@ pub fn forward<E: Exec>(e: &mut E, net: &Net, x: &Storage, n: usize, keep: bool)
     let last = net.layers.len() - 1;
     for (i, l) in net.layers.iter().enumerate() {
         let z = alloc_f32(e, n * l.fan_out)?;
-        e.run(Kernel::Matmul {
-            op: Op::NN,
-            a: input,
-            b: h(&l.w),
-            c: h(&z),
-            m: n,
-            n: l.fan_out,
-            k: l.fan_in,
-        })?;
+        e.run(Kernel::matmul(
+            Op::NN,
+            input,
+            h(&l.w),
+            h(&z),
+            (n, l.fan_out, l.fan_in),
+        ))?;
         e.run(Kernel::BiasAdd {
             z: h(&z),
             b: h(&l.b),
@@ -216,15 +214,13 @@ pub fn backward_with<E: Exec>(
         };
         let input = h_prev.as_ref().map_or(h(x), h);
         let gw = alloc_f32(e, l.fan_in * l.fan_out)?;
-        e.run(Kernel::Matmul {
-            op: Op::TN,
-            a: input,
-            b: h(&dz),
-            c: h(&gw),
-            m: l.fan_in,
-            n: l.fan_out,
-            k: n,
-        })?;
+        e.run(Kernel::matmul(
+            Op::TN,
+            input,
+            h(&dz),
+            h(&gw),
+            (l.fan_in, l.fan_out, n),
+        ))?;
         let gb = alloc_f32(e, l.fan_out)?;
         e.run(Kernel::ColSum {
             x: h(&dz),
@@ -239,15 +235,13 @@ pub fn backward_with<E: Exec>(
             break;
         }
         let dh = alloc_f32(e, n * l.fan_in)?;
-        e.run(Kernel::Matmul {
-            op: Op::NT,
-            a: h(&dz),
-            b: h(&l.w),
-            c: h(&dh),
-            m: n,
-            n: l.fan_in,
-            k: l.fan_out,
-        })?;
+        e.run(Kernel::matmul(
+            Op::NT,
+            h(&dz),
+            h(&l.w),
+            h(&dh),
+            (n, l.fan_in, l.fan_out),
+        ))?;
         // Last uses of dz and of this layer's input: their blocks are free
         // for the next allocation.
         drop(dz);

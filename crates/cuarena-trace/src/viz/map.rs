@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use super::{c, esc, fmt_bytes, fmt_tick, nice_step, svg_open, ticks, unit_for, MemoryMap};
+use super::{
+    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, MemoryMap,
+};
 
 const WIDTH: u32 = 1200;
 const LEFT: f64 = 20.0;
@@ -176,8 +178,7 @@ pub fn memory_map_svg(maps: &[MemoryMap]) -> String {
         let _ = writeln!(out, "</g>");
         let _ = writeln!(out, "</g>");
     }
-    out.push_str("</svg>\n");
-    out
+    svg_close(out)
 }
 
 #[cfg(test)]

@@ -164,6 +164,12 @@ pub(crate) fn svg_open(out: &mut String, w: u32, h: u32) {
     );
 }
 
+/// Closes the document [`svg_open`] began.
+pub(crate) fn svg_close(mut out: String) -> String {
+    out.push_str("</svg>\n");
+    out
+}
+
 /// Human-readable bytes for labels.
 pub(crate) fn fmt_bytes(b: u64) -> String {
     cuarena::fmt_bytes(b)
