@@ -15,8 +15,8 @@ use crate::schedule::{data_pool, rank_batch, RankBatch};
 use crate::Ddp;
 use cuarena_mlp::gpu::Gpu;
 use cuarena_mlp::{
-    arena_config, backward_with, forward, h, label, loss, update, Dry, Exec, Kernel, Problem, Res,
-    Rng, Settings, Setup, CLASSES,
+    arena_config, backward, forward, h, label, loss, update, Dry, Exec, Kernel, Problem, Res, Rng,
+    Settings, Setup, CLASSES,
 };
 
 // ---- the per-rank loop ------------------------------------------------------------
@@ -89,7 +89,7 @@ pub(crate) fn train_rank<E: Exec, R: Reducer<E>>(
             len: n * CLASSES,
             s: n as f32,
         })?;
-        let grads = backward_with(e, &run.net, &x, n, fwd, dlogits, |e, _, g| red.bucket(e, g))?;
+        let grads = backward(e, &run.net, &x, n, fwd, dlogits, |e, _, g| red.bucket(e, g))?;
         red.wait(e)?;
         let inv = 1.0 / g as f32;
         for (l, (gw, gb)) in run.net.layers.iter().zip(&grads) {

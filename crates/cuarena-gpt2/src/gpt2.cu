@@ -15,37 +15,41 @@
          i += (size_t)gridDim.x * blockDim.x)
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+// The reductions: an associative operation and its identity.
+struct Sum {
+    __device__ static float apply(float a, float b) { return a + b; }
+    __device__ static float identity() { return 0.0f; }
+};
+
+struct Max {
+    __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+    __device__ static float identity() { return NEG_INF; }
+};
+
+// Over a warp; every lane gets the result.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    return v;
-}
-
-// Sum over a block of up to 1024 threads (a multiple of 32); every thread
-// gets the result. `sh` holds 32 floats.
-__device__ float block_sum(float v, float* sh) {
+// Over a block of up to 1024 threads (a multiple of 32); every thread gets
+// the result. `sh` holds 32 floats.
+template <class Op>
+__device__ float block_reduce(float v, float* sh) {
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_sum(v);
+    v = warp_reduce<Op>(v);
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nw ? sh[lane] : Op::identity();
+    return warp_reduce<Op>(v);
 }
 
-__device__ float block_max(float v, float* sh) {
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : NEG_INF;
-    return warp_max(v);
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<Sum>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<Max>(v); }
+__device__ float block_sum(float v, float* sh) { return block_reduce<Sum>(v, sh); }
+__device__ float block_max(float v, float* sh) { return block_reduce<Max>(v, sh); }
 
 extern "C" __global__ void fill_zero(float* p, unsigned long long n) {
     GRID_STRIDE(i, n)

@@ -175,22 +175,11 @@ pub fn loss<E: Exec>(
 
 /// Backward pass: consumes the activations (each dropped after its last
 /// use) and the gradient of the logits, and returns the gradients
-/// `(dW, db)` per layer.
+/// `(dW, db)` per layer. Calls `bucket(e, layer, (dW, db))` as soon as a
+/// layer's gradients are computed (last layer first), before the rest of
+/// the pass is enqueued: where data-parallel training starts their
+/// all-reduce.
 pub fn backward<E: Exec>(
-    e: &mut E,
-    net: &Net,
-    x: &Storage,
-    n: usize,
-    fwd: Fwd,
-    dlogits: Storage,
-) -> Res<Vec<(Storage, Storage)>> {
-    backward_with(e, net, x, n, fwd, dlogits, |_, _, _| Ok(()))
-}
-
-/// [`backward`], calling `bucket(e, layer, (dW, db))` as soon as a layer's
-/// gradients are computed (last layer first), before the rest of the pass
-/// is enqueued: where data-parallel training starts their all-reduce.
-pub fn backward_with<E: Exec>(
     e: &mut E,
     net: &Net,
     x: &Storage,
@@ -504,7 +493,7 @@ pub fn train<E: Exec>(e: &mut E, p: &Problem, s: &Settings, log: bool) -> Res<Ou
         // The data loader starts the upload of a batch now, on its own
         // stream: it lands among this step's activations and outlives them.
         queue.push_back(make_batch(e, s, &mut sched, &mut data, &mut buf, &pool)?);
-        let grads = backward(e, &run.net, &batch.x, n, fwd, dlogits)?;
+        let grads = backward(e, &run.net, &batch.x, n, fwd, dlogits, |_, _, _| Ok(()))?;
         update(
             e,
             &run.net,

@@ -103,6 +103,27 @@ pub fn short_str(t: &str) -> Vec<u8> {
     b
 }
 
+/// The shortest integer op for `v`: BININT1, BININT2 or BININT.
+pub fn int(v: u32) -> Vec<u8> {
+    match v {
+        0..=0xff => vec![b'K', v as u8],
+        0x100..=0xffff => [&[b'M'][..], &(v as u16).to_le_bytes()].concat(),
+        _ => [&[b'J'][..], &v.to_le_bytes()].concat(),
+    }
+}
+
+/// The items of an `alloc` event dict (after its MARK, before SETITEMS):
+/// `"action": "alloc", "addr": addr, "size": size`.
+pub fn alloc_items(addr: u32, size: u32) -> Vec<u8> {
+    let mut b = short_str("action");
+    b.extend(short_str("alloc"));
+    b.extend(short_str("addr"));
+    b.extend(int(addr));
+    b.extend(short_str("size"));
+    b.extend(int(size));
+    b
+}
+
 /// `{"device_traces": [[{"action": "alloc", "addr": 1, "size": 5}]],
 /// "segments": [{"address": 0, "total_size": 2^40, "blocks": [B] * n}]}`
 /// where B is one block dict, shared: `block` pushes it and memoizes it
@@ -112,12 +133,8 @@ pub fn shared_block_snapshot(block: &[u8], memo: u8, n: usize) -> Vec<u8> {
     let mut b = vec![b'}'];
     b.extend(short_str("device_traces"));
     b.extend(b"]]}(");
-    b.extend(short_str("action"));
-    b.extend(short_str("alloc"));
-    b.extend(short_str("addr"));
-    b.extend(b"K\x01");
-    b.extend(short_str("size"));
-    b.extend(b"K\x05uaas");
+    b.extend(alloc_items(1, 5));
+    b.extend(b"uaas");
     b.extend(short_str("segments"));
     b.extend(b"]}(");
     b.extend(short_str("address"));
@@ -212,14 +229,7 @@ pub fn memo_bomb_gz(batches: usize) -> Vec<u8> {
     let mut p = vec![0x80, 4, b'}'];
     p.extend(short_str("device_traces"));
     p.extend_from_slice(b"]]}(");
-    p.extend(short_str("action"));
-    p.extend(short_str("alloc"));
-    p.extend(short_str("addr"));
-    p.push(b'J');
-    p.extend_from_slice(&(1u32 << 20).to_le_bytes());
-    p.extend(short_str("size"));
-    p.push(b'M');
-    p.extend_from_slice(&512u16.to_le_bytes());
+    p.extend(alloc_items(1 << 20, 512));
     // SETITEMS, MEMOIZE (memo 0), APPEND to the device's list.
     p.extend_from_slice(b"u\x94a");
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());

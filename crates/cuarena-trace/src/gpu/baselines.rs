@@ -325,8 +325,8 @@ fn size_of(size: u64) -> Result<usize> {
     })?)
 }
 
-/// Replays `ops` with one allocator of the driver: `alloc(bytes)` makes
-/// one call and returns the block's address, `free(address)` one call
+/// Replays `ops` with one allocator of the driver: `alloc(&mut address,
+/// bytes)` makes one call that sets the block's address, `free(address)` one call
 /// that gives it back (each counted; a zero-byte allocation makes none).
 /// `after(i, op)` runs after every op that succeeded; its error is the
 /// replay's. Returns the outcome (the first refused call ends the
@@ -334,7 +334,7 @@ fn size_of(size: u64) -> Result<usize> {
 fn drive(
     ops: &Ops,
     live: &mut Live,
-    mut alloc: impl FnMut(usize) -> Result<sys::CUdeviceptr>,
+    mut alloc: impl FnMut(&mut sys::CUdeviceptr, usize) -> Result<()>,
     mut free: impl FnMut(sys::CUdeviceptr) -> Result<()>,
     mut after: impl FnMut(usize, Op) -> Result<()>,
 ) -> Result<(Outcome, usize, u64)> {
@@ -348,7 +348,9 @@ fn drive(
                 }
                 let bytes = size_of(size)?;
                 calls += 1;
-                *slot = alloc(bytes)?;
+                let mut p: sys::CUdeviceptr = 0;
+                alloc(&mut p, bytes)?;
+                *slot = p;
                 Ok(())
             })(),
             Op::Free { id } => (|| -> Result<()> {
@@ -388,13 +390,11 @@ pub fn replay_pool(ops: &Ops, options: &PoolOptions) -> Result<BaselineReport> {
     let (outcome, ops_run, calls) = drive(
         ops,
         &mut live,
-        |bytes| {
-            let mut p: sys::CUdeviceptr = 0;
+        |p, bytes| {
             // SAFETY: `p` is valid for the call, `pool` and the stream
             // are live and of the current context.
-            let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool.raw, s) };
-            check(r, "cuMemAllocFromPoolAsync")?;
-            Ok(p)
+            let r = unsafe { sys::cuMemAllocFromPoolAsync(p, bytes, pool.raw, s) };
+            check(r, "cuMemAllocFromPoolAsync")
         },
         |p| {
             // SAFETY: `p` came from cuMemAllocFromPoolAsync on this stream
@@ -530,11 +530,9 @@ pub fn replay_cu_mem_alloc(ops: &Ops, ordinal: usize) -> Result<BaselineReport> 
     let (outcome, ops_run, calls) = drive(
         ops,
         &mut live,
-        |bytes| {
-            let mut p: sys::CUdeviceptr = 0;
+        |p, bytes| {
             // SAFETY: `p` is valid for the call; the context is current.
-            check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc")?;
-            Ok(p)
+            check(unsafe { sys::cuMemAlloc_v2(p, bytes) }, "cuMemAlloc")
         },
         |p| {
             // SAFETY: `p` came from cuMemAlloc and is freed once (`drive`

@@ -585,7 +585,9 @@ pub(crate) struct Search {
 pub(crate) struct Found<R> {
     /// The smallest capacity that completed.
     pub(crate) ok: u64,
-    /// The largest capacity that failed below it (0 when `lower` completed).
+    /// The largest capacity that failed below it (0 when `lower` completed;
+    /// the CUDA pool's search reports it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) failed: u64,
     /// The replay at `ok`.
     pub(crate) report: R,

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, MemoryMap,
+    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, x_tick, MemoryMap,
 };
 
 const WIDTH: u32 = 1200;
@@ -158,15 +158,7 @@ pub fn memory_map_svg(maps: &[MemoryMap]) -> String {
         );
         for v in ticks(cap_units, step) {
             let x = px((v * unit.bytes) as u64);
-            let _ = writeln!(
-                out,
-                "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#333\"/><text x=\"{0}\" y=\"{3}\">{4}</text>",
-                c(x),
-                c(by + BAR_H),
-                c(by + BAR_H + 5.0),
-                c(by + BAR_H + 17.0),
-                fmt_tick(v, step)
-            );
+            x_tick(&mut out, x, by + BAR_H, 17.0, &fmt_tick(v, step));
         }
         let _ = writeln!(
             out,

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, Timeline,
+    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, x_tick, Timeline,
 };
 
 const WIDTH: u32 = 1440;
@@ -213,15 +213,7 @@ pub fn timeline_svg(t: &Timeline) -> String {
             break;
         }
         let x = f.x(xv);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#333\"/><text x=\"{0}\" y=\"{3}\">{4}</text>",
-            c(x),
-            c(TOP + plot_h),
-            c(TOP + plot_h + 5.0),
-            c(TOP + plot_h + 18.0),
-            xv
-        );
+        x_tick(&mut out, x, TOP + plot_h, 18.0, &xv.to_string());
         xv = xv.saturating_add(x_step as u64);
     }
     let _ = writeln!(out, "</g>");

@@ -11,8 +11,8 @@ use cuarena_trace::ToolError;
 use serde_pickle::{HashableValue, Value};
 
 use cuarena_testkit::trace::{
-    data, deep_list_pickle, dict, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle,
-    pickle, shared_block_snapshot, short_str, DEEP,
+    alloc_items, data, deep_list_pickle, dict, dup_tuple2_pickle, gzip_zeros, long4_pickle,
+    mark_flood_pickle, pickle, shared_block_snapshot, short_str, DEEP,
 };
 
 /// Reads `bytes`, checking it takes under 10 s (release; debug is slower).
@@ -422,12 +422,7 @@ fn event_dict_shared_between_devices_keeps_each_device() {
     let mut b = vec![b'}'];
     b.extend(short_str("device_traces"));
     b.extend(b"(]((");
-    b.extend(short_str("action"));
-    b.extend(short_str("alloc"));
-    b.extend(short_str("addr"));
-    b.extend(b"M\x00\x10");
-    b.extend(short_str("size"));
-    b.extend(b"M\x00\x04");
+    b.extend(alloc_items(4096, 1024));
     b.extend(b"d\x94e](h\x00el");
     b.extend(b"s");
     let r = read(&pickle(&b));
