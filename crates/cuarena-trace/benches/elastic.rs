@@ -45,7 +45,9 @@ fn main() {
     println!(
         "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | expandable segments: reserved mean / mean mapped | moved | naive at peak | trims | checks |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!(
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    );
     let mut failed = 0;
     for BenchTrace {
         path: p,
@@ -68,14 +70,17 @@ fn main() {
         // folder has it (`settings/NAME__exp.pickle.gz`): its reserved mean
         // against the elastic arena's mean mapped on that recording.
         let stem = name.trim_end_matches(".gz").trim_end_matches(".pickle");
-        let exp = Trace::read(&dir.join("settings").join(format!("{stem}__exp.pickle.gz")))
-            .ok()
-            .and_then(|e| {
-                let d = *e.devices().first()?;
-                let ops = e.ops(d).ok()?;
-                let r = replay_elastic(&ops, ALIGN, window, slack).ok()?;
-                Some(reserved_mean(&e, &ops, d) as f64 / r.mean_mapped_bytes.max(1) as f64)
-            });
+        let exp = Trace::read(
+            &p.with_file_name("settings")
+                .join(format!("{stem}__exp.pickle.gz")),
+        )
+        .ok()
+        .and_then(|e| {
+            let d = *e.devices().first()?;
+            let ops = e.ops(d).ok()?;
+            let r = replay_elastic(&ops, ALIGN, window, slack).ok()?;
+            Some(reserved_mean(&e, &ops, d) as f64 / r.mean_mapped_bytes.max(1) as f64)
+        });
         let peak = r.peak_live_bytes;
         let mut bad = Vec::new();
         if !r.outcome.is_completed() {
