@@ -93,6 +93,18 @@ def check_link(target: str, base: pathlib.Path, where: str, errors: list, rustdo
             errors.append(f"{where}: link to {target}: no such heading")
 
 
+def prose(numbered):
+    """(line number, text) of the numbered lines outside fenced code blocks,
+    code spans removed (they are neither prose nor links)."""
+    in_code = False
+    for n, text in numbered:
+        if text.lstrip().startswith("```"):
+            in_code = not in_code
+            continue
+        if not in_code:
+            yield n, re.sub(r"`[^`]*`", "", text)
+
+
 def link_targets(text: str) -> list:
     """The targets of a line's inline links and of its reference definition."""
     targets = [m.group(1) for m in LINK.finditer(text)]
@@ -121,21 +133,14 @@ def main() -> int:
     for src in SOURCES:
         for path in sorted((ROOT / src).rglob("*.rs")):
             rel = path.relative_to(ROOT)
-            in_code = False
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for n, line in enumerate(lines, 1):
                 for m in BENCH_ANCHOR.finditer(line):
                     if m.group(1) not in bench_anchors:
                         errors.append(f"{rel}:{n}: BENCHMARKS.md has no heading #{m.group(1)}")
-                doc = re.match(r"\s*//[/!](.*)", line)
-                if not doc:
-                    continue
-                text = doc.group(1)
-                if text.strip().startswith("```"):
-                    in_code = not in_code
-                    continue
-                if in_code:
-                    continue
-                text = re.sub(r"`[^`]*`", "", text)  # code spans: not prose
+            doc_lines = ((n, d.group(1)) for n, line in enumerate(lines, 1)
+                    if (d := re.match(r"\s*//[/!](.*)", line)))
+            for n, text in prose(doc_lines):
                 for m in FIGURE.finditer(text):
                     if m.group(0).replace(" ", "") not in figures:
                         errors.append(
@@ -151,14 +156,7 @@ def main() -> int:
     for path in docs + sorted(rustdoc_md - set(docs)):
         rel = path.relative_to(ROOT)
         rustdoc = path in rustdoc_md
-        in_code = False
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.lstrip().startswith("```"):
-                in_code = not in_code
-                continue
-            if in_code:
-                continue
-            text = re.sub(r"`[^`]*`", "", line)  # code spans: not links
+        for n, text in prose(enumerate(path.read_text(encoding="utf-8").splitlines(), 1)):
             for target in link_targets(text):
                 check_link(target, path.parent, f"{rel}:{n}", errors, rustdoc=rustdoc, page=path)
     for e in errors:
