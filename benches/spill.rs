@@ -1,9 +1,9 @@
 //! Spilling on the GPU: what oversubscription costs a training loop, and
 //! how fast the host tier's copies run.
 //!
-//! The loop is `examples/train_mlp/` itself, compiled into this bench as
-//! a module (not the example binary): the same model, batches, allocation
-//! order and kernels, with `--data-pool` (batches are windows of inputs
+//! The loop is the `train_mlp` example's own (the `cuarena-mlp` crate,
+//! not the example binary): the same model, batches, allocation order and
+//! kernels, with `--data-pool` (batches are windows of inputs
 //! made up front, so that the host's Gaussian sampling does not hide the
 //! device's work) and one evaluation at the end. It is run with an arena
 //! that fits (1.05 x the dry run's peak of live bytes, no host tier), then
@@ -27,10 +27,6 @@
 //! executable). Without one it prints why and exits 0. Environment:
 //! `CUARENA_BENCH_SPILL_STEPS` (default 1000), `CUARENA_BENCH_SPILL_REPS`
 //! (default 3).
-
-#[allow(dead_code)]
-#[path = "../examples/train_mlp/main.rs"]
-mod train_mlp;
 
 #[cfg(feature = "cuda")]
 fn main() {
@@ -58,19 +54,13 @@ mod gpu {
     use cuarena::backend::cuda::cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
     use cuarena::fmt_bytes;
 
-    use super::train_mlp::gpu::{Dir, SpillTiming};
-    use super::train_mlp::{gpu_train, problem, Settings};
+    use cuarena_mlp::gpu::{Dir, SpillTiming};
+    use cuarena_mlp::{gpu_train, problem, Settings};
+    use cuarena_testkit::{env_u64, median};
 
     type Res<T> = Result<T, Box<dyn Error>>;
 
     const MIB: usize = 1 << 20;
-
-    fn env_usize(name: &str, default: usize) -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(default)
-    }
 
     /// One configuration's runs.
     struct Row {
@@ -207,8 +197,7 @@ mod gpu {
                 let (o, i) = self.replay(&[(dir, bytes)])?;
                 times.push(o + i);
             }
-            times.sort_by(f64::total_cmp);
-            Ok(bytes as f64 / (times[times.len() / 2] * 1e6))
+            Ok(bytes as f64 / (median(&mut times) * 1e6))
         }
     }
 
@@ -221,8 +210,12 @@ mod gpu {
     }
 
     pub fn run() -> Res<()> {
-        let steps = env_usize("CUARENA_BENCH_SPILL_STEPS", 1000).max(10);
-        let reps = env_usize("CUARENA_BENCH_SPILL_REPS", 3).max(1);
+        let steps = env_u64("CUARENA_BENCH_SPILL_STEPS")
+            .map_or(1000, |n| n as usize)
+            .max(10);
+        let reps = env_u64("CUARENA_BENCH_SPILL_REPS")
+            .map_or(3, |n| n as usize)
+            .max(1);
         // Keep the primary context alive between the runs' backends.
         let ctx = CudaContext::new(0)?;
         let device = ctx.name()?;
@@ -258,7 +251,6 @@ mod gpu {
                 rates.push(steps as f64 / r.out.seconds);
                 losses.push((last.train.map_or(f32::NAN, |t| t.0), last.eval_loss));
             }
-            rates.sort_by(f64::total_cmp);
             // ...then one run with every spill and restore copy timed.
             s.time_copies = true;
             let mut r = gpu_train(&s, &p, false)?;
@@ -277,7 +269,7 @@ mod gpu {
                 label: label.to_string(),
                 ratio,
                 capacity_over_peak: st.capacity_bytes as f64 / r.peak as f64,
-                steps_per_s: rates[rates.len() / 2],
+                steps_per_s: median(&mut rates),
                 timed_steps_per_s: steps as f64 / r.out.seconds,
                 evictions: st.evictions,
                 restores: st.restores,

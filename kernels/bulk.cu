@@ -58,31 +58,25 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
 }
 
-// Whether the phase of parity `parity` of the mbarrier has completed; may
-// suspend the thread for a while (for threads that have nothing else to do).
-__device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
+// Whether the phase of parity `parity` of the mbarrier has completed.
+// SUSPEND (mbarrier.try_wait) may suspend the thread for a while, for
+// threads that have nothing else to do; without (test_wait) it never does,
+// for the producer, which polls several.
+template <bool SUSPEND>
+__device__ __forceinline__ bool mbar_done(u32 bar, u32 parity) {
     u32 ok = 0;
 #if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-#endif
-    return ok != 0;
-}
-
-// The same test, never suspending (for the producer, which polls several).
-__device__ __forceinline__ bool mbar_test_wait(u32 bar, u32 parity) {
-    u32 ok = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
+#define CUARENA_MBAR_WAIT(op)                                                              \
+    asm volatile("{ .reg .pred p; mbarrier." op ".parity.shared::cta.b64 p, [%1], %2; " \
+                 "selp.u32 %0, 1, 0, p; }"                                                \
+                 : "=r"(ok)                                                               \
+                 : "r"(bar), "r"(parity)                                                  \
+                 : "memory")
+    if (SUSPEND)
+        CUARENA_MBAR_WAIT("try_wait");
+    else
+        CUARENA_MBAR_WAIT("test_wait");
+#undef CUARENA_MBAR_WAIT
 #endif
     return ok != 0;
 }
@@ -198,7 +192,7 @@ __device__ __forceinline__ void bulk_produce(const WaveArgs& a, u32 stages, unsi
     for (;;) {
         // A slot is free in round 0, later once its consumers released it
         // in the round before (phase round - 1 of its empty barrier).
-        if (round == 0 || mbar_test_wait(smem_addr(&empty[s]), (round - 1u) & 1u)) {
+        if (round == 0 || mbar_done<false>(smem_addr(&empty[s]), (round - 1u) & 1u)) {
             if (t0 >= a.n_tiles) {
                 // No tiles left: the consumers stop at this slot.
                 ticket[s] = CUARENA_NO_TICKET;
@@ -225,7 +219,7 @@ __device__ __forceinline__ void bulk_produce(const WaveArgs& a, u32 stages, unsi
         // Publish the loads that have landed.
         for (u32 m = unpub; m != 0; m &= m - 1u) {
             const u32 x = __ffs(m) - 1u;
-            if (mbar_test_wait(smem_addr(&full[x]), par >> x & 1u)) {
+            if (mbar_done<false>(smem_addr(&full[x]), par >> x & 1u)) {
                 st_relaxed(&a.flags[ticket[x]], a.epoch);
                 unpub &= ~(1u << x);
             }
@@ -272,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(CUARENA_THREADS) cuarena_move_bulk(
     u32 s = 0, round = 0;
     for (;;) {
         const u32 full = smem_addr(&s_full[s]), empty = smem_addr(&s_empty[s]);
-        while (!mbar_try_wait(full, round & 1u)) {
+        while (!mbar_done<true>(full, round & 1u)) {
         }
         const u32 t = s_ticket[s];
         if (t == CUARENA_NO_TICKET) break;

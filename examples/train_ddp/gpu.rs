@@ -9,11 +9,11 @@ use cuarena::backend::cuda::nccl::{self, Communicator, UniqueId};
 use cuarena::backend::cuda::CudaBackend;
 use cuarena::Stats;
 
-use crate::mlp::gpu::Gpu;
-use crate::mlp::{problem, Res};
 use crate::rank::{rank_arena, rank_run, train_rank, Alone, RankRun};
 use crate::report::{compare, report_arena};
 use crate::{Ddp, DdpMode};
+use cuarena_mlp::gpu::Gpu;
+use cuarena_mlp::{problem, Res};
 
 /// The threads or the process run, or a line saying why there is none
 /// (no GPU, no libnccl: exit status 0).

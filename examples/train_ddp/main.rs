@@ -47,10 +47,6 @@
 //! dry run of that rank's allocation sequence on a metadata arena, which
 //! also predicts its compactions exactly.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../train_mlp/main.rs"]
-mod mlp;
-
 mod gpu;
 mod rank;
 mod report;
@@ -60,7 +56,7 @@ use std::process::ExitCode;
 
 use cuarena::fmt_bytes;
 
-use mlp::{problem, Res, Settings};
+use cuarena_mlp::{problem, value, Res, Settings};
 use rank::{compactions, rank_arena};
 
 /// What to run, from the command line.
@@ -107,13 +103,6 @@ fn parse() -> Res<Ddp> {
     };
     let (mut world, mut rank, mut id_file, mut device, mut dry) = (None, None, None, None, false);
     let mut p = lexopt::Parser::from_env();
-    fn num<T: std::str::FromStr>(p: &mut lexopt::Parser) -> Res<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        let v = p.value()?.to_string_lossy().into_owned();
-        v.parse().map_err(|e| format!("{v}: {e}").into())
-    }
     while let Some(arg) = p.next()? {
         match arg {
             Short('h') | Long("help") => {
@@ -124,16 +113,15 @@ fn parse() -> Res<Ddp> {
                 })
             }
             Long("dry") => dry = true,
-            Long("world") => world = Some(num::<usize>(&mut p)?.max(1)),
-            Long("rank") => rank = Some(num::<usize>(&mut p)?),
-            Long("device") => device = Some(num::<usize>(&mut p)?),
+            Long("world") => world = Some(value::<usize>(&mut p, "--world")?.max(1)),
+            Long("rank") => rank = Some(value::<usize>(&mut p, "--rank")?),
+            Long("device") => device = Some(value::<usize>(&mut p, "--device")?),
             Long("id-file") => id_file = Some(std::path::PathBuf::from(p.value()?)),
-            Long("steps") => s.steps = num::<usize>(&mut p)?.max(1),
-            Long("max-batch") => s.max_batch = num::<usize>(&mut p)?.max(s.min_batch),
-            Long("every") => s.every = num::<usize>(&mut p)?.max(1),
-            Long("seed") => s.seed = num(&mut p)?,
-            Long("lr") => s.lr = num(&mut p)?,
-            Long("target") => s.target_loss = num(&mut p)?,
+            // The training options both examples take.
+            Long(name) => {
+                let name = name.to_owned();
+                s.option(&name, &mut p)?;
+            }
             other => return Err(other.unexpected().into()),
         }
     }
@@ -175,7 +163,7 @@ fn run_dry(d: &Ddp) -> Res<()> {
     let (peak, config, st) = rank_arena(&p, &d.s, d.world, 0, 1)?;
     println!(
         "  single-GPU reference: {}; {} compactions, {} moved",
-        mlp::arena_line(peak, &config),
+        cuarena_mlp::arena_line(peak, &config),
         compactions(&st),
         fmt_bytes(st.bytes_moved)
     );
@@ -183,7 +171,7 @@ fn run_dry(d: &Ddp) -> Res<()> {
         let (peak, config, st) = rank_arena(&p, &d.s, d.world, r, d.world)?;
         println!(
             "  rank {r}: {}; {} compactions ({} moves, {} moved), {} allocations",
-            mlp::arena_line(peak, &config),
+            cuarena_mlp::arena_line(peak, &config),
             compactions(&st),
             st.moves,
             fmt_bytes(st.bytes_moved),

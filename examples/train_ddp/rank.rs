@@ -11,14 +11,13 @@ use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
 use cuarena::backend::Backend;
 use cuarena::{fmt_bytes, ArenaConfig, Stats, Storage, StreamId};
 
-use crate::mlp::gpu::Gpu;
-use crate::mlp::{
-    alloc_f32, arena_config, backward_with, evaluate, forward, h, label, loss, update, zeros_f32,
-    Dry, Exec, Net, Problem, Res, Rng, Settings, CLASSES, EVAL_ROWS, IN,
-};
 use crate::schedule::{data_pool, rank_batch, RankBatch};
 use crate::Ddp;
-use cuarena::DType;
+use cuarena_mlp::gpu::Gpu;
+use cuarena_mlp::{
+    arena_config, backward, forward, h, label, loss, update, Dry, Exec, Kernel, Problem, Res, Rng,
+    Settings, Setup, CLASSES,
+};
 
 // ---- the per-rank loop ------------------------------------------------------------
 
@@ -64,17 +63,8 @@ pub(crate) fn train_rank<E: Exec, R: Reducer<E>>(
     let stores = e.arena().backend().stores_bytes();
     let pool = data_pool(s, world, stores);
     let mut order = Rng::new(s.seed ^ 0x0d0e ^ rank as u64);
-    let teacher = Net::upload(e, &p.teacher, false)?;
-    let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
-    e.arena().write(&eval_x, &p.eval_x)?;
-    let eval_y = e
-        .arena()
-        .alloc_storage_dtype(DType::I32, EVAL_ROWS as u64)?;
-    label(e, &teacher, &eval_x, &eval_y, EVAL_ROWS)?;
-    let net = Net::upload(e, &p.student, true)?;
-    let train_metrics = zeros_f32(e, 2)?;
-    let eval_metrics = zeros_f32(e, 2)?;
-    let (l0, a0) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
+    let run = Setup::new(e, p)?;
+    let (l0, a0) = run.evaluate(e)?;
     let mut curve = vec![(0, l0, a0)];
     let started = Instant::now();
     // One batch prefetched: uploaded (on the executor's upload stream) in
@@ -84,28 +74,37 @@ pub(crate) fn train_rank<E: Exec, R: Reducer<E>>(
     for t in 1..=s.steps {
         let RankBatch { x, y, n, g } = next.take().ok_or("no batch")?;
         e.await_upload(&x)?;
-        label(e, &teacher, &x, &y, n)?;
-        let mut fwd = forward(e, &net, &x, n, true)?;
+        label(e, &run.teacher, &x, &y, n)?;
+        let mut fwd = forward(e, &run.net, &x, n, true)?;
         let logits = fwd.z.pop().ok_or("no logits")?;
-        let dlogits = loss(e, &logits, &y, n, &train_metrics, true)?.ok_or("no gradient")?;
+        let dlogits = loss(e, &logits, &y, n, &run.train_metrics, true)?.ok_or("no gradient")?;
         drop(logits);
         if t < s.steps {
             next = Some(rank_batch(e, s, world, rank, parts, t + 1, &pool)?);
         }
         // The kernel gives the gradient of this rank's mean loss: times n,
         // the sum over its rows.
-        e.scale(h(&dlogits), n * CLASSES, n as f32)?;
-        let grads = backward_with(e, &net, &x, n, fwd, dlogits, |e, _, g| red.bucket(e, g))?;
+        e.run(Kernel::Scale {
+            x: h(&dlogits),
+            len: n * CLASSES,
+            s: n as f32,
+        })?;
+        let grads = backward(e, &run.net, &x, n, fwd, dlogits, |e, _, g| red.bucket(e, g))?;
         red.wait(e)?;
         let inv = 1.0 / g as f32;
-        for (l, (gw, gb)) in net.layers.iter().zip(&grads) {
-            e.scale(h(gw), l.fan_in * l.fan_out, inv)?;
-            e.scale(h(gb), l.fan_out, inv)?;
+        for (l, (gw, gb)) in run.net.layers.iter().zip(&grads) {
+            for (x, len) in [(gw, l.fan_in * l.fan_out), (gb, l.fan_out)] {
+                e.run(Kernel::Scale {
+                    x: h(x),
+                    len,
+                    s: inv,
+                })?;
+            }
         }
-        update(e, &net, grads, s.lr_at(t - 1), s.momentum, &mut order)?;
+        update(e, &run.net, grads, s.lr_at(t - 1), s.momentum, &mut order)?;
         drop((x, y));
         if t % s.every == 0 || t == s.steps {
-            let (l, a) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
+            let (l, a) = run.evaluate(e)?;
             if log {
                 let st = e.arena().stats();
                 println!(

@@ -4,8 +4,8 @@
 
 use cuarena::{fmt_bytes, Stats};
 
-use crate::mlp::Res;
 use crate::rank::{compactions, RankRun};
+use cuarena_mlp::Res;
 
 /// Relative tolerance on the eval loss, DDP vs the single-GPU reference, at
 /// every eval point. The two runs see the same rows and the same

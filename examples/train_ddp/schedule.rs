@@ -4,8 +4,8 @@
 
 use cuarena::Storage;
 
-use crate::mlp::{alloc_f32, Exec, Res, Rng, Settings, IN};
 use cuarena::DType;
+use cuarena_mlp::{alloc_f32, Exec, Res, Rng, Settings, IN};
 
 /// Rows in the data pool every global batch is a window of: large enough
 /// that the student does not overfit it in the default 3000 steps (a pool

@@ -29,8 +29,8 @@ mod imp {
     use crate::args::ReplayArgs;
     use crate::gpu_table::{arena_row, baseline_row, print_gpu_details, print_table, ratio};
     use crate::replay::{
-        capacity_bytes, file_name, find_min, load, print_details, result_cell, write_file,
-        write_map, Loaded,
+        capacity_bytes, file_name, find_min, load, print_head, result_cell, write_file, write_map,
+        Loaded,
     };
     use crate::{Failure, Res};
 
@@ -42,8 +42,7 @@ mod imp {
         }
         let loaded = load(args)?;
         let verdict = crate::verdict::compute(&loaded, args.align, args.policy)?;
-        crate::screen::print(&loaded, &verdict, args.align)?;
-        print_details(&loaded, args)?;
+        print_head(&loaded, &verdict, args)?;
         let Loaded {
             trace,
             device,
@@ -103,9 +102,9 @@ mod imp {
             Ok(g) => {
                 print_gpu_details(g)?;
                 let same = g.warmup.iter().chain([&g.timed]).all(|p| {
-                    p.targeted_compactions == meta.targeted_compactions
-                        && p.full_compactions == meta.full_compactions
-                        && p.bytes_moved == meta.bytes_moved
+                    p.compaction.targeted_compactions == meta.compaction.targeted_compactions
+                        && p.compaction.full_compactions == meta.compaction.full_compactions
+                        && p.compaction.bytes_moved == meta.compaction.bytes_moved
                         && p.ops_run == meta.ops_run
                         && p.peak_live_bytes == meta.peak_live_bytes
                 });

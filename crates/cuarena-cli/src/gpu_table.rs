@@ -108,9 +108,9 @@ pub(crate) fn arena_row(
         cap_over_peak: ratio(capacity, peak),
         bytes_moved: format!(
             "{} ({}/{})",
-            fmt_bytes(t.bytes_moved),
-            t.targeted_compactions,
-            t.full_compactions
+            fmt_bytes(t.compaction.bytes_moved),
+            t.compaction.targeted_compactions,
+            t.compaction.full_compactions
         ),
         moving: format!(
             "{}{}",
@@ -184,13 +184,13 @@ fn print_pass(name: &str, p: &PassReport) -> Res<()> {
     outln!(
         "    compactions {} targeted / {} full, {} blocks and {} moved, {} on the device; \
          host planning {}, host compaction {}; settle delays {} (in the wall time)",
-        p.targeted_compactions,
-        p.full_compactions,
-        p.moves,
-        fmt_bytes(p.bytes_moved),
+        p.compaction.targeted_compactions,
+        p.compaction.full_compactions,
+        p.compaction.moves,
+        fmt_bytes(p.compaction.bytes_moved),
         ms(p.move_device_time),
-        ms(p.planning_time),
-        ms(p.compaction_time),
+        ms(p.compaction.planning_time),
+        ms(p.compaction.compaction_time),
         ms(p.delay_time)
     )?;
     for c in &p.compactions {

@@ -15,6 +15,7 @@ use crate::args::{Capacity, ReplayArgs, MAX_CAPACITY};
 use crate::progress::Progress;
 use crate::report::{MinJson, Report};
 use crate::units::{count, exact};
+use crate::verdict::Verdict;
 use crate::{Failure, Res};
 
 fn round_up(v: u64, align: u64) -> u64 {
@@ -80,8 +81,11 @@ fn print_row(label: &str, r: &ReplayReport, peak: u64) -> Res<()> {
         fmt_bytes(r.capacity_bytes),
         result_cell(&r.outcome),
         format!("{:.4}", r.capacity_bytes as f64 / peak.max(1) as f64),
-        fmt_bytes(r.bytes_moved),
-        format!("{}/{}", r.targeted_compactions, r.full_compactions),
+        fmt_bytes(r.compaction.bytes_moved),
+        format!(
+            "{}/{}",
+            r.compaction.targeted_compactions, r.compaction.full_compactions
+        ),
         format!("{:.1} ms", r.wall_time.as_secs_f64() * 1e3),
         format!("{:.0} ns", r.time_per_op().as_secs_f64() * 1e9),
     ])
@@ -251,8 +255,14 @@ pub(crate) fn load(args: &ReplayArgs) -> Res<Loaded> {
     })
 }
 
+/// The screen (the verdict first), then the trace's details.
+pub(crate) fn print_head(l: &Loaded, verdict: &Verdict, args: &ReplayArgs) -> Res<()> {
+    crate::screen::print(l, verdict, args.align)?;
+    print_details(l, args)
+}
+
 /// The trace's details, after the verdict.
-pub(crate) fn print_details(l: &Loaded, args: &ReplayArgs) -> Res<()> {
+fn print_details(l: &Loaded, args: &ReplayArgs) -> Res<()> {
     let ops = &l.ops;
     outln!()?;
     outln!(
@@ -413,8 +423,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Res<()> {
             )),
         };
     }
-    crate::screen::print(&loaded, &verdict, args.align)?;
-    print_details(&loaded, args)?;
+    print_head(&loaded, &verdict, args)?;
     if args.elastic {
         let e = crate::elastic::run(&loaded, args.align)?;
         let (mean_live, reserved) = crate::elastic::means(&loaded, args.align);

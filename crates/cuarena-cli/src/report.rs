@@ -91,11 +91,11 @@ impl From<&ReplayReport> for PolicyJson {
             capacity_bytes: r.capacity_bytes,
             completed: r.completed(),
             failed_at_event: r.failed_event(),
-            bytes_moved: r.bytes_moved,
-            moves: r.moves,
-            compactions: r.targeted_compactions.saturating_add(r.full_compactions),
-            targeted_compactions: r.targeted_compactions,
-            full_compactions: r.full_compactions,
+            bytes_moved: r.compaction.bytes_moved,
+            moves: r.compaction.moves,
+            compactions: r.compaction.count(),
+            targeted_compactions: r.compaction.targeted_compactions,
+            full_compactions: r.compaction.full_compactions,
         }
     }
 }

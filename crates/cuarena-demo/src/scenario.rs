@@ -100,8 +100,11 @@ pub fn run<B: Backend, C: Backend>(
         rng
     };
     let mut keep: Vec<(Handle, Option<Handle>, u64, u64)> = Vec::new(); // (ours, baseline's, seed, bytes)
-    let mut baseline_result = Ok(());
-    let mut baseline_failed_at = None;
+    let mut base = Beside {
+        arena: baseline,
+        result: Ok(()),
+        failed_at: None,
+    };
     let started = Instant::now();
     let mut last_print = Instant::now();
     for step in 0..steps {
@@ -111,14 +114,7 @@ pub fn run<B: Backend, C: Backend>(
             let bytes = batch * unit * (1 + layer % 3);
             // Activations die within the step: their bytes are never checked.
             let h = arena.alloc(bytes)?;
-            let b = baseline_alloc(
-                baseline,
-                bytes,
-                step,
-                &mut baseline_result,
-                &mut baseline_failed_at,
-            );
-            acts.push((h, b));
+            acts.push((h, base.alloc(bytes, step)));
         }
         // Every step something long-lived stays: a cache block sized by
         // this step's batch, allocated between the activations.
@@ -127,29 +123,18 @@ pub fn run<B: Backend, C: Backend>(
             let seed = next();
             let h = arena.alloc(bytes)?;
             fill(arena, h, seed, bytes)?;
-            let b = baseline_alloc(
-                baseline,
-                bytes,
-                step,
-                &mut baseline_result,
-                &mut baseline_failed_at,
-            );
-            keep.push((h, b, seed, bytes));
+            keep.push((h, base.alloc(bytes, step), seed, bytes));
         }
         // Old cache entries expire in random order, leaving holes.
         if keep.len() > KEEP {
             let i = (next() % keep.len() as u64) as usize;
             let (h, b, _, _) = keep.swap_remove(i);
             arena.free(h)?;
-            if let Some(b) = b {
-                baseline.free(b)?;
-            }
+            base.free(b)?;
         }
         for (h, b) in acts {
             arena.free(h)?;
-            if let Some(b) = b {
-                baseline.free(b)?;
-            }
+            base.free(b)?;
         }
         if last_print.elapsed() > Duration::from_secs(2) {
             progress(&format!(
@@ -160,7 +145,7 @@ pub fn run<B: Backend, C: Backend>(
         }
     }
     let before = arena.stats();
-    let baseline_before = baseline.stats();
+    let baseline_before = base.arena.stats();
     let map_before = map_of(arena);
     // Larger than the largest hole, smaller than the free bytes.
     let align = arena.config().alignment_bytes;
@@ -168,15 +153,8 @@ pub fn run<B: Backend, C: Backend>(
     if request_bytes <= before.largest_free_bytes {
         return Err(DemoError::NoFragmentation);
     }
-    if baseline_failed_at.is_none() {
-        match baseline.alloc(request_bytes) {
-            Ok(_) => baseline_result = Ok(()),
-            Err(e) => {
-                baseline_result = Err(e);
-                baseline_failed_at = Some(steps);
-            }
-        }
-    }
+    // The big request counts as step `steps`.
+    base.alloc(request_bytes, steps);
     let t0 = Instant::now();
     let big = arena.alloc(request_bytes)?;
     let request_time = t0.elapsed();
@@ -210,8 +188,8 @@ pub fn run<B: Backend, C: Backend>(
         before,
         baseline_before,
         request_bytes,
-        baseline: baseline_result,
-        baseline_failed_at,
+        baseline: base.result,
+        baseline_failed_at: base.failed_at,
         after,
         map_before,
         map_after,
@@ -220,23 +198,36 @@ pub fn run<B: Backend, C: Backend>(
     })
 }
 
-fn baseline_alloc<C: Backend>(
-    baseline: &mut Arena<C>,
-    bytes: u64,
-    step: usize,
-    result: &mut std::result::Result<(), cuarena::Error>,
-    failed_at: &mut Option<usize>,
-) -> Option<Handle> {
-    if failed_at.is_some() {
-        return None;
-    }
-    match baseline.alloc(bytes) {
-        Ok(h) => Some(h),
-        Err(e) => {
-            *result = Err(e);
-            *failed_at = Some(step);
-            None
+/// The non-moving baseline beside the compacting arena: it gets the same
+/// requests until one fails, and keeps that failure and its step.
+struct Beside<'a, C: Backend> {
+    arena: &'a mut Arena<C>,
+    result: std::result::Result<(), cuarena::Error>,
+    failed_at: Option<usize>,
+}
+
+impl<C: Backend> Beside<'_, C> {
+    /// A block of `bytes` at step `step`, unless an earlier request failed.
+    fn alloc(&mut self, bytes: u64, step: usize) -> Option<Handle> {
+        if self.failed_at.is_some() {
+            return None;
         }
+        match self.arena.alloc(bytes) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                self.result = Err(e);
+                self.failed_at = Some(step);
+                None
+            }
+        }
+    }
+
+    /// Frees the block the baseline got, if any.
+    fn free(&mut self, h: Option<Handle>) -> Result<()> {
+        if let Some(h) = h {
+            self.arena.free(h)?;
+        }
+        Ok(())
     }
 }
 

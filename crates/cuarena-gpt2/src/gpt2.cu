@@ -7,57 +7,76 @@
 // Sizes that can pass 2^31 elements (logits at N * V) are indexed in size_t.
 
 #define WARP 32
+
+// Every index i in [0, n) once, spread over the whole grid (size_t: n can
+// pass 2^31).
+#define GRID_STRIDE(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+// The reductions: an associative operation and its identity.
+struct Sum {
+    __device__ static float apply(float a, float b) { return a + b; }
+    __device__ static float identity() { return 0.0f; }
+};
+
+struct Max {
+    __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+    __device__ static float identity() { return NEG_INF; }
+};
+
+// Over a warp; every lane gets the result.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    return v;
-}
-
-// Sum over a block of up to 1024 threads (a multiple of 32); every thread
-// gets the result. `sh` holds 32 floats.
-__device__ float block_sum(float v, float* sh) {
+// Over a block of up to 1024 threads (a multiple of 32); every thread gets
+// the result. `sh` holds 32 floats.
+template <class Op>
+__device__ float block_reduce(float v, float* sh) {
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_sum(v);
+    v = warp_reduce<Op>(v);
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nw ? sh[lane] : Op::identity();
+    return warp_reduce<Op>(v);
 }
 
-__device__ float block_max(float v, float* sh) {
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : NEG_INF;
-    return warp_max(v);
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<Sum>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<Max>(v); }
+__device__ float block_sum(float v, float* sh) { return block_reduce<Sum>(v, sh); }
+__device__ float block_max(float v, float* sh) { return block_reduce<Max>(v, sh); }
 
 extern "C" __global__ void fill_zero(float* p, unsigned long long n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
+    GRID_STRIDE(i, n)
         p[i] = 0.0f;
+}
+
+// Element i of the (B, T, C) embeddings: its offsets in wte (its token's
+// row) and in wpe (its position's row).
+struct Embed {
+    size_t wte, wpe;
+};
+
+__device__ __forceinline__ Embed embed_of(size_t i, const int* tok, int T, int C) {
+    int c = i % C;
+    size_t bt = i / C;
+    int t = bt % T, b = bt / T;
+    int id = tok[(size_t)b * (T + 1) + t];
+    return {(size_t)id * C + c, (size_t)t * C + c};
 }
 
 // out[b, t, :] = wte[tok] + wpe[t]
 extern "C" __global__ void encoder_fwd(float* out, const int* tok, const float* wte,
                                        const float* wpe, int B, int T, int C) {
     size_t n = (size_t)B * T * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        int c = i % C;
-        size_t bt = i / C;
-        int t = bt % T, b = bt / T;
-        int id = tok[(size_t)b * (T + 1) + t];
-        out[i] = wte[(size_t)id * C + c] + wpe[(size_t)t * C + c];
+    GRID_STRIDE(i, n) {
+        Embed e = embed_of(i, tok, T, C);
+        out[i] = wte[e.wte] + wpe[e.wpe];
     }
 }
 
@@ -66,15 +85,11 @@ extern "C" __global__ void encoder_fwd(float* out, const int* tok, const float* 
 extern "C" __global__ void encoder_bwd(float* dwte, float* dwpe, const float* dout, const int* tok,
                                        int B, int T, int C) {
     size_t n = (size_t)B * T * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        int c = i % C;
-        size_t bt = i / C;
-        int t = bt % T, b = bt / T;
-        int id = tok[(size_t)b * (T + 1) + t];
+    GRID_STRIDE(i, n) {
+        Embed e = embed_of(i, tok, T, C);
         float d = dout[i];
-        atomicAdd(&dwte[(size_t)id * C + c], d);
-        atomicAdd(&dwpe[(size_t)t * C + c], d);
+        atomicAdd(&dwte[e.wte], d);
+        atomicAdd(&dwpe[e.wpe], d);
     }
 }
 
@@ -146,8 +161,7 @@ extern "C" __global__ void layernorm_bwd(float* dinp, float* dw, float* db, cons
 // out[r, c] += b[c]
 extern "C" __global__ void add_bias(float* out, const float* b, int N, int OC) {
     size_t n = (size_t)N * OC;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
+    GRID_STRIDE(i, n)
         out[i] += b[i % OC];
 }
 
@@ -157,8 +171,7 @@ extern "C" __global__ void add_bias(float* out, const float* b, int N, int OC) {
 // pre += b (in place, kept for the backward pass); out = gelu(pre).
 extern "C" __global__ void bias_gelu(float* pre, float* out, const float* b, int N, int OC) {
     size_t n = (size_t)N * OC;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         float x = pre[i] + b[i % OC];
         pre[i] = x;
         float u = GELU_K * (x + 0.044715f * x * x * x);
@@ -168,8 +181,7 @@ extern "C" __global__ void bias_gelu(float* pre, float* out, const float* b, int
 
 // d *= gelu'(pre), in place.
 extern "C" __global__ void gelu_bwd(float* d, const float* pre, unsigned long long n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         float x = pre[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
         float th = tanhf(u);
@@ -184,8 +196,7 @@ extern "C" __global__ void gelu_bwd(float* d, const float* pre, unsigned long lo
 extern "C" __global__ void residual_bias(float* out, const float* res, const float* y,
                                          const float* b, int N, int C) {
     size_t n = (size_t)N * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
+    GRID_STRIDE(i, n)
         out[i] = res[i] + y[i] + b[i % C];
 }
 
@@ -225,8 +236,7 @@ extern "C" __global__ void split_heads(float* q, float* k, float* v, const float
                                        int T, int NH, int HS) {
     size_t n = (size_t)B * NH * T * HS;
     int C = NH * HS;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         size_t src = head_row(i, T, NH, HS, 3 * (size_t)C);
         q[i] = qkv[src];
         k[i] = qkv[src + C];
@@ -239,8 +249,7 @@ extern "C" __global__ void merge_heads3(float* dqkv, const float* dq, const floa
                                         const float* dv, int B, int T, int NH, int HS) {
     size_t n = (size_t)B * NH * T * HS;
     int C = NH * HS;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         size_t dst = head_row(i, T, NH, HS, 3 * (size_t)C);
         dqkv[dst] = dq[i];
         dqkv[dst + C] = dk[i];
@@ -252,8 +261,7 @@ extern "C" __global__ void merge_heads3(float* dqkv, const float* dq, const floa
 extern "C" __global__ void heads_to_rows(float* out, const float* y, int B, int T, int NH, int HS,
                                          int back) {
     size_t n = (size_t)B * NH * T * HS;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         size_t row = head_row(i, T, NH, HS, (size_t)NH * HS);
         if (back)
             out[i] = y[row];
@@ -336,8 +344,7 @@ extern "C" __global__ void mean_into(float* out, const float* x, int n, float de
 extern "C" __global__ void sum_squares(float* acc, const float* x, unsigned long long n) {
     __shared__ float sh[32];
     float s = 0.0f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
+    GRID_STRIDE(i, n)
         s += x[i] * x[i];
     s = block_sum(s, sh);
     if (threadIdx.x == 0) atomicAdd(acc, s);
@@ -355,8 +362,7 @@ extern "C" __global__ void adamw(float* p, float* m, float* v, const float* g, c
                                  float wd, float bc1, float bc2_sqrt, float max_norm) {
     float clip = fminf(1.0f, max_norm / (sqrtf(sumsq[0]) + 1e-6f));
     float step = lr / bc1;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         float gi = g[i] * clip;
         float mi = m[i] + (1.0f - b1) * (gi - m[i]);
         float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
@@ -370,8 +376,7 @@ extern "C" __global__ void adamw(float* p, float* m, float* v, const float* g, c
 // bf16 copies of GEMM operands, rounded to nearest even (as bits: NVRTC
 // needs no header for it). Inputs are finite.
 extern "C" __global__ void to_bf16(unsigned short* out, const float* x, unsigned long long n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         unsigned int u = __float_as_uint(x[i]);
         u += 0x7fffu + ((u >> 16) & 1u);
         out[i] = (unsigned short)(u >> 16);

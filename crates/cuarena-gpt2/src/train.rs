@@ -154,41 +154,33 @@ impl<'a, D: Dev> Trainer<'a, D> {
         self.run(Kernel::FillZero, ew(n), &[Arg::W(p), Arg::U(n as u64)])
     }
 
-    /// Column-major C (m x n) = op(A) op(B), one matrix; `a`, `b` are f32.
-    /// In mixed precision A and B are rounded to bf16 first (parameters
-    /// come from the bf16 copy made after each update), as autocast does.
-    #[allow(clippy::too_many_arguments)]
+    /// Column-major C (m x n) = op(A) op(B), one matrix; each operand is
+    /// its address and its leading dimension; `a`, `b` are f32. In mixed
+    /// precision A and B are rounded to bf16 first (parameters come from
+    /// the bf16 copy made after each update), as autocast does.
     pub(crate) fn mm(
         &mut self,
         ta: bool,
         tb: bool,
-        (m, n, k): (usize, usize, usize),
-        a: Ptr,
-        lda: usize,
-        b: Ptr,
-        ldb: usize,
-        c: Ptr,
-        ldc: usize,
+        mnk: (usize, usize, usize),
+        (a, lda): (Ptr, usize),
+        (b, ldb): (Ptr, usize),
+        (c, ldc): (Ptr, usize),
     ) -> Res<()> {
-        self.bmm(ta, tb, (m, n, k), a, lda, 0, b, ldb, 0, c, ldc, 0, 1)
+        self.bmm(ta, tb, mnk, (a, lda, 0), (b, ldb, 0), (c, ldc, 0), 1)
     }
 
-    /// Batched: `batch` matrices at strides (in elements) `sa`, `sb`, `sc`.
+    /// Batched: `batch` matrices, each operand's at a stride (in elements)
+    /// after its leading dimension.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn bmm(
         &mut self,
         ta: bool,
         tb: bool,
         (m, n, k): (usize, usize, usize),
-        a: Ptr,
-        lda: usize,
-        sa: usize,
-        b: Ptr,
-        ldb: usize,
-        sb: usize,
-        c: Ptr,
-        ldc: usize,
-        sc: usize,
+        (a, lda, sa): (Ptr, usize, usize),
+        (b, ldb, sb): (Ptr, usize, usize),
+        (c, ldc, sc): (Ptr, usize, usize),
         batch: usize,
     ) -> Res<()> {
         let g = Gemm {
@@ -347,12 +339,9 @@ impl<'a, D: Dev> Trainer<'a, D> {
             true,
             false,
             (v, n, c),
-            self.p(self.lay.wte),
-            c,
-            Ptr::of(lnf),
-            c,
-            Ptr::of(logits),
-            v,
+            (self.p(self.lay.wte), c),
+            (Ptr::of(lnf), c),
+            (Ptr::of(logits), v),
         )?;
         let row_loss = self.alloc(n)?;
         let ce = Cfg {
@@ -394,23 +383,17 @@ impl<'a, D: Dev> Trainer<'a, D> {
             false,
             false,
             (c, n, v),
-            self.p(self.lay.wte),
-            c,
-            Ptr::of(logits),
-            v,
-            Ptr::of(dlnf),
-            c,
+            (self.p(self.lay.wte), c),
+            (Ptr::of(logits), v),
+            (Ptr::of(dlnf), c),
         )?;
         self.mm(
             false,
             true,
             (c, v, n),
-            Ptr::of(lnf),
-            c,
-            Ptr::of(logits),
-            v,
-            self.g(self.lay.wte),
-            c,
+            (Ptr::of(lnf), c),
+            (Ptr::of(logits), v),
+            (self.g(self.lay.wte), c),
         )?;
         self.unshare16()?;
         self.free(&[logits])?;

@@ -18,6 +18,69 @@ pub fn data() -> PathBuf {
     ))
 }
 
+/// Every snapshot (pickle, gzipped or not) in [`data`], sorted by name.
+pub fn shipped_snapshots() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(data())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.ends_with(".pickle") || n.ends_with(".pickle.gz")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A recorded trace a bench reads.
+pub struct BenchTrace {
+    pub path: PathBuf,
+    /// The file name.
+    pub name: String,
+    /// Its half of the corpus (`design` or `report`), or `other`.
+    pub half: String,
+}
+
+/// The traces of a bench over recorded traces: every snapshot and CSV
+/// trace in the folder `CUARENA_TRACES` names (default: [`data`]), sorted
+/// by name, only those whose name contains `CUARENA_ONLY` where it is set;
+/// each with its half from the folder's `manifest.json` or
+/// `corpus_manifest.json` (as `scripts/record-corpus.sh` writes them).
+pub fn bench_traces() -> Vec<BenchTrace> {
+    let dir = std::env::var_os("CUARENA_TRACES").map_or_else(data, PathBuf::from);
+    let mut halves = BTreeMap::new();
+    for manifest in ["manifest.json", "corpus_manifest.json"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(manifest)) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        for t in v["traces"].as_array().into_iter().flatten() {
+            if let (Some(f), Some(h)) = (t["file"].as_str(), t["half"].as_str()) {
+                halves.insert(f.to_owned(), h.to_owned());
+            }
+        }
+    }
+    let only = std::env::var("CUARENA_ONLY").ok();
+    let mut traces: Vec<BenchTrace> = std::fs::read_dir(&dir)
+        .expect("a folder of traces")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let half = halves.get(&name).map_or("other", String::as_str).to_owned();
+            BenchTrace { path, name, half }
+        })
+        .filter(|t| {
+            let n = &t.name;
+            (n.ends_with(".pickle") || n.ends_with(".pickle.gz") || n.ends_with(".csv.gz"))
+                && only.as_ref().is_none_or(|o| n.contains(o.as_str()))
+        })
+        .collect();
+    traces.sort_by(|a, b| a.name.cmp(&b.name));
+    traces
+}
+
 /// `bytes` gzipped (fast).
 pub fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -31,6 +94,61 @@ pub fn pickle(body: &[u8]) -> Vec<u8> {
     b.extend_from_slice(body);
     b.push(b'.');
     b
+}
+
+/// SHORT_BINUNICODE `t` (at most 255 bytes).
+pub fn short_str(t: &str) -> Vec<u8> {
+    let mut b = vec![0x8c, t.len() as u8];
+    b.extend_from_slice(t.as_bytes());
+    b
+}
+
+/// The shortest integer op for `v`: BININT1, BININT2 or BININT.
+pub fn int(v: u32) -> Vec<u8> {
+    match v {
+        0..=0xff => vec![b'K', v as u8],
+        0x100..=0xffff => [&[b'M'][..], &(v as u16).to_le_bytes()].concat(),
+        _ => [&[b'J'][..], &v.to_le_bytes()].concat(),
+    }
+}
+
+/// The items of an `alloc` event dict (after its MARK, before SETITEMS):
+/// `"action": "alloc", "addr": addr, "size": size`.
+pub fn alloc_items(addr: u32, size: u32) -> Vec<u8> {
+    let mut b = short_str("action");
+    b.extend(short_str("alloc"));
+    b.extend(short_str("addr"));
+    b.extend(int(addr));
+    b.extend(short_str("size"));
+    b.extend(int(size));
+    b
+}
+
+/// `{"device_traces": [[{"action": "alloc", "addr": 1, "size": 5}]],
+/// "segments": [{"address": 0, "total_size": 2^40, "blocks": [B] * n}]}`
+/// where B is one block dict, shared: `block` pushes it and memoizes it
+/// as memo `memo`, and the list holds a memo get of it and n - 1 DUPs (one
+/// byte per block).
+pub fn shared_block_snapshot(block: &[u8], memo: u8, n: usize) -> Vec<u8> {
+    let mut b = vec![b'}'];
+    b.extend(short_str("device_traces"));
+    b.extend(b"]]}(");
+    b.extend(alloc_items(1, 5));
+    b.extend(b"uaas");
+    b.extend(short_str("segments"));
+    b.extend(b"]}(");
+    b.extend(short_str("address"));
+    b.extend(b"K\x00");
+    b.extend(short_str("total_size"));
+    b.extend(b"\x8a\x06\x00\x00\x00\x00\x00\x01");
+    b.extend(short_str("blocks"));
+    b.push(b']');
+    b.extend_from_slice(block);
+    // POP the dict, MARK, BINGET it, DUP it, APPENDS.
+    b.extend([b'0', b'(', b'h', memo]);
+    b.resize(b.len() + n - 1, b'2');
+    b.extend(b"euas");
+    pickle(&b)
 }
 
 pub const DEEP: usize = 500_000;
@@ -108,22 +226,10 @@ pub fn dict(items: Vec<(&str, Value)>) -> Value {
 /// batch), gzipped: 320 batches make a 31 KB file of 32 million events
 /// that passes the readers' limits. Built streaming, never held inflated.
 pub fn memo_bomb_gz(batches: usize) -> Vec<u8> {
-    fn text(p: &mut Vec<u8>, t: &str) {
-        p.push(0x8c);
-        p.push(t.len() as u8);
-        p.extend_from_slice(t.as_bytes());
-    }
     let mut p = vec![0x80, 4, b'}'];
-    text(&mut p, "device_traces");
+    p.extend(short_str("device_traces"));
     p.extend_from_slice(b"]]}(");
-    text(&mut p, "action");
-    text(&mut p, "alloc");
-    text(&mut p, "addr");
-    p.push(b'J');
-    p.extend_from_slice(&(1u32 << 20).to_le_bytes());
-    text(&mut p, "size");
-    p.push(b'M');
-    p.extend_from_slice(&512u16.to_le_bytes());
+    p.extend(alloc_items(1 << 20, 512));
     // SETITEMS, MEMOIZE (memo 0), APPEND to the device's list.
     p.extend_from_slice(b"u\x94a");
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());

@@ -18,9 +18,8 @@
 //! `CUARENA_WINDOW_US` and `CUARENA_SLACK` set the window and the slack
 //! (defaults: the arena's); `CUARENA_ONLY=NAME` keeps matching traces.
 
-use std::path::{Path, PathBuf};
-
 use cuarena::{fmt_bytes, ArenaConfig};
+use cuarena_testkit::trace::{bench_traces, BenchTrace};
 use cuarena_trace::trace::elastic::{
     naive_bytes_moved_at_peak_live, op_times, replay_elastic, time_weighted_mean,
 };
@@ -28,25 +27,6 @@ use cuarena_trace::trace::Trace;
 
 const ALIGN: u64 = 256;
 const MIB: u64 = 1 << 20;
-
-/// `file -> half` from the folder's manifest.
-fn halves(dir: &Path) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for name in ["manifest.json", "corpus_manifest.json"] {
-        let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
-        for t in v["traces"].as_array().into_iter().flatten() {
-            if let (Some(f), Some(h)) = (t["file"].as_str(), t["half"].as_str()) {
-                out.push((f.to_owned(), h.to_owned()));
-            }
-        }
-    }
-    out
-}
 
 fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -57,26 +37,10 @@ fn main() {
         println!("elastic: bench");
         return;
     }
-    let dir = PathBuf::from(
-        std::env::var("CUARENA_TRACES")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data").to_owned()),
-    );
     let defaults = ArenaConfig::elastic();
     let window = env("CUARENA_WINDOW_US").unwrap_or(defaults.trim_window_us);
     let slack = env("CUARENA_SLACK").unwrap_or(defaults.elastic_slack);
-    let halves = halves(&dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("a folder of traces")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let n = p.to_string_lossy();
-            n.ends_with(".pickle") || n.ends_with(".pickle.gz") || n.ends_with(".csv.gz")
-        })
-        .collect();
-    files.sort();
-    if let Ok(only) = std::env::var("CUARENA_ONLY") {
-        files.retain(|p| p.to_string_lossy().contains(&only));
-    }
+    let traces = bench_traces();
     println!("window {window} us, slack {slack}");
     println!(
         "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | expandable segments: reserved mean / mean mapped | moved | naive at peak | trims | checks |"
@@ -85,13 +49,12 @@ fn main() {
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     let mut failed = 0;
-    for p in &files {
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let half = halves
-            .iter()
-            .find(|(f, _)| *f == name)
-            .map_or("other", |(_, h)| h.as_str())
-            .to_owned();
+    for BenchTrace {
+        path: p,
+        name,
+        half,
+    } in &traces
+    {
         let Ok(t) = Trace::read(p) else {
             println!("| {name} | {half} | unreadable |");
             continue;
@@ -107,14 +70,17 @@ fn main() {
         // folder has it (`settings/NAME__exp.pickle.gz`): its reserved mean
         // against the elastic arena's mean mapped on that recording.
         let stem = name.trim_end_matches(".gz").trim_end_matches(".pickle");
-        let exp = Trace::read(&dir.join("settings").join(format!("{stem}__exp.pickle.gz")))
-            .ok()
-            .and_then(|e| {
-                let d = *e.devices().first()?;
-                let ops = e.ops(d).ok()?;
-                let r = replay_elastic(&ops, ALIGN, window, slack).ok()?;
-                Some(reserved_mean(&e, &ops, d) as f64 / r.mean_mapped_bytes.max(1) as f64)
-            });
+        let exp = Trace::read(
+            &p.with_file_name("settings")
+                .join(format!("{stem}__exp.pickle.gz")),
+        )
+        .ok()
+        .and_then(|e| {
+            let d = *e.devices().first()?;
+            let ops = e.ops(d).ok()?;
+            let r = replay_elastic(&ops, ALIGN, window, slack).ok()?;
+            Some(reserved_mean(&e, &ops, d) as f64 / r.mean_mapped_bytes.max(1) as f64)
+        });
         let peak = r.peak_live_bytes;
         let mut bad = Vec::new();
         if !r.outcome.is_completed() {
@@ -159,7 +125,7 @@ fn main() {
             },
         );
     }
-    println!("{failed} of {} traces fail a check", files.len());
+    println!("{failed} of {} traces fail a check", traces.len());
 }
 
 /// PyTorch's reserved bytes over the trace's time, from its segment events.

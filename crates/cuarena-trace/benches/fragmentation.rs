@@ -65,7 +65,7 @@ fn naive(shape: Shape, ops: &Ops) -> Option<(f64, u64)> {
     )
     .expect("naive replay");
     assert!(r.completed(), "naive failed: {:?}", r.outcome);
-    Some((r.wall_time.as_secs_f64() * 1e3, r.bytes_moved))
+    Some((r.wall_time.as_secs_f64() * 1e3, r.compaction.bytes_moved))
 }
 
 /// Minor page faults of this process so far (0 where unknown).

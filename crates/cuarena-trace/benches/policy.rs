@@ -12,56 +12,19 @@
 //! `manifest.json` or `corpus_manifest.json` (as `scripts/record-corpus.sh`
 //! writes them); other traces are listed as `other`.
 
-use std::path::{Path, PathBuf};
-
 use cuarena::{fmt_bytes, ArenaConfig};
+use cuarena_testkit::trace::{bench_traces, BenchTrace};
 use cuarena_trace::trace::{replay_with, Allocator, ReplayOptions, Trace};
 
 const ALIGN: u64 = 256;
 const RATIOS: [f64; 3] = [1.00, 1.01, 1.05];
-
-/// `file -> half` from the folder's manifest.
-fn halves(dir: &Path) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for name in ["manifest.json", "corpus_manifest.json"] {
-        let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
-        for t in v["traces"].as_array().into_iter().flatten() {
-            if let (Some(f), Some(h)) = (t["file"].as_str(), t["half"].as_str()) {
-                out.push((f.to_owned(), h.to_owned()));
-            }
-        }
-    }
-    out
-}
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("policy: bench");
         return;
     }
-    let dir = PathBuf::from(
-        std::env::var("CUARENA_TRACES")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data").to_owned()),
-    );
-    let halves = halves(&dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("a folder of traces")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let n = p.to_string_lossy();
-            n.ends_with(".pickle") || n.ends_with(".pickle.gz") || n.ends_with(".csv.gz")
-        })
-        .collect();
-    files.sort();
-    // `CUARENA_ONLY=NAME` keeps the traces whose file name contains it.
-    if let Ok(only) = std::env::var("CUARENA_ONLY") {
-        files.retain(|p| p.to_string_lossy().contains(&only));
-    }
+    let traces = bench_traces();
     println!(
         "| trace | half | capacity | naive moved | bounded moved | bounded / naive | (bounded - naive) / peak | handovers | auto / naive | non-moving |"
     );
@@ -71,13 +34,12 @@ fn main() {
     let (mut failures, mut over_bound, mut moved_where_naive_not, mut above_naive) = (0, 0, 0, 0);
     let mut worst_excess = 0f64;
     let mut time = [(0f64, 0usize); 2]; // bounded, naive: seconds, ops
-    for p in &files {
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let half = halves
-            .iter()
-            .find(|(f, _)| *f == name)
-            .map_or("other", |(_, h)| h.as_str())
-            .to_owned();
+    for BenchTrace {
+        path: p,
+        name,
+        half,
+    } in &traces
+    {
         let t = match Trace::read(p) {
             Ok(t) => t,
             Err(e) => {
@@ -107,7 +69,7 @@ fn main() {
             if naive.completed() && !ours.completed() {
                 failures += 1;
             }
-            let (a, n) = (ours.bytes_moved, naive.bytes_moved);
+            let (a, n) = (ours.compaction.bytes_moved, naive.compaction.bytes_moved);
             if a > n {
                 above_naive += 1;
                 worst_excess = worst_excess.max((a - n) as f64 / peak.max(1) as f64);
@@ -119,7 +81,7 @@ fn main() {
                 moved_where_naive_not += 1;
             }
             let ratio = |x: u64| (n > 0).then(|| x as f64 / n as f64);
-            if let (Some(b), Some(x)) = (ratio(a), ratio(auto.bytes_moved)) {
+            if let (Some(b), Some(x)) = (ratio(a), ratio(auto.compaction.bytes_moved)) {
                 rows.push((half.clone(), r, b, x));
             }
             println!(
@@ -130,7 +92,7 @@ fn main() {
                 ratio(a).map_or("-".to_owned(), |x| format!("{x:.3}")),
                 (a as f64 - n as f64) / peak.max(1) as f64,
                 ours.policy.handovers,
-                ratio(auto.bytes_moved).map_or("-".to_owned(), |x| format!("{x:.3}")),
+                ratio(auto.compaction.bytes_moved).map_or("-".to_owned(), |x| format!("{x:.3}")),
                 if fixed.completed() {
                     "completes"
                 } else {

@@ -30,7 +30,7 @@
 //! ]);
 //! let report = replay(&ops, &ArenaConfig::new(3072))?;
 //! assert!(report.completed());
-//! assert_eq!(report.bytes_moved, 1024);
+//! assert_eq!(report.compaction.bytes_moved, 1024);
 //! # Ok::<(), cuarena_trace::ToolError>(())
 //! ```
 #![deny(missing_docs)]

@@ -21,7 +21,7 @@ use cuarena_trace::trace::limits::{
 
 use cuarena_testkit::trace::{
     deep_list_pickle, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle, memo_bomb_gz,
-    DEEP,
+    shared_block_snapshot, short_str, DEEP,
 };
 
 const PROBE_FILE: &str = "CUARENA_RSS_PROBE_FILE";
@@ -274,40 +274,16 @@ fn csv_of_short_lines_stays_within_the_event_bound() {
     );
 }
 
-/// `{"device_traces": [[alloc]], "segments": [{"address": 0,
-/// "total_size": 2^40, "blocks": [B] * n}]}`: one block dict, then
-/// n - 1 DUPs (one byte per block).
+/// A snapshot of one segment of `n` blocks that are one block dict
+/// (`{"size": 512, "state": "inactive"}`), DUPed: one byte per block.
 fn dup_blocks_pickle(n: usize) -> Vec<u8> {
-    fn s(t: &str) -> Vec<u8> {
-        let mut b = vec![0x8c, t.len() as u8];
-        b.extend_from_slice(t.as_bytes());
-        b
-    }
-    let mut b = vec![0x80, 4, b'}'];
-    b.extend(s("device_traces"));
-    b.extend(b"]]}(");
-    b.extend(s("action"));
-    b.extend(s("alloc"));
-    b.extend(s("addr"));
-    b.extend(b"K\x01");
-    b.extend(s("size"));
-    b.extend(b"K\x05uaas");
-    b.extend(s("segments"));
-    b.extend(b"]}(");
-    b.extend(s("address"));
-    b.extend(b"K\x00");
-    b.extend(s("total_size"));
-    b.extend(b"\x8a\x06\x00\x00\x00\x00\x00\x01");
-    b.extend(s("blocks"));
-    b.extend(b"]}");
-    b.extend(s("size"));
-    b.extend(b"M\x00\x02s");
-    b.extend(s("state"));
-    b.extend(s("inactive"));
-    b.extend(b"s\x940(h\x00");
-    b.resize(b.len() + n - 1, b'2');
-    b.extend(b"euas.");
-    b
+    let mut block = vec![b'}'];
+    block.extend(short_str("size"));
+    block.extend(b"M\x00\x02s");
+    block.extend(short_str("state"));
+    block.extend(short_str("inactive"));
+    block.extend(b"s\x94");
+    shared_block_snapshot(&block, 0, n)
 }
 
 #[test]

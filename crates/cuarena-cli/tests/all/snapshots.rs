@@ -14,15 +14,7 @@ use cuarena_testkit::trace::{data, dict};
 
 /// Every snapshot (pickle) shipped in the trace crate's `tests/data`.
 fn shipped_snapshots() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(data())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            n.ends_with(".pickle") || n.ends_with(".pickle.gz")
-        })
-        .collect();
-    v.sort();
+    let v = cuarena_testkit::trace::shipped_snapshots();
     assert!(v.len() >= 6, "{v:?}");
     v
 }
@@ -157,6 +149,14 @@ pub(crate) fn ev(action: &str, addr: i64, size: i64) -> Value {
     ])
 }
 
+/// A free as PyTorch records it: `free_requested`, then `free_completed`.
+pub(crate) fn free(addr: i64, size: i64) -> Vec<Value> {
+    vec![
+        ev("free_requested", addr, size),
+        ev("free_completed", addr, size),
+    ]
+}
+
 /// A block in PyTorch 2.1+'s layout, or 2.0's (no address, no requested
 /// size, a `history`).
 pub(crate) fn block(addr: i64, size: i64, state: &str, v20: bool) -> Value {
@@ -216,22 +216,23 @@ fn oom_session(v20: bool) -> Vec<u8> {
         ("size", Value::I64(3 * mib)),
         ("stream", Value::I64(0)),
     ]);
-    let events = vec![
-        ev("alloc", 0x10_0000 * 8, mib),
-        ev("segment_alloc", 0x10_0000 * 16, 2 * mib),
-        ev("free_requested", 0x10_0000 * 4, mib / 2),
-        ev("free_completed", 0x10_0000 * 4, mib / 2),
-        ev("snapshot", 0, 0),
-        oom,
-        ev("alloc", 0x10_0000 * 16, mib),
-        ev("free_requested", 0x10_0000 * 8, mib),
-        ev("free_completed", 0x10_0000 * 8, mib),
-        ev("mystery", 1, 1),
-        dict(vec![
-            ("action", Value::String("oom".into())),
-            ("size", Value::I64(10 * mib)),
-        ]),
-    ];
+    let events = [
+        vec![
+            ev("alloc", 0x10_0000 * 8, mib),
+            ev("segment_alloc", 0x10_0000 * 16, 2 * mib),
+        ],
+        free(0x10_0000 * 4, mib / 2),
+        vec![ev("snapshot", 0, 0), oom, ev("alloc", 0x10_0000 * 16, mib)],
+        free(0x10_0000 * 8, mib),
+        vec![
+            ev("mystery", 1, 1),
+            dict(vec![
+                ("action", Value::String("oom".into())),
+                ("size", Value::I64(10 * mib)),
+            ]),
+        ],
+    ]
+    .concat();
     let segments = vec![
         segment(
             0,

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use serde_pickle::Value;
 
 use crate::cli::cuarena;
-use crate::snapshots::{block, ev, json, segment, snapshot, temp, text, u};
+use crate::snapshots::{block, ev, free, json, segment, snapshot, temp, text, u};
 use cuarena_testkit::trace::{data, dict};
 
 const MIB: i64 = 1 << 20;
@@ -75,21 +75,20 @@ fn the_device_with_the_oom_is_replayed() {
 #[test]
 fn three_capacities() {
     let (a, b, c) = (0x7000_0000, 0x7040_0000, 0x7080_0000);
-    let events = vec![
-        ev("segment_alloc", a, 20 * MIB),
-        ev("alloc", a, 4 * MIB),
-        ev("alloc", b, 4 * MIB),
-        ev("alloc", c, 4 * MIB),
-        ev("free_requested", a, 4 * MIB),
-        ev("free_completed", a, 4 * MIB),
-        ev("free_requested", c, 4 * MIB),
-        ev("free_completed", c, 4 * MIB),
-        ev("alloc", c, 8 * MIB),
-        ev("free_requested", b, 4 * MIB),
-        ev("free_completed", b, 4 * MIB),
-        ev("free_requested", c, 8 * MIB),
-        ev("free_completed", c, 8 * MIB),
-    ];
+    let events = [
+        vec![
+            ev("segment_alloc", a, 20 * MIB),
+            ev("alloc", a, 4 * MIB),
+            ev("alloc", b, 4 * MIB),
+            ev("alloc", c, 4 * MIB),
+        ],
+        free(a, 4 * MIB),
+        free(c, 4 * MIB),
+        vec![ev("alloc", c, 8 * MIB)],
+        free(b, 4 * MIB),
+        free(c, 8 * MIB),
+    ]
+    .concat();
     let seg = segment(0, a, 20 * MIB, vec![block(a, 20 * MIB, "inactive", false)]);
     let p = temp(
         "three_capacities.pickle",

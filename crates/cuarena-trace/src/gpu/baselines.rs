@@ -34,6 +34,7 @@ use cuarena::backend::cuda::cudarc::driver::sys;
 use cuarena::backend::cuda::cudarc::driver::{CudaContext, CudaStream};
 
 use super::driver_err;
+use crate::trace::replay::{search_capacity, Search};
 use crate::trace::{Op, Ops, Outcome};
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::CudaBackend;
@@ -324,6 +325,53 @@ fn size_of(size: u64) -> Result<usize> {
     })?)
 }
 
+/// Replays `ops` with one allocator of the driver: `alloc(&mut address,
+/// bytes)` makes one call that sets the block's address, `free(address)` one call
+/// that gives it back (each counted; a zero-byte allocation makes none).
+/// `after(i, op)` runs after every op that succeeded; its error is the
+/// replay's. Returns the outcome (the first refused call ends the
+/// program), the ops run and the calls made.
+fn drive(
+    ops: &Ops,
+    live: &mut Live,
+    mut alloc: impl FnMut(&mut sys::CUdeviceptr, usize) -> Result<()>,
+    mut free: impl FnMut(sys::CUdeviceptr) -> Result<()>,
+    mut after: impl FnMut(usize, Op) -> Result<()>,
+) -> Result<(Outcome, usize, u64)> {
+    let (mut outcome, mut ops_run, mut calls) = (Outcome::Completed, 0, 0u64);
+    for (i, &op) in ops.ops.iter().enumerate() {
+        let r = match op {
+            Op::Alloc { id, size } => (|| -> Result<()> {
+                let slot = live.slot(id)?;
+                if size == 0 {
+                    return Ok(());
+                }
+                let bytes = size_of(size)?;
+                calls += 1;
+                let mut p: sys::CUdeviceptr = 0;
+                alloc(&mut p, bytes)?;
+                *slot = p;
+                Ok(())
+            })(),
+            Op::Free { id } => (|| -> Result<()> {
+                let p = std::mem::take(live.slot(id)?);
+                if p == 0 {
+                    return Ok(());
+                }
+                calls += 1;
+                free(p)
+            })(),
+        };
+        if let Err(e) = r {
+            outcome = failed(ops, i, e);
+            break;
+        }
+        ops_run = i + 1;
+        after(i, op)?;
+    }
+    Ok((outcome, ops_run, calls))
+}
+
 /// Replays `ops` on a fresh pool (see the [module documentation](self)).
 ///
 /// Errors when there is no device or the pool cannot be created; a refused
@@ -335,56 +383,36 @@ pub fn replay_pool(ops: &Ops, options: &PoolOptions) -> Result<BaselineReport> {
     let pool = Pool::create(options.ordinal, cap)?;
     let s = stream.cu_stream();
     let mut live = Live::new(ops.sizes.len(), Some(s));
-    let mut outcome = Outcome::Completed;
-    let mut ops_run = 0;
-    let mut calls = 0u64;
     let mut reserved: Vec<(u64, u64)> = Vec::new();
     let mut last_reserved = 0u64;
 
     let t0 = Instant::now();
-    for (i, &op) in ops.ops.iter().enumerate() {
-        let r = match op {
-            Op::Alloc { id, size } => (|| -> Result<()> {
-                let slot = live.slot(id)?;
-                if size == 0 {
-                    return Ok(());
+    let (outcome, ops_run, calls) = drive(
+        ops,
+        &mut live,
+        |p, bytes| {
+            // SAFETY: `p` is valid for the call, `pool` and the stream
+            // are live and of the current context.
+            let r = unsafe { sys::cuMemAllocFromPoolAsync(p, bytes, pool.raw, s) };
+            check(r, "cuMemAllocFromPoolAsync")
+        },
+        |p| {
+            // SAFETY: `p` came from cuMemAllocFromPoolAsync on this stream
+            // and is freed once (`drive` cleared its slot).
+            check(unsafe { sys::cuMemFreeAsync(p, s) }, "cuMemFreeAsync")
+        },
+        |i, op| {
+            if options.record_reserved && matches!(op, Op::Alloc { .. }) {
+                let now =
+                    pool.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+                if now != last_reserved {
+                    reserved.push((ops.event_index.get(i).copied().unwrap_or(i as u64), now));
+                    last_reserved = now;
                 }
-                let bytes = size_of(size)?;
-                let mut p: sys::CUdeviceptr = 0;
-                // SAFETY: `p` is valid for the call, `pool` and the stream
-                // are live and of the current context.
-                let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool.raw, s) };
-                calls += 1;
-                check(r, "cuMemAllocFromPoolAsync")?;
-                *slot = p;
-                Ok(())
-            })(),
-            Op::Free { id } => (|| -> Result<()> {
-                let p = std::mem::take(live.slot(id)?);
-                if p == 0 {
-                    return Ok(());
-                }
-                // SAFETY: `p` came from cuMemAllocFromPoolAsync on this
-                // stream and is freed once (its slot was cleared).
-                let r = unsafe { sys::cuMemFreeAsync(p, s) };
-                calls += 1;
-                check(r, "cuMemFreeAsync")
-            })(),
-        };
-        if let Err(e) = r {
-            outcome = failed(ops, i, e);
-            break;
-        }
-        ops_run = i + 1;
-        if options.record_reserved && matches!(op, Op::Alloc { .. }) {
-            let now =
-                pool.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
-            if now != last_reserved {
-                reserved.push((ops.event_index.get(i).copied().unwrap_or(i as u64), now));
-                last_reserved = now;
             }
-        }
-    }
+            Ok(())
+        },
+    )?;
     stream
         .synchronize()
         .map_err(driver_err("cuStreamSynchronize"))?;
@@ -452,7 +480,7 @@ pub fn find_min_pool_capacity(
     let round = |b: u64| b.div_ceil(g).saturating_mul(g);
     let tol = round(tolerance_bytes.max(1));
     let mut trials = Vec::new();
-    let mut run = |cap: u64| -> Result<BaselineReport> {
+    let run = |cap: u64| -> Result<BaselineReport> {
         let r = replay_pool(
             ops,
             &PoolOptions {
@@ -467,54 +495,29 @@ pub fn find_min_pool_capacity(
         });
         Ok(r)
     };
-
-    let lower = round(lower_bytes.max(1));
-    let first = run(lower)?;
-    if first.completed() {
-        return Ok(PoolMinCapacity {
-            capacity_bytes: lower,
-            failed_bytes: 0,
-            trials,
-            report: first,
-        });
-    }
-    let mut failed = lower;
-    let mut step = tol;
-    let (mut ok, mut ok_report) = loop {
-        let cap = round(lower.saturating_add(step));
-        if cap > limit {
-            return Err(ToolError::Program {
-                reason: format!(
-                    "the pool did not complete at any capacity up to {} B (95% of free device memory)",
-                    failed
-                ),
-            });
+    let found = search_capacity(
+        Search {
+            lower: round(lower_bytes.max(1)),
+            step: tol,
+            granule: g,
+            tolerance: tol,
+            limit,
+        },
+        run,
+        BaselineReport::completed,
+        |failed, _| {
+            ToolError::Program {
+            reason: format!(
+                "the pool did not complete at any capacity up to {failed} B (95% of free device memory)"
+            ),
         }
-        let r = run(cap)?;
-        if r.completed() {
-            break (cap, r);
-        }
-        failed = cap;
-        step = step.saturating_mul(2);
-    };
-    while ok - failed > tol {
-        let mid = round(failed + (ok - failed) / 2);
-        if mid <= failed || mid >= ok {
-            break;
-        }
-        let r = run(mid)?;
-        if r.completed() {
-            ok = mid;
-            ok_report = r;
-        } else {
-            failed = mid;
-        }
-    }
+        },
+    )?;
     Ok(PoolMinCapacity {
-        capacity_bytes: ok,
-        failed_bytes: failed,
+        capacity_bytes: found.ok,
+        failed_bytes: found.failed,
         trials,
-        report: ok_report,
+        report: found.report,
     })
 }
 
@@ -523,44 +526,21 @@ pub fn find_min_pool_capacity(
 pub fn replay_cu_mem_alloc(ops: &Ops, ordinal: usize) -> Result<BaselineReport> {
     let (ctx, _stream) = context(ordinal)?;
     let mut live = Live::new(ops.sizes.len(), None);
-    let mut outcome = Outcome::Completed;
-    let mut ops_run = 0;
-    let mut calls = 0u64;
     let t0 = Instant::now();
-    for (i, &op) in ops.ops.iter().enumerate() {
-        let r = match op {
-            Op::Alloc { id, size } => (|| -> Result<()> {
-                let slot = live.slot(id)?;
-                if size == 0 {
-                    return Ok(());
-                }
-                let bytes = size_of(size)?;
-                let mut p: sys::CUdeviceptr = 0;
-                // SAFETY: `p` is valid for the call; the context is current.
-                let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes) };
-                calls += 1;
-                check(r, "cuMemAlloc")?;
-                *slot = p;
-                Ok(())
-            })(),
-            Op::Free { id } => (|| -> Result<()> {
-                let p = std::mem::take(live.slot(id)?);
-                if p == 0 {
-                    return Ok(());
-                }
-                // SAFETY: `p` came from cuMemAlloc and is freed once (its
-                // slot was cleared); nothing uses it.
-                let r = unsafe { sys::cuMemFree_v2(p) };
-                calls += 1;
-                check(r, "cuMemFree")
-            })(),
-        };
-        if let Err(e) = r {
-            outcome = failed(ops, i, e);
-            break;
-        }
-        ops_run = i + 1;
-    }
+    let (outcome, ops_run, calls) = drive(
+        ops,
+        &mut live,
+        |p, bytes| {
+            // SAFETY: `p` is valid for the call; the context is current.
+            check(unsafe { sys::cuMemAlloc_v2(p, bytes) }, "cuMemAlloc")
+        },
+        |p| {
+            // SAFETY: `p` came from cuMemAlloc and is freed once (`drive`
+            // cleared its slot); nothing uses it.
+            check(unsafe { sys::cuMemFree_v2(p) }, "cuMemFree")
+        },
+        |_, _| Ok(()),
+    )?;
     ctx.synchronize().map_err(driver_err("cuCtxSynchronize"))?;
     let wall_time = t0.elapsed();
     live.release();

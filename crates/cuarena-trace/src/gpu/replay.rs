@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 
 use super::driver_err;
 use crate::gpu::pattern::PatternKernels;
-use crate::trace::{round_up, Allocator, Op, Ops, Outcome};
+use crate::trace::{round_up, Allocator, CompactionStats, Op, Ops, Outcome};
 use crate::{Result, ToolError};
 use cuarena::backend::cuda::cudarc::driver::{sys, CudaEvent};
 use cuarena::backend::cuda::{CudaBackend, CudaCapacity};
@@ -175,13 +175,12 @@ impl Run<'_> {
                 self.pass.allocator_time += host_time;
                 let after = self.arena.stats();
                 let backend_after = self.arena.backend().host_stats();
-                let targeted = after.targeted_compactions - before.targeted_compactions;
-                let full = after.full_compactions - before.full_compactions;
+                let d = CompactionStats::between(&before, &after);
                 if let Some(start) = start {
                     let end = self.timing_event()?;
                     end.record(self.arena.backend().stream())
                         .map_err(driver_err("cuEventRecord"))?;
-                    if targeted + full > 0 || after.bytes_moved > before.bytes_moved {
+                    if d.count() > 0 || d.bytes_moved > 0 {
                         // Still pending: the moves were queued before the
                         // GPU reached the start event.
                         let exact = !start
@@ -190,20 +189,16 @@ impl Run<'_> {
                         if !exact {
                             self.delay = (self.delay * 2).min(MAX_DELAY);
                         }
-                        let planning_time =
-                            after.planning_time.saturating_sub(before.planning_time);
-                        let compaction_time =
-                            after.compaction_time.saturating_sub(before.compaction_time);
                         let timing = CompactionTiming {
                             op: i,
                             event: self.ops.event_index.get(i).copied().unwrap_or(i as u64),
-                            targeted,
-                            full,
-                            moves: after.moves - before.moves,
-                            bytes_moved: after.bytes_moved - before.bytes_moved,
+                            targeted: d.targeted_compactions,
+                            full: d.full_compactions,
+                            moves: d.moves,
+                            bytes_moved: d.bytes_moved,
                             host_time,
-                            planning_time,
-                            staging_time: compaction_time.saturating_sub(planning_time),
+                            planning_time: d.planning_time,
+                            staging_time: d.compaction_time.saturating_sub(d.planning_time),
                             backend_time: backend_after
                                 .staging_time
                                 .saturating_sub(backend_before.staging_time),
@@ -215,8 +210,8 @@ impl Run<'_> {
                         };
                         self.pending.push(Pending { start, end, timing });
                     }
-                } else if targeted + full > 0 {
-                    self.pass.untimed_compactions += targeted + full;
+                } else if d.count() > 0 {
+                    self.pass.untimed_compactions += d.count();
                 }
                 let h = match r {
                     Ok(h) => h,
@@ -319,12 +314,7 @@ impl Run<'_> {
         }
         let st = self.arena.stats();
         let p = &mut self.pass;
-        p.targeted_compactions = st.targeted_compactions - s0.targeted_compactions;
-        p.full_compactions = st.full_compactions - s0.full_compactions;
-        p.moves = st.moves - s0.moves;
-        p.bytes_moved = st.bytes_moved - s0.bytes_moved;
-        p.planning_time = st.planning_time.saturating_sub(s0.planning_time);
-        p.compaction_time = st.compaction_time.saturating_sub(s0.compaction_time);
+        p.compaction = CompactionStats::between(&s0, &st);
         for e in self.pending.drain(..) {
             let ms = e
                 .start

@@ -6,7 +6,7 @@ use std::time::Duration;
 use cuarena::backend::cuda::CudaOptions;
 
 use crate::gpu::pattern::CheckRange;
-use crate::trace::{Allocator, Ops, Outcome};
+use crate::trace::{Allocator, CompactionStats, Ops, Outcome};
 
 /// How much of each tensor a GPU replay reads back at its free. Build one
 /// from [`Default`] (or [`CheckSampling::ALL`]) with the `with_*` methods:
@@ -306,18 +306,8 @@ pub struct PassReport {
     pub ops_run: usize,
     /// Peak bytes reserved by live blocks (sizes rounded to the alignment).
     pub peak_live_bytes: u64,
-    /// Targeted compactions.
-    pub targeted_compactions: u64,
-    /// Full compactions.
-    pub full_compactions: u64,
-    /// Blocks moved.
-    pub moves: u64,
-    /// Bytes moved.
-    pub bytes_moved: u64,
-    /// Host time planning compactions.
-    pub planning_time: Duration,
-    /// Host time in compactions (planning and executing the plans).
-    pub compaction_time: Duration,
+    /// The arena's compactions in the pass.
+    pub compaction: CompactionStats,
     /// Every compacting allocation with its device time.
     pub compactions: Vec<CompactionTiming>,
     /// Sum of the compactions' device time.

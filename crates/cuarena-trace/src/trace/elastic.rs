@@ -201,7 +201,7 @@ pub fn naive_bytes_moved_at_peak_live(ops: &Ops, align: u64) -> Result<Option<u6
         &config,
         &ReplayOptions::default().with_allocator(Allocator::NaiveCompacting),
     )?;
-    Ok(r.completed().then_some(r.bytes_moved))
+    Ok(r.completed().then_some(r.compaction.bytes_moved))
 }
 
 #[cfg(test)]

@@ -109,7 +109,7 @@ pub(crate) use ops::round_up;
 pub use ops::{FreePoint, Op, Ops};
 pub use replay::{
     find_min_capacity, find_min_capacity_observed, find_min_capacity_with, replay, replay_prefix,
-    replay_with, Allocator, MinCapacity, Outcome, ReplayOptions, ReplayReport,
+    replay_with, Allocator, CompactionStats, MinCapacity, Outcome, ReplayOptions, ReplayReport,
 };
 pub use segments::{ActiveBytes, Block, BlockState, Reserved, Segment};
 

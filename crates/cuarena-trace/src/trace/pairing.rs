@@ -143,6 +143,7 @@ pub(super) fn pair(
                 out.sizes.push(e.size);
                 out.allocs += 1;
                 out.push(Op::Alloc { id, size: e.size }, event, time, budget)?;
+                continue;
             }
             Action::FreeRequested => {
                 match next.get(i) {
@@ -160,19 +161,7 @@ pub(super) fn pair(
                     }
                     _ => {}
                 }
-                let st = addrs.entry(e.addr).or_default();
-                st.awaiting_completed = true;
-                match st.live.take().or_else(|| seeds.get(&event).copied()) {
-                    Some(id) => {
-                        out.frees += 1;
-                        out.push(Op::Free { id }, event, time, budget)?;
-                    }
-                    None => {
-                        out.skipped_frees += 1;
-                        budget.reserve(&mut unmatched, 1, WHAT)?;
-                        unmatched.push((e.addr, e.size, event));
-                    }
-                }
+                addrs.entry(e.addr).or_default().awaiting_completed = true;
             }
             Action::FreeCompleted => {
                 let st = addrs.entry(e.addr).or_default();
@@ -180,19 +169,22 @@ pub(super) fn pair(
                     // The companion of a free_requested already paired.
                     continue;
                 }
-                match st.live.take().or_else(|| seeds.get(&event).copied()) {
-                    Some(id) => {
-                        out.frees += 1;
-                        out.push(Op::Free { id }, event, time, budget)?;
-                    }
-                    None => {
-                        out.skipped_frees += 1;
-                        budget.reserve(&mut unmatched, 1, WHAT)?;
-                        unmatched.push((e.addr, e.size, event));
-                    }
-                }
             }
-            _ => {}
+            _ => continue,
+        }
+        // A free: of the block live at the address, or of the one live
+        // before recording that this event frees.
+        let st = addrs.entry(e.addr).or_default();
+        match st.live.take().or_else(|| seeds.get(&event).copied()) {
+            Some(id) => {
+                out.frees += 1;
+                out.push(Op::Free { id }, event, time, budget)?;
+            }
+            None => {
+                out.skipped_frees += 1;
+                budget.reserve(&mut unmatched, 1, WHAT)?;
+                unmatched.push((e.addr, e.size, event));
+            }
         }
     }
     let mut live = HashMap::new();

@@ -20,7 +20,7 @@ use cuarena::backend::MetaBackend;
 use cuarena::Arena;
 use cuarena::Error;
 use cuarena::Handle;
-use cuarena::{ArenaConfig, CompactionPolicy, PolicyStats};
+use cuarena::{ArenaConfig, CompactionPolicy, PolicyStats, Stats};
 
 /// Which allocator a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -158,6 +158,49 @@ pub(crate) fn per_op(wall: Duration, ops: usize) -> Duration {
     wall / u32::try_from(ops.max(1)).unwrap_or(u32::MAX)
 }
 
+/// The compactions of a replay (or of a pass of the GPU replay): how
+/// many, what they moved, and the host time they took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompactionStats {
+    /// Targeted compactions.
+    pub targeted_compactions: u64,
+    /// Full compactions.
+    pub full_compactions: u64,
+    /// Blocks moved.
+    pub moves: u64,
+    /// Bytes moved.
+    pub bytes_moved: u64,
+    /// Host time planning compactions.
+    pub planning_time: Duration,
+    /// Host time in compactions (planning and executing the plans).
+    pub compaction_time: Duration,
+}
+
+impl CompactionStats {
+    /// The compactions an arena made between two of its [`Stats`].
+    pub fn between(before: &Stats, after: &Stats) -> Self {
+        Self {
+            targeted_compactions: after.targeted_compactions - before.targeted_compactions,
+            full_compactions: after.full_compactions - before.full_compactions,
+            moves: after.moves - before.moves,
+            bytes_moved: after.bytes_moved - before.bytes_moved,
+            planning_time: after.planning_time.saturating_sub(before.planning_time),
+            compaction_time: after.compaction_time.saturating_sub(before.compaction_time),
+        }
+    }
+
+    /// Every compaction an arena made (its [`Stats`] now).
+    pub fn of(st: &Stats) -> Self {
+        Self::between(&Stats::default(), st)
+    }
+
+    /// Targeted and full compactions together.
+    pub fn count(&self) -> u64 {
+        self.targeted_compactions + self.full_compactions
+    }
+}
+
 /// What a replay did.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -174,18 +217,8 @@ pub struct ReplayReport {
     pub ops_run: usize,
     /// Peak bytes reserved by live blocks (sizes rounded to the alignment).
     pub peak_live_bytes: u64,
-    /// Targeted compactions.
-    pub targeted_compactions: u64,
-    /// Full compactions.
-    pub full_compactions: u64,
-    /// Blocks moved.
-    pub moves: u64,
-    /// Bytes moved.
-    pub bytes_moved: u64,
-    /// Host time planning compactions.
-    pub planning_time: Duration,
-    /// Host time in compactions (planning and executing).
-    pub compaction_time: Duration,
+    /// The arena's compactions.
+    pub compaction: CompactionStats,
     /// Wall time of the whole replay (arena creation included).
     pub wall_time: Duration,
     /// The compaction policy's bookkeeping at the end (what naive moved,
@@ -401,12 +434,7 @@ pub fn replay_with(
         outcome,
         ops_run,
         peak_live_bytes: st.peak_allocated_bytes,
-        targeted_compactions: st.targeted_compactions,
-        full_compactions: st.full_compactions,
-        moves: st.moves,
-        bytes_moved: st.bytes_moved,
-        planning_time: st.planning_time,
-        compaction_time: st.compaction_time,
+        compaction: CompactionStats::of(&st),
         wall_time: t0.elapsed(),
         timeline,
         policy: st.policy,
@@ -491,7 +519,7 @@ pub fn find_min_capacity_observed(
     let base = ArenaConfig::new(align).with_alignment_bytes(align);
     let lower = round_up(ops.peak_live_rounded(align).max(align), align);
     let mut trials = 0u32;
-    let mut run = |cap: u64| -> Result<ReplayReport> {
+    let run = |cap: u64| -> Result<ReplayReport> {
         trials += 1;
         let config = base.clone().with_capacity_bytes(cap);
         let report = replay_with(
@@ -506,60 +534,113 @@ pub fn find_min_capacity_observed(
         Ok(report)
     };
 
-    let first = run(lower)?;
-    if first.completed() {
-        return Ok(MinCapacity {
-            capacity_bytes: lower,
-            peak_live_bytes: lower,
-            trials,
-            report: first,
-        });
-    }
     // Grow: steps of 0.1 % of the bound, doubling.
     let total = ops
         .sizes
         .iter()
         .fold(0u64, |a, &s| a.saturating_add(round_up(s, align)));
     let limit = total.max(lower).saturating_mul(64);
-    let mut step = round_up((lower / 1024).max(align), align);
-    let mut failed = lower;
-    let mut last = first;
-    let (mut ok, mut ok_report) = loop {
-        let cap = round_up(lower.saturating_add(step), align);
-        if cap > limit || cap == u64::MAX {
-            return Err(match last.outcome {
-                Outcome::Failed { error, .. } => error,
-                Outcome::Completed => ToolError::Usage {
-                    reason: "capacity search ran out of range".into(),
-                },
-            });
+    let step = round_up((lower / 1024).max(align), align);
+    let found = search_capacity(
+        Search {
+            lower,
+            step,
+            granule: align,
+            tolerance: align,
+            limit,
+        },
+        run,
+        ReplayReport::completed,
+        |_, last| match last.outcome {
+            Outcome::Failed { error, .. } => error,
+            Outcome::Completed => ToolError::Usage {
+                reason: "capacity search ran out of range".into(),
+            },
+        },
+    )?;
+    Ok(MinCapacity {
+        capacity_bytes: found.ok,
+        peak_live_bytes: lower,
+        trials,
+        report: found.report,
+    })
+}
+
+/// The bounds of a [`search_capacity`], in bytes.
+pub(crate) struct Search {
+    /// The first capacity tried: one below which nothing completes.
+    pub(crate) lower: u64,
+    /// The first step above `lower` (doubled after every failure).
+    pub(crate) step: u64,
+    /// Every capacity tried is a multiple of it.
+    pub(crate) granule: u64,
+    /// The search ends when the capacity that completes is at most this
+    /// far above one that fails.
+    pub(crate) tolerance: u64,
+    /// No capacity above it is tried.
+    pub(crate) limit: u64,
+}
+
+/// What a [`search_capacity`] found.
+pub(crate) struct Found<R> {
+    /// The smallest capacity that completed.
+    pub(crate) ok: u64,
+    /// The largest capacity that failed below it (0 when `lower` completed;
+    /// the CUDA pool's search reports it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) failed: u64,
+    /// The replay at `ok`.
+    pub(crate) report: R,
+}
+
+/// The smallest capacity at which `run` completes (to within the
+/// tolerance, assuming more capacity never hurts): `lower`, then steps
+/// above it doubling until a replay completes, then bisection on multiples
+/// of the granule. Past the limit, `out_of_range(largest failed, its
+/// replay)` is the error.
+pub(crate) fn search_capacity<R>(
+    b: Search,
+    mut run: impl FnMut(u64) -> Result<R>,
+    completed: impl Fn(&R) -> bool,
+    out_of_range: impl FnOnce(u64, R) -> ToolError,
+) -> Result<Found<R>> {
+    let first = run(b.lower)?;
+    if completed(&first) {
+        return Ok(Found {
+            ok: b.lower,
+            failed: 0,
+            report: first,
+        });
+    }
+    let (mut failed, mut last, mut step) = (b.lower, first, b.step);
+    let (mut ok, mut report) = loop {
+        let cap = round_up(b.lower.saturating_add(step), b.granule);
+        if cap > b.limit || cap == u64::MAX {
+            return Err(out_of_range(failed, last));
         }
         let r = run(cap)?;
-        if r.completed() {
+        if completed(&r) {
             break (cap, r);
         }
-        failed = cap;
-        last = r;
+        (failed, last) = (cap, r);
         step = step.saturating_mul(2);
     };
     // Narrow: `failed` fails, `ok` completes.
-    while ok - failed > align {
-        let mid = failed + ((ok - failed) / 2 / align) * align;
-        let mid = if mid <= failed { failed + align } else { mid };
+    while ok - failed > b.tolerance.max(b.granule) {
+        let mid = failed + ((ok - failed) / 2 / b.granule) * b.granule;
+        let mid = if mid <= failed {
+            failed + b.granule
+        } else {
+            mid
+        };
         let r = run(mid)?;
-        if r.completed() {
-            ok = mid;
-            ok_report = r;
+        if completed(&r) {
+            (ok, report) = (mid, r);
         } else {
             failed = mid;
         }
     }
-    Ok(MinCapacity {
-        capacity_bytes: ok,
-        peak_live_bytes: lower,
-        trials,
-        report: ok_report,
-    })
+    Ok(Found { ok, failed, report })
 }
 
 #[cfg(test)]
@@ -608,7 +689,7 @@ mod tests {
         let cfg = ArenaConfig::new(768);
         let arena = replay(&ops, &cfg).unwrap();
         assert!(arena.completed(), "{:?}", arena.outcome);
-        assert!(arena.bytes_moved > 0);
+        assert!(arena.compaction.bytes_moved > 0);
         let naive = replay_with(
             &ops,
             &cfg,
@@ -619,7 +700,7 @@ mod tests {
         )
         .unwrap();
         assert!(naive.completed());
-        assert_eq!(naive.full_compactions, 1);
+        assert_eq!(naive.compaction.full_compactions, 1);
         let t = naive.timeline.unwrap();
         assert_eq!(t.compactions.len(), 1);
         assert!(!t.samples.is_empty());

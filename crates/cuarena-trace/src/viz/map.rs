@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use super::{c, esc, fmt_bytes, fmt_tick, nice_step, svg_open, ticks, unit_for, MemoryMap};
+use super::{
+    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, x_tick, MemoryMap,
+};
 
 const WIDTH: u32 = 1200;
 const LEFT: f64 = 20.0;
@@ -156,15 +158,7 @@ pub fn memory_map_svg(maps: &[MemoryMap]) -> String {
         );
         for v in ticks(cap_units, step) {
             let x = px((v * unit.bytes) as u64);
-            let _ = writeln!(
-                out,
-                "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#333\"/><text x=\"{0}\" y=\"{3}\">{4}</text>",
-                c(x),
-                c(by + BAR_H),
-                c(by + BAR_H + 5.0),
-                c(by + BAR_H + 17.0),
-                fmt_tick(v, step)
-            );
+            x_tick(&mut out, x, by + BAR_H, 17.0, &fmt_tick(v, step));
         }
         let _ = writeln!(
             out,
@@ -176,8 +170,7 @@ pub fn memory_map_svg(maps: &[MemoryMap]) -> String {
         let _ = writeln!(out, "</g>");
         let _ = writeln!(out, "</g>");
     }
-    out.push_str("</svg>\n");
-    out
+    svg_close(out)
 }
 
 #[cfg(test)]

@@ -164,6 +164,26 @@ pub(crate) fn svg_open(out: &mut String, w: u32, h: u32) {
     );
 }
 
+/// A tick under an x axis at height `y`: a 5 px line at `x`, and `label`
+/// `label_dy` below the axis.
+pub(crate) fn x_tick(out: &mut String, x: f64, y: f64, label_dy: f64, label: &str) {
+    let _ = writeln!(
+        out,
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#333\"/><text x=\"{0}\" y=\"{3}\">{4}</text>",
+        c(x),
+        c(y),
+        c(y + 5.0),
+        c(y + label_dy),
+        label
+    );
+}
+
+/// Closes the document [`svg_open`] began.
+pub(crate) fn svg_close(mut out: String) -> String {
+    out.push_str("</svg>\n");
+    out
+}
+
 /// Human-readable bytes for labels.
 pub(crate) fn fmt_bytes(b: u64) -> String {
     cuarena::fmt_bytes(b)

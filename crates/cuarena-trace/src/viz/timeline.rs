@@ -4,7 +4,9 @@
 
 use std::fmt::Write as _;
 
-use super::{c, esc, fmt_bytes, fmt_tick, nice_step, svg_open, ticks, unit_for, Timeline};
+use super::{
+    c, esc, fmt_bytes, fmt_tick, nice_step, svg_close, svg_open, ticks, unit_for, x_tick, Timeline,
+};
 
 const WIDTH: u32 = 1440;
 const HEIGHT: u32 = 560;
@@ -211,15 +213,7 @@ pub fn timeline_svg(t: &Timeline) -> String {
             break;
         }
         let x = f.x(xv);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#333\"/><text x=\"{0}\" y=\"{3}\">{4}</text>",
-            c(x),
-            c(TOP + plot_h),
-            c(TOP + plot_h + 5.0),
-            c(TOP + plot_h + 18.0),
-            xv
-        );
+        x_tick(&mut out, x, TOP + plot_h, 18.0, &xv.to_string());
         xv = xv.saturating_add(x_step as u64);
     }
     let _ = writeln!(out, "</g>");
@@ -355,32 +349,21 @@ pub fn timeline_svg(t: &Timeline) -> String {
             &format!("{label} (max {})", fmt_bytes(peak)),
         );
     }
-    let targeted: Vec<_> = t.compactions.iter().filter(|c| !c.1).collect();
-    let full: Vec<_> = t.compactions.iter().filter(|c| c.1).collect();
-    let moved = |v: &[&(u64, bool, u64)]| v.iter().fold(0u64, |a, c| a.saturating_add(c.2));
-    entry(
-        &mut out,
-        TARGETED,
-        r#" stroke-dasharray="2 3""#,
-        &format!(
-            "{} targeted compactions, {} moved",
-            targeted.len(),
-            fmt_bytes(moved(&targeted))
-        ),
-    );
-    entry(
-        &mut out,
-        FULL,
-        r#" stroke-dasharray="2 3""#,
-        &format!(
-            "{} full compactions, {} moved",
-            full.len(),
-            fmt_bytes(moved(&full))
-        ),
-    );
+    for (color, kind, full) in [(TARGETED, "targeted", false), (FULL, "full", true)] {
+        let (n, moved) = t
+            .compactions
+            .iter()
+            .filter(|c| c.1 == full)
+            .fold((0, 0u64), |(n, b), c| (n + 1, b.saturating_add(c.2)));
+        entry(
+            &mut out,
+            color,
+            r#" stroke-dasharray="2 3""#,
+            &format!("{n} {kind} compactions, {} moved", fmt_bytes(moved)),
+        );
+    }
     let _ = writeln!(out, "</g>");
-    out.push_str("</svg>\n");
-    out
+    svg_close(out)
 }
 
 #[cfg(test)]

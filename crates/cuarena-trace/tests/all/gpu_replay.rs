@@ -46,7 +46,7 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
             "{name}: {:?} in {:.1?}, {} compactions",
             r.outcome,
             t0.elapsed(),
-            r.timed.targeted_compactions + r.timed.full_compactions
+            r.timed.compaction.count()
         );
         assert!(
             matches!(r.outcome, Outcome::Completed),
@@ -54,10 +54,7 @@ fn gpu_trace_replay_keeps_every_pattern_and_catches_corruption() {
             r.outcome
         );
         assert_eq!(r.mismatched_words, 0, "{name}");
-        assert!(
-            r.timed.targeted_compactions + r.timed.full_compactions > 0,
-            "no compaction exercised"
-        );
+        assert!(r.timed.compaction.count() > 0, "no compaction exercised");
     }
     let bad = GpuReplayOptions::default().with_corrupt_block(Some(3));
     let r = replay_gpu(&ops, &config, &bad).expect("replay");

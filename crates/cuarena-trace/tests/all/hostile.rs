@@ -11,8 +11,8 @@ use cuarena_trace::ToolError;
 use serde_pickle::{HashableValue, Value};
 
 use cuarena_testkit::trace::{
-    data, deep_list_pickle, dict, dup_tuple2_pickle, gzip_zeros, long4_pickle, mark_flood_pickle,
-    pickle, DEEP,
+    alloc_items, data, deep_list_pickle, dict, dup_tuple2_pickle, gzip_zeros, long4_pickle,
+    mark_flood_pickle, pickle, shared_block_snapshot, short_str, DEEP,
 };
 
 /// Reads `bytes`, checking it takes under 10 s (release; debug is slower).
@@ -151,19 +151,28 @@ fn memo_bombs() {
     expect_trace(read(&pickle(&body)), "top level is a None");
 }
 
-/// A snapshot whose one device list holds `n` references (memo gets) to
-/// one event dict with a `len`-byte action: each event copies the action.
-fn shared_event_snapshot(n: usize, len: usize) -> Vec<u8> {
-    // {"device_traces": [[ev, ev, ...]]}, memo 0..=4: top, key, dt, dev0, ev.
-    let mut b = b"}\x94(\x8c\x0ddevice_traces\x94]\x94]\x94(}\x94(\x8c\x06action\x8d".to_vec();
-    b.extend_from_slice(&(len as u64).to_le_bytes());
-    b.resize(b.len() + len, b'x');
-    b.extend_from_slice(b"\x8c\x04addrK\x01\x8c\x04sizeK\x02u");
+/// `{"device_traces": [[ev, ev, ...]]}`: one device list of `n` memo
+/// gets of one event dict whose items `fields` pushes (memo 0..=4: top,
+/// key, dt, dev0, ev).
+fn shared_event_snapshot_of(fields: &[u8], n: usize) -> Vec<u8> {
+    let mut b = b"}\x94(\x8c\x0ddevice_traces\x94]\x94]\x94(}\x94(".to_vec();
+    b.extend_from_slice(fields);
+    b.push(b'u');
     for _ in 1..n {
         b.extend_from_slice(b"h\x04");
     }
     b.extend_from_slice(b"eau");
     pickle(&b)
+}
+
+/// A snapshot whose one device list holds `n` references (memo gets) to
+/// one event dict with a `len`-byte action: each event copies the action.
+fn shared_event_snapshot(n: usize, len: usize) -> Vec<u8> {
+    let mut fields = b"\x8c\x06action\x8d".to_vec();
+    fields.extend_from_slice(&(len as u64).to_le_bytes());
+    fields.resize(fields.len() + len, b'x');
+    fields.extend_from_slice(b"\x8c\x04addrK\x01\x8c\x04sizeK\x02");
+    shared_event_snapshot_of(&fields, n)
 }
 
 #[test]
@@ -182,21 +191,13 @@ fn shared_event_bomb_is_decoded_once() {
 
 /// `n` events that are one shared `alloc` dict with `keys` extra keys.
 fn shared_wide_event_snapshot(n: usize, keys: usize) -> Vec<u8> {
-    // {"device_traces": [[ev, ev, ...]]}, memo 0..=4: top, key, dt, dev0, ev.
-    let mut b = b"}\x94(\x8c\x0ddevice_traces\x94]\x94]\x94(}\x94(".to_vec();
+    let mut fields = Vec::new();
     for k in 0..keys {
-        let name = format!("k{k}");
-        b.push(0x8c);
-        b.push(name.len() as u8);
-        b.extend_from_slice(name.as_bytes());
-        b.extend_from_slice(b"K\x01");
+        fields.extend(short_str(&format!("k{k}")));
+        fields.extend_from_slice(b"K\x01");
     }
-    b.extend_from_slice(b"\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x01\x8c\x04sizeK\x02u");
-    for _ in 1..n {
-        b.extend_from_slice(b"h\x04");
-    }
-    b.extend_from_slice(b"eau");
-    pickle(&b)
+    fields.extend_from_slice(b"\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x01\x8c\x04sizeK\x02");
+    shared_event_snapshot_of(&fields, n)
 }
 
 #[test]
@@ -379,46 +380,17 @@ fn real_snapshots_read_as_before() {
 
 // ---- Review findings (branch `review`): each test fails on a60c355. ----
 
-/// SHORT_BINUNICODE `s`.
-fn short_str(s: &str) -> Vec<u8> {
-    let mut b = vec![0x8c, s.len() as u8];
-    b.extend_from_slice(s.as_bytes());
-    b
-}
-
-/// `{"device_traces": [[{"action": "alloc", "addr": 1, "size": 5}]],
-///   "segments": [{"address": 0, "total_size": 2^40, "blocks": [B] * n}]}`
-/// where B is one block dict (memo 1) holding `dups` duplicated `size` keys
-/// (memo 0 is the key), the list made of one memo get and n - 1 DUPs.
-fn shared_block_snapshot(dups: usize, n: usize) -> Vec<u8> {
-    let mut b = vec![b'}'];
-    b.extend(short_str("device_traces"));
-    b.extend(b"]]}(");
-    for (k, v) in [("action", None), ("addr", Some(1u8)), ("size", Some(5))] {
-        b.extend(short_str(k));
-        match v {
-            None => b.extend(short_str("alloc")),
-            Some(v) => b.extend([b'K', v]),
-        }
-    }
-    b.extend(b"uaas");
-    b.extend(short_str("segments"));
-    b.extend(b"]}(");
-    b.extend(short_str("address"));
-    b.extend(b"K\x00");
-    b.extend(short_str("total_size"));
-    b.extend(b"\x8a\x06\x00\x00\x00\x00\x00\x01");
-    b.extend(short_str("blocks"));
-    b.extend(b"]}");
-    b.extend(short_str("size"));
-    b.extend(b"\x940(");
+/// A snapshot of one segment of `n` blocks that are one block dict
+/// (memo 1) holding `dups` duplicated `size` keys (memo 0 is the key).
+fn shared_dup_key_snapshot(dups: usize, n: usize) -> Vec<u8> {
+    let mut block = vec![b'}'];
+    block.extend(short_str("size"));
+    block.extend(b"\x940(");
     for _ in 0..dups {
-        b.extend(b"h\x00K\x01");
+        block.extend(b"h\x00K\x01");
     }
-    b.extend(b"u\x940(h\x01");
-    b.resize(b.len() + n - 1, b'2');
-    b.extend(b"euas");
-    pickle(&b)
+    block.extend(b"u\x94");
+    shared_block_snapshot(&block, 1, n)
 }
 
 #[test]
@@ -427,17 +399,17 @@ fn shared_block_dict_with_duplicate_keys_reads_in_linear_work() {
     // (PyTorch writes each block once); one listed once holds each of its
     // keys once (the last value set), however often the file repeats it.
     expect_trace(
-        read(&shared_block_snapshot(3, 4)),
+        read(&shared_dup_key_snapshot(3, 4)),
         "same object as an earlier one",
     );
-    let t = read(&shared_block_snapshot(100_000, 1)).unwrap();
+    let t = read(&shared_dup_key_snapshot(100_000, 1)).unwrap();
     let segs = t.segments.as_ref().unwrap();
     assert_eq!(segs[0].blocks.len(), 1);
     assert_eq!(segs[0].blocks[0].size, 1);
     // 655 KB: one block dict of 131,072 `size` keys (each lookup of an
     // absent key scans them all) shared by 131,072 blocks: 5 x 10^10 steps,
     // 51 s on a60c355. Linear work (or a clear error) reads it in far less.
-    let r = read(&shared_block_snapshot(1 << 17, 1 << 17));
+    let r = read(&shared_dup_key_snapshot(1 << 17, 1 << 17));
     println!("{}", describe(&r));
     expect_trace(r, "same object as an earlier one");
 }
@@ -450,12 +422,7 @@ fn event_dict_shared_between_devices_keeps_each_device() {
     let mut b = vec![b'}'];
     b.extend(short_str("device_traces"));
     b.extend(b"(]((");
-    b.extend(short_str("action"));
-    b.extend(short_str("alloc"));
-    b.extend(short_str("addr"));
-    b.extend(b"M\x00\x10");
-    b.extend(short_str("size"));
-    b.extend(b"M\x00\x04");
+    b.extend(alloc_items(4096, 1024));
     b.extend(b"d\x94e](h\x00el");
     b.extend(b"s");
     let r = read(&pickle(&b));

@@ -8,19 +8,11 @@ use std::path::PathBuf;
 use cuarena_trace::pytorch::{recommend, Recommendation, Session};
 use cuarena_trace::trace::Trace;
 
-use cuarena_testkit::trace::data;
+use cuarena_testkit::trace::{data, shipped_snapshots};
 
 /// Every snapshot (pickle) shipped in `tests/data`.
 fn snapshots() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(data())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            n.ends_with(".pickle") || n.ends_with(".pickle.gz")
-        })
-        .collect();
-    v.sort();
+    let v = shipped_snapshots();
     assert!(v.len() >= 20, "{v:?}");
     v
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use cuarena::ArenaConfig;
+use cuarena_testkit::Rng;
 use cuarena_trace::trace::{
     find_min_capacity, find_min_capacity_with, replay, replay_with, Allocator, FreePoint, Op, Ops,
     ReplayOptions, Trace,
@@ -81,7 +82,7 @@ fn shared_resnet_csv_replays_at_peak_live() {
         peak as f64 / RESNET_TORCH_PEAK as f64,
         r.wall_time.as_secs_f64() * 1e3,
         r.time_per_op().as_secs_f64() * 1e9,
-        r.bytes_moved,
+        r.compaction.bytes_moved,
         m.ratio(),
         fixed.ratio()
     );
@@ -90,13 +91,8 @@ fn shared_resnet_csv_replays_at_peak_live() {
 /// A training-like synthetic program: per step, a burst of allocations,
 /// then frees (half LIFO, half random) until half the live blocks are left.
 fn synthetic(n_ops: usize) -> Ops {
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut rnd = move || rng.next();
     let mut ops = Vec::with_capacity(n_ops);
     let mut live: Vec<u32> = Vec::new();
     let mut next = 0u32;
@@ -144,7 +140,7 @@ fn synthetic_replay_compares_allocators() {
     )
     .unwrap();
     assert!(naive.completed());
-    assert!(naive.bytes_moved >= m.report.bytes_moved);
+    assert!(naive.compaction.bytes_moved >= m.report.compaction.bytes_moved);
     let t = naive.timeline.unwrap();
     assert!(t.samples.len() <= 1000 + 2);
     assert!(t
@@ -165,8 +161,8 @@ fn million_op_replay_is_fast() {
         "1M ops at 1.0 x peak: {:.0} ms ({:.0} ns/op), {} compactions, {} B moved",
         r.wall_time.as_secs_f64() * 1e3,
         r.time_per_op().as_secs_f64() * 1e9,
-        r.targeted_compactions + r.full_compactions,
-        r.bytes_moved
+        r.compaction.count(),
+        r.compaction.bytes_moved
     );
     if !cfg!(debug_assertions) {
         assert!(r.wall_time.as_secs_f64() < 2.0, "{:?}", r.wall_time);
@@ -176,13 +172,8 @@ fn million_op_replay_is_fast() {
 /// Live bytes held near a ceiling with random frees: at a capacity of the
 /// peak, almost every allocation near the ceiling needs a compaction.
 pub(crate) fn steady(n_ops: usize, budget: u64) -> Ops {
-    let mut seed = 0x1234_5678_9abc_def1u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng::new(0x1234_5678_9abc_def1);
+    let mut rnd = move || rng.next();
     let mut ops = Vec::with_capacity(n_ops);
     let mut live: Vec<(u32, u64)> = Vec::new();
     let mut live_bytes = 0u64;
@@ -226,9 +217,9 @@ fn steady_state_stress() {
                 r.ops_run,
                 r.completed(),
                 r.wall_time.as_secs_f64() * 1e3,
-                r.targeted_compactions,
-                r.full_compactions,
-                r.bytes_moved >> 20
+                r.compaction.targeted_compactions,
+                r.compaction.full_compactions,
+                r.compaction.bytes_moved >> 20
             );
         }
     }

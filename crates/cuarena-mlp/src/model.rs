@@ -6,12 +6,12 @@ use cuarena::DType;
 
 // ---- the model on the arena -------------------------------------------------------
 
-pub(crate) fn alloc_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
+pub fn alloc_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
     Ok(e.arena().alloc_storage_dtype(DType::F32, n as u64)?)
 }
 
 /// `n` zeros of `f32` (filled on the arena stream).
-pub(crate) fn zeros_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
+pub fn zeros_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
     let s = alloc_f32(e, n)?;
     e.arena().fill(&s, 0f32)?;
     Ok(s)
@@ -20,27 +20,27 @@ pub(crate) fn zeros_f32<E: Exec>(e: &mut E, n: usize) -> Res<Storage> {
 /// The block of a tensor, for the executors (which take handles: every
 /// tensor here has at least one element, so it has a block). The handle is
 /// resolved to an address only when a kernel is enqueued.
-pub(crate) fn h(s: &Storage) -> Handle {
+pub fn h(s: &Storage) -> Handle {
     s.handle().expect("every tensor of the loop has a block")
 }
 
 /// A layer's parameters (and momentum, for the student) in the arena.
 #[derive(Debug, Clone)]
-pub(crate) struct Layer {
-    pub(crate) w: Storage,
-    pub(crate) b: Storage,
-    pub(crate) momentum: Option<(Storage, Storage)>,
-    pub(crate) fan_in: usize,
-    pub(crate) fan_out: usize,
+pub struct Layer {
+    pub w: Storage,
+    pub b: Storage,
+    pub momentum: Option<(Storage, Storage)>,
+    pub fan_in: usize,
+    pub fan_out: usize,
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct Net {
-    pub(crate) layers: Vec<Layer>,
+pub struct Net {
+    pub layers: Vec<Layer>,
 }
 
 impl Net {
-    pub(crate) fn upload<E: Exec>(e: &mut E, host: &HostNet, momentum: bool) -> Res<Self> {
+    pub fn upload<E: Exec>(e: &mut E, host: &HostNet, momentum: bool) -> Res<Self> {
         let mut layers = Vec::new();
         for l in &host.layers {
             let w = alloc_f32(e, l.w.len())?;
@@ -65,7 +65,7 @@ impl Net {
         Ok(Self { layers })
     }
 
-    pub(crate) fn download<E: Exec>(&self, e: &mut E) -> Res<HostNet> {
+    pub fn download<E: Exec>(&self, e: &mut E) -> Res<HostNet> {
         let mut layers = Vec::new();
         for l in &self.layers {
             // Reads need the blocks resident (spilled ones come back).
@@ -88,21 +88,15 @@ impl Net {
 /// of hidden layer i; the last `z` is the logits. Owned: the backward pass
 /// consumes them, layer by layer, so each is dropped (and its block goes
 /// back to the arena) right after its last use.
-pub(crate) struct Fwd {
-    pub(crate) z: Vec<Storage>,
-    pub(crate) h: Vec<Storage>,
+pub struct Fwd {
+    pub z: Vec<Storage>,
+    pub h: Vec<Storage>,
 }
 
 /// Forward pass of `n` rows of `x`. With `keep` every activation is kept
 /// for the backward pass; without, each is dropped as soon as it is used
 /// and only the logits are returned.
-pub(crate) fn forward<E: Exec>(
-    e: &mut E,
-    net: &Net,
-    x: &Storage,
-    n: usize,
-    keep: bool,
-) -> Res<Fwd> {
+pub fn forward<E: Exec>(e: &mut E, net: &Net, x: &Storage, n: usize, keep: bool) -> Res<Fwd> {
     let (mut z_all, mut h_all) = (Vec::new(), Vec::new());
     // The previous layer's output when it is not kept.
     let mut owned: Option<Storage> = None;
@@ -110,8 +104,19 @@ pub(crate) fn forward<E: Exec>(
     let last = net.layers.len() - 1;
     for (i, l) in net.layers.iter().enumerate() {
         let z = alloc_f32(e, n * l.fan_out)?;
-        e.matmul(Op::NN, input, h(&l.w), h(&z), (n, l.fan_out, l.fan_in))?;
-        e.bias_add(h(&z), h(&l.b), n, l.fan_out)?;
+        e.run(Kernel::matmul(
+            Op::NN,
+            input,
+            h(&l.w),
+            h(&z),
+            (n, l.fan_out, l.fan_in),
+        ))?;
+        e.run(Kernel::BiasAdd {
+            z: h(&z),
+            b: h(&l.b),
+            rows: n,
+            cols: l.fan_out,
+        })?;
         // Its last use was the product above.
         drop(owned.take());
         if i == last {
@@ -119,7 +124,11 @@ pub(crate) fn forward<E: Exec>(
             break;
         }
         let a = alloc_f32(e, n * l.fan_out)?;
-        e.relu(h(&z), h(&a), n * l.fan_out)?;
+        e.run(Kernel::Relu {
+            z: h(&z),
+            h: h(&a),
+            len: n * l.fan_out,
+        })?;
         input = h(&a);
         if keep {
             z_all.push(z);
@@ -134,7 +143,7 @@ pub(crate) fn forward<E: Exec>(
 
 /// Loss of `logits` against `labels`, accumulated into `metrics`; returns
 /// the gradient of the mean loss when `grad`.
-pub(crate) fn loss<E: Exec>(
+pub fn loss<E: Exec>(
     e: &mut E,
     logits: &Storage,
     labels: &Storage,
@@ -148,36 +157,29 @@ pub(crate) fn loss<E: Exec>(
     } else {
         None
     };
-    e.softmax_xent(
-        h(logits),
-        h(labels),
-        dlogits.as_ref().map(h),
-        h(&stats),
+    e.run(Kernel::SoftmaxXent {
+        logits: h(logits),
+        labels: h(labels),
+        dlogits: dlogits.as_ref().map(h),
+        stats: h(&stats),
+        rows: n,
+        cols: CLASSES,
+    })?;
+    e.run(Kernel::Mean2Acc {
+        stats: h(&stats),
+        out: h(metrics),
         n,
-        CLASSES,
-    )?;
-    e.mean2_acc(h(&stats), h(metrics), n)?;
+    })?;
     Ok(dlogits)
 }
 
 /// Backward pass: consumes the activations (each dropped after its last
 /// use) and the gradient of the logits, and returns the gradients
-/// `(dW, db)` per layer.
-pub(crate) fn backward<E: Exec>(
-    e: &mut E,
-    net: &Net,
-    x: &Storage,
-    n: usize,
-    fwd: Fwd,
-    dlogits: Storage,
-) -> Res<Vec<(Storage, Storage)>> {
-    backward_with(e, net, x, n, fwd, dlogits, |_, _, _| Ok(()))
-}
-
-/// [`backward`], calling `bucket(e, layer, (dW, db))` as soon as a layer's
-/// gradients are computed (last layer first), before the rest of the pass
-/// is enqueued: where data-parallel training starts their all-reduce.
-pub(crate) fn backward_with<E: Exec>(
+/// `(dW, db)` per layer. Calls `bucket(e, layer, (dW, db))` as soon as a
+/// layer's gradients are computed (last layer first), before the rest of
+/// the pass is enqueued: where data-parallel training starts their
+/// all-reduce.
+pub fn backward<E: Exec>(
     e: &mut E,
     net: &Net,
     x: &Storage,
@@ -201,9 +203,20 @@ pub(crate) fn backward_with<E: Exec>(
         };
         let input = h_prev.as_ref().map_or(h(x), h);
         let gw = alloc_f32(e, l.fan_in * l.fan_out)?;
-        e.matmul(Op::TN, input, h(&dz), h(&gw), (l.fan_in, l.fan_out, n))?;
+        e.run(Kernel::matmul(
+            Op::TN,
+            input,
+            h(&dz),
+            h(&gw),
+            (l.fan_in, l.fan_out, n),
+        ))?;
         let gb = alloc_f32(e, l.fan_out)?;
-        e.col_sum(h(&dz), h(&gb), n, l.fan_out)?;
+        e.run(Kernel::ColSum {
+            x: h(&dz),
+            out: h(&gb),
+            rows: n,
+            cols: l.fan_out,
+        })?;
         let g = (gw, gb);
         bucket(e, i, &g)?;
         grads.push(g);
@@ -211,14 +224,25 @@ pub(crate) fn backward_with<E: Exec>(
             break;
         }
         let dh = alloc_f32(e, n * l.fan_in)?;
-        e.matmul(Op::NT, h(&dz), h(&l.w), h(&dh), (n, l.fan_in, l.fan_out))?;
+        e.run(Kernel::matmul(
+            Op::NT,
+            h(&dz),
+            h(&l.w),
+            h(&dh),
+            (n, l.fan_in, l.fan_out),
+        ))?;
         // Last uses of dz and of this layer's input: their blocks are free
         // for the next allocation.
         drop(dz);
         drop(h_prev);
         let z_prev = zs.pop().ok_or("missing activation")?;
         let dz_prev = alloc_f32(e, n * l.fan_in)?;
-        e.relu_bwd(h(&dh), h(&z_prev), h(&dz_prev), n * l.fan_in)?;
+        e.run(Kernel::ReluBwd {
+            dh: h(&dh),
+            z: h(&z_prev),
+            dz: h(&dz_prev),
+            len: n * l.fan_in,
+        })?;
         dz = dz_prev;
     }
     grads.reverse();
@@ -227,7 +251,7 @@ pub(crate) fn backward_with<E: Exec>(
 
 /// SGD with momentum on every layer; the gradients are then dropped in a
 /// random order (more holes).
-pub(crate) fn update<E: Exec>(
+pub fn update<E: Exec>(
     e: &mut E,
     net: &Net,
     grads: Vec<(Storage, Storage)>,
@@ -240,8 +264,19 @@ pub(crate) fn update<E: Exec>(
             .momentum
             .as_ref()
             .ok_or("the student has momentum buffers")?;
-        e.sgd(h(&l.w), h(gw), h(vw), l.fan_in * l.fan_out, lr, mu)?;
-        e.sgd(h(&l.b), h(gb), h(vb), l.fan_out, lr, mu)?;
+        for (w, g, v, len) in [
+            (&l.w, gw, vw, l.fan_in * l.fan_out),
+            (&l.b, gb, vb, l.fan_out),
+        ] {
+            e.run(Kernel::Sgd {
+                w: h(w),
+                g: h(g),
+                v: h(v),
+                len,
+                lr,
+                mu,
+            })?;
+        }
     }
     let mut all: Vec<Storage> = grads.into_iter().flat_map(|(w, b)| [w, b]).collect();
     // Dropped in this order at the end of the call.
@@ -250,29 +285,28 @@ pub(crate) fn update<E: Exec>(
 }
 
 /// Labels of `n` rows of `x`: the teacher's argmax, computed on the device.
-pub(crate) fn label<E: Exec>(
-    e: &mut E,
-    teacher: &Net,
-    x: &Storage,
-    y: &Storage,
-    n: usize,
-) -> Res<()> {
+pub fn label<E: Exec>(e: &mut E, teacher: &Net, x: &Storage, y: &Storage, n: usize) -> Res<()> {
     let fwd = forward(e, teacher, x, n, false)?;
-    e.argmax(h(&fwd.z[0]), h(y), n, CLASSES)
+    e.run(Kernel::Argmax {
+        logits: h(&fwd.z[0]),
+        labels: h(y),
+        rows: n,
+        cols: CLASSES,
+    })
 }
 
 /// A training batch: inputs and labels, owned; dropped after its step.
-pub(crate) struct Batch {
-    pub(crate) x: Storage,
-    pub(crate) y: Storage,
-    pub(crate) n: usize,
+pub struct Batch {
+    pub x: Storage,
+    pub y: Storage,
+    pub n: usize,
 }
 
 /// The data loader: a batch of random size whose Gaussian inputs are
 /// copied from the host on the executor's upload stream (overlapping the
 /// step in progress). Its labels are computed (by the teacher, on the
 /// device) when the batch is taken: see [`take_batch`].
-pub(crate) fn make_batch<E: Exec>(
+pub fn make_batch<E: Exec>(
     e: &mut E,
     s: &Settings,
     sched: &mut Rng,
@@ -298,13 +332,13 @@ pub(crate) fn make_batch<E: Exec>(
 
 /// A prefetched batch made ready for its step: the compute waits for its
 /// upload, and the teacher labels it.
-pub(crate) fn take_batch<E: Exec>(e: &mut E, teacher: &Net, b: &Batch) -> Res<()> {
+pub fn take_batch<E: Exec>(e: &mut E, teacher: &Net, b: &Batch) -> Res<()> {
     e.await_upload(&b.x)?;
     label(e, teacher, &b.x, &b.y, b.n)
 }
 
 /// Reads an accumulator `[loss, accuracy]` divided by `count`, and zeroes it.
-pub(crate) fn take_metrics<E: Exec>(e: &mut E, m: &Storage, count: usize) -> Res<(f32, f32)> {
+pub fn take_metrics<E: Exec>(e: &mut E, m: &Storage, count: usize) -> Res<(f32, f32)> {
     e.arena().make_resident(&[m])?;
     let v = e.arena().read::<f32>(h(m))?;
     e.arena().write(m, &[0.0f32, 0.0])?;
@@ -314,17 +348,17 @@ pub(crate) fn take_metrics<E: Exec>(e: &mut E, m: &Storage, count: usize) -> Res
 
 /// One line of the learning curve.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Point {
-    pub(crate) step: usize,
-    pub(crate) batch: usize,
+pub struct Point {
+    pub step: usize,
+    pub batch: usize,
     /// Mean loss and accuracy of the training batches since the last point.
-    pub(crate) train: Option<(f32, f32)>,
-    pub(crate) eval_loss: f32,
-    pub(crate) eval_acc: f32,
+    pub train: Option<(f32, f32)>,
+    pub eval_loss: f32,
+    pub eval_acc: f32,
 }
 
 impl Point {
-    pub(crate) fn print<B: Backend>(&self, arena: &Arena<B>) {
+    pub fn print<B: Backend>(&self, arena: &Arena<B>) {
         let st = arena.stats();
         let train = match self.train {
             Some((l, a)) => format!("train loss {l:.4} acc {a:.3}"),
@@ -346,7 +380,7 @@ impl Point {
 
 /// Loss and accuracy of `net` on the eval batch (activations allocated and
 /// dropped as it goes).
-pub(crate) fn evaluate<E: Exec>(
+pub fn evaluate<E: Exec>(
     e: &mut E,
     net: &Net,
     x: &Storage,
@@ -359,13 +393,54 @@ pub(crate) fn evaluate<E: Exec>(
     take_metrics(e, metrics, 1)
 }
 
-pub(crate) struct Outcome {
-    pub(crate) curve: Vec<Point>,
-    pub(crate) net: Net,
-    pub(crate) eval_x: Storage,
-    pub(crate) eval_y: Storage,
+/// What a run uploads before its first step, in this order: the teacher,
+/// the eval inputs and their labels (computed by the teacher, on the
+/// device), the student with its momentum, and the accumulators of the
+/// training batches' and the evaluations' loss and accuracy.
+pub struct Setup {
+    pub teacher: Net,
+    pub eval_x: Storage,
+    pub eval_y: Storage,
+    pub net: Net,
+    pub train_metrics: Storage,
+    pub eval_metrics: Storage,
+}
+
+impl Setup {
+    pub fn new<E: Exec>(e: &mut E, p: &Problem) -> Res<Self> {
+        let teacher = Net::upload(e, &p.teacher, false)?;
+        let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
+        e.arena().write(&eval_x, &p.eval_x)?;
+        let eval_y = e
+            .arena()
+            .alloc_storage_dtype(DType::I32, EVAL_ROWS as u64)?;
+        label(e, &teacher, &eval_x, &eval_y, EVAL_ROWS)?;
+        let net = Net::upload(e, &p.student, true)?;
+        let train_metrics = zeros_f32(e, 2)?;
+        let eval_metrics = zeros_f32(e, 2)?;
+        Ok(Self {
+            teacher,
+            eval_x,
+            eval_y,
+            net,
+            train_metrics,
+            eval_metrics,
+        })
+    }
+
+    /// Loss and accuracy of the student on the eval batch.
+    pub fn evaluate<E: Exec>(&self, e: &mut E) -> Res<(f32, f32)> {
+        evaluate(e, &self.net, &self.eval_x, &self.eval_y, &self.eval_metrics)
+    }
+}
+
+pub struct Outcome {
+    pub curve: Vec<Point>,
+    pub net: Net,
+    pub eval_x: Storage,
+    pub eval_y: Storage,
     /// Wall time of the training loop (evaluations included).
-    pub(crate) seconds: f64,
+    pub seconds: f64,
 }
 
 /// The whole run: set-up, `s.steps` training steps, an evaluation every
@@ -378,14 +453,7 @@ pub(crate) struct Outcome {
 /// update, each batch at the end of its step, the prefetch queue and the
 /// teacher at the end of the run); the arena frees the blocks at its next
 /// allocation or compaction, after the streams that used them.
-pub(crate) fn train<E: Exec>(
-    e: &mut E,
-    teacher: &HostNet,
-    student: &HostNet,
-    eval_inputs: &[f32],
-    s: &Settings,
-    log: bool,
-) -> Res<Outcome> {
+pub fn train<E: Exec>(e: &mut E, p: &Problem, s: &Settings, log: bool) -> Res<Outcome> {
     let mut sched = Rng::new(s.seed ^ 0x5c4e_d01e);
     let mut data = Rng::new(s.seed ^ 0xda7a);
     let mut buf = Vec::new();
@@ -394,18 +462,8 @@ pub(crate) fn train<E: Exec>(
     } else {
         Vec::new()
     };
-    let teacher_dev = Net::upload(e, teacher, false)?;
-    let eval_x = alloc_f32(e, EVAL_ROWS * IN)?;
-    e.arena().write(&eval_x, eval_inputs)?;
-    let eval_y = e
-        .arena()
-        .alloc_storage_dtype(DType::I32, EVAL_ROWS as u64)?;
-    label(e, &teacher_dev, &eval_x, &eval_y, EVAL_ROWS)?;
-    let net = Net::upload(e, student, true)?;
-    let train_metrics = zeros_f32(e, 2)?;
-    let eval_metrics = zeros_f32(e, 2)?;
-
-    let (eval_loss, eval_acc) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
+    let run = Setup::new(e, p)?;
+    let (eval_loss, eval_acc) = run.evaluate(e)?;
     let p0 = Point {
         step: 0,
         batch: 0,
@@ -425,25 +483,33 @@ pub(crate) fn train<E: Exec>(
     }
     for step in 1..=s.steps {
         let batch = queue.pop_front().ok_or("empty prefetch queue")?;
-        take_batch(e, &teacher_dev, &batch)?;
+        take_batch(e, &run.teacher, &batch)?;
         let n = batch.n;
-        let mut fwd = forward(e, &net, &batch.x, n, true)?;
+        let mut fwd = forward(e, &run.net, &batch.x, n, true)?;
         let logits = fwd.z.pop().ok_or("no logits")?;
-        let dlogits = loss(e, &logits, &batch.y, n, &train_metrics, true)?.ok_or("no gradient")?;
+        let dlogits =
+            loss(e, &logits, &batch.y, n, &run.train_metrics, true)?.ok_or("no gradient")?;
         drop(logits);
         // The data loader starts the upload of a batch now, on its own
         // stream: it lands among this step's activations and outlives them.
         queue.push_back(make_batch(e, s, &mut sched, &mut data, &mut buf, &pool)?);
-        let grads = backward(e, &net, &batch.x, n, fwd, dlogits)?;
-        update(e, &net, grads, s.lr_at(step - 1), s.momentum, &mut sched)?;
+        let grads = backward(e, &run.net, &batch.x, n, fwd, dlogits, |_, _, _| Ok(()))?;
+        update(
+            e,
+            &run.net,
+            grads,
+            s.lr_at(step - 1),
+            s.momentum,
+            &mut sched,
+        )?;
         drop(batch);
         since += 1;
 
         if step % s.every == 0 || step == s.steps {
-            let train = take_metrics(e, &train_metrics, since)?;
+            let train = take_metrics(e, &run.train_metrics, since)?;
             since = 0;
-            let (eval_loss, eval_acc) = evaluate(e, &net, &eval_x, &eval_y, &eval_metrics)?;
-            let p = Point {
+            let (eval_loss, eval_acc) = run.evaluate(e)?;
+            let point = Point {
                 step,
                 batch: n,
                 train: Some(train),
@@ -451,12 +517,19 @@ pub(crate) fn train<E: Exec>(
                 eval_acc,
             };
             if log {
-                p.print(e.arena());
+                point.print(e.arena());
             }
-            curve.push(p);
+            curve.push(point);
         }
     }
     drop(queue);
+    // The teacher and the accumulators are dropped at the end of the call.
+    let Setup {
+        net,
+        eval_x,
+        eval_y,
+        ..
+    } = run;
     Ok(Outcome {
         curve,
         net,

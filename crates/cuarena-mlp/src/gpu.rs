@@ -12,7 +12,7 @@ use cuarena::backend::cuda::cudarc::driver::{
 use cuarena::backend::cuda::{compile, ArenaView, ArenaViewMut, CudaBackend};
 use cuarena::{Arena, ArenaConfig, Handle, Storage, StreamId};
 
-use super::{h, Exec, Op, Res};
+use super::{h, Exec, Kernel, Op, Operand, Res};
 
 /// Which way a host-tier copy went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,32 +107,10 @@ struct Kernels {
     argmax: CudaFunction,
     mean2_acc: CudaFunction,
     sgd: CudaFunction,
-    #[allow(dead_code)] // train_ddp's
     scale: CudaFunction,
 }
 
-/// A pointer argument of a launch: a block read (`In`) or written
-/// (`Out`), as f32 or i32 (labels), with how many elements the kernel may
-/// touch in it (checked against the view), or a null pointer.
-#[derive(Debug, Clone, Copy)]
-enum Operand {
-    In(Handle, usize),
-    Out(Handle, usize),
-    InI32(Handle, usize),
-    OutI32(Handle, usize),
-    Null,
-}
-
 use Operand::{In, InI32, Null, Out, OutI32};
-
-impl Operand {
-    fn handle(self) -> Option<Handle> {
-        match self {
-            In(h, _) | Out(h, _) | InI32(h, _) | OutI32(h, _) => Some(h),
-            Null => None,
-        }
-    }
-}
 
 /// A view taken for one launch.
 enum Arg<'a> {
@@ -177,6 +155,15 @@ fn cfg_1d(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
         block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One thread per row, 128 rows a block.
+fn cfg_rows(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(128).max(1) as u32, 1, 1),
+        block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -360,107 +347,65 @@ impl Exec for Gpu {
         }
         Ok(())
     }
-    fn matmul(
-        &mut self,
-        op: Op,
-        a: Handle,
-        b: Handle,
-        c: Handle,
-        (m, n, k): (usize, usize, usize),
-    ) -> Res<()> {
-        let f: Pick = match op {
-            Op::NN => |k| &k.mm_nn,
-            Op::TN => |k| &k.mm_tn,
-            Op::NT => |k| &k.mm_nt,
+    fn run(&mut self, k: Kernel) -> Res<()> {
+        // The grid of each kernel, its int and float arguments (after the
+        // pointers, in the order of its C signature).
+        let (pick, cfg, ints, floats): (Pick, _, Vec<i32>, Vec<f32>) = match k {
+            Kernel::Matmul { op, m, n, k, .. } => {
+                let pick: Pick = match op {
+                    Op::NN => |k| &k.mm_nn,
+                    Op::TN => |k| &k.mm_tn,
+                    Op::NT => |k| &k.mm_nt,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (pick, cfg, vec![dim(m)?, dim(n)?, dim(k)?], vec![])
+            }
+            Kernel::BiasAdd { rows, cols, .. } => (
+                |k| &k.bias_add,
+                cfg_1d(rows * cols),
+                vec![dim(rows)?, dim(cols)?],
+                vec![],
+            ),
+            Kernel::Relu { len, .. } => (|k| &k.relu_fwd, cfg_1d(len), vec![dim(len)?], vec![]),
+            Kernel::ReluBwd { len, .. } => (|k| &k.relu_bwd, cfg_1d(len), vec![dim(len)?], vec![]),
+            Kernel::ColSum { rows, cols, .. } => {
+                let cfg = LaunchConfig {
+                    grid_dim: (cols.div_ceil(32) as u32, 1, 1),
+                    block_dim: (32, 8, 1),
+                    shared_mem_bytes: 0,
+                };
+                (|k| &k.col_sum, cfg, vec![dim(rows)?, dim(cols)?], vec![])
+            }
+            Kernel::SoftmaxXent { rows, cols, .. } => (
+                |k| &k.softmax_xent,
+                cfg_rows(rows),
+                vec![dim(rows)?, dim(cols)?],
+                vec![],
+            ),
+            Kernel::Argmax { rows, cols, .. } => (
+                |k| &k.argmax,
+                cfg_rows(rows),
+                vec![dim(rows)?, dim(cols)?],
+                vec![],
+            ),
+            Kernel::Mean2Acc { n, .. } => {
+                let cfg = LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (|k| &k.mean2_acc, cfg, vec![dim(n)?], vec![])
+            }
+            Kernel::Sgd { len, lr, mu, .. } => {
+                (|k| &k.sgd, cfg_1d(len), vec![dim(len)?], vec![lr, mu])
+            }
+            Kernel::Scale { len, s, .. } => (|k| &k.scale, cfg_1d(len), vec![dim(len)?], vec![s]),
         };
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let ops = [In(a, m * k), In(b, k * n), Out(c, m * n)];
-        self.launch(f, cfg, &ops, &[dim(m)?, dim(n)?, dim(k)?], &[])
-    }
-    fn bias_add(&mut self, z: Handle, b: Handle, rows: usize, cols: usize) -> Res<()> {
-        let ops = [Out(z, rows * cols), In(b, cols)];
-        self.launch(
-            |k| &k.bias_add,
-            cfg_1d(rows * cols),
-            &ops,
-            &[dim(rows)?, dim(cols)?],
-            &[],
-        )
-    }
-    fn relu(&mut self, z: Handle, h: Handle, len: usize) -> Res<()> {
-        let ops = [In(z, len), Out(h, len)];
-        self.launch(|k| &k.relu_fwd, cfg_1d(len), &ops, &[dim(len)?], &[])
-    }
-    fn relu_bwd(&mut self, dh: Handle, z: Handle, dz: Handle, len: usize) -> Res<()> {
-        let ops = [In(dh, len), In(z, len), Out(dz, len)];
-        self.launch(|k| &k.relu_bwd, cfg_1d(len), &ops, &[dim(len)?], &[])
-    }
-    fn col_sum(&mut self, x: Handle, out: Handle, rows: usize, cols: usize) -> Res<()> {
-        let cfg = LaunchConfig {
-            grid_dim: (cols.div_ceil(32) as u32, 1, 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
-        let ops = [In(x, rows * cols), Out(out, cols)];
-        self.launch(|k| &k.col_sum, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
-    }
-    fn softmax_xent(
-        &mut self,
-        logits: Handle,
-        labels: Handle,
-        dlogits: Option<Handle>,
-        stats: Handle,
-        rows: usize,
-        cols: usize,
-    ) -> Res<()> {
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(128).max(1) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let ops = [
-            In(logits, rows * cols),
-            InI32(labels, rows),
-            dlogits.map_or(Null, |d| Out(d, rows * cols)),
-            Out(stats, 2 * rows),
-        ];
-        self.launch(
-            |k| &k.softmax_xent,
-            cfg,
-            &ops,
-            &[dim(rows)?, dim(cols)?],
-            &[],
-        )
-    }
-    fn argmax(&mut self, logits: Handle, labels: Handle, rows: usize, cols: usize) -> Res<()> {
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(128).max(1) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let ops = [In(logits, rows * cols), OutI32(labels, rows)];
-        self.launch(|k| &k.argmax, cfg, &ops, &[dim(rows)?, dim(cols)?], &[])
-    }
-    fn mean2_acc(&mut self, stats: Handle, out: Handle, n: usize) -> Res<()> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let ops = [In(stats, 2 * n), Out(out, 2)];
-        self.launch(|k| &k.mean2_acc, cfg, &ops, &[dim(n)?], &[])
-    }
-    fn sgd(&mut self, w: Handle, g: Handle, v: Handle, len: usize, lr: f32, mu: f32) -> Res<()> {
-        let ops = [Out(w, len), In(g, len), Out(v, len)];
-        self.launch(|k| &k.sgd, cfg_1d(len), &ops, &[dim(len)?], &[lr, mu])
-    }
-    fn scale(&mut self, x: Handle, len: usize, s: f32) -> Res<()> {
-        let ops = [Out(x, len)];
-        self.launch(|k| &k.scale, cfg_1d(len), &ops, &[dim(len)?], &[s])
+        self.launch(pick, cfg, &k.operands(), &ints, &floats)
     }
     fn upload(&mut self, x: &Storage, data: &[f32]) -> Res<()> {
         // What the dry run does: x is used (it was just allocated, so this

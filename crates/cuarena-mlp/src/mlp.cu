@@ -12,6 +12,25 @@
 #define MM_BK 16      // depth of one shared-memory tile
 #define MM_THREADS 256 // 16 x 16 threads, each 4 x 4 outputs
 
+// Loads the [MM_BK x W] tile at (k0, l0) of an operand X with L rows and K
+// columns into tile[k][l] (zeros outside X). X is stored [K x L] where
+// KMAJOR (consecutive threads read along l), else [L x K] (along k).
+template <int W, bool KMAJOR>
+__device__ __forceinline__ void load_tile(float (*tile)[W + 1], const float* __restrict__ X, int L,
+                                          int K, int l0, int k0, int tid) {
+#pragma unroll
+    for (int r = 0; r < (W * MM_BK) / MM_THREADS; ++r) {
+        const int i = tid + r * MM_THREADS;
+        int kl, ll;
+        if (KMAJOR) { ll = i % W; kl = i / W; }
+        else        { kl = i % MM_BK; ll = i / MM_BK; }
+        const int l = l0 + ll, k = k0 + kl;
+        float v = 0.0f;
+        if (l < L && k < K) v = KMAJOR ? X[(size_t)k * L + l] : X[(size_t)l * K + k];
+        tile[kl][ll] = v;
+    }
+}
+
 // C[M x N] = op(A) * op(B), with op(A) [M x K] and op(B) [K x N].
 // TA: A is stored [K x M] (C = A^T B); TB: B is stored [N x K] (C = A B^T).
 // Tiles are loaded so that consecutive threads read consecutive addresses
@@ -35,28 +54,8 @@ __device__ __forceinline__ void gemm_tile(const float* __restrict__ A, const flo
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += MM_BK) {
-#pragma unroll
-        for (int r = 0; r < (MM_BM * MM_BK) / MM_THREADS; ++r) {
-            const int i = tid + r * MM_THREADS;
-            int kl, ml;
-            if (TA) { ml = i % MM_BM; kl = i / MM_BM; }
-            else    { kl = i % MM_BK; ml = i / MM_BK; }
-            const int m = m0 + ml, k = k0 + kl;
-            float v = 0.0f;
-            if (m < M && k < K) v = TA ? A[(size_t)k * M + m] : A[(size_t)m * K + k];
-            As[kl][ml] = v;
-        }
-#pragma unroll
-        for (int r = 0; r < (MM_BN * MM_BK) / MM_THREADS; ++r) {
-            const int i = tid + r * MM_THREADS;
-            int kl, nl;
-            if (TB) { kl = i % MM_BK; nl = i / MM_BK; }
-            else    { nl = i % MM_BN; kl = i / MM_BN; }
-            const int n = n0 + nl, k = k0 + kl;
-            float v = 0.0f;
-            if (n < N && k < K) v = TB ? B[(size_t)n * K + k] : B[(size_t)k * N + n];
-            Bs[kl][nl] = v;
-        }
+        load_tile<MM_BM, TA>(As, A, M, K, m0, k0, tid);
+        load_tile<MM_BN, !TB>(Bs, B, N, K, n0, k0, tid);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < MM_BK; ++kk) {

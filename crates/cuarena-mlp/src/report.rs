@@ -4,7 +4,7 @@ use super::*;
 
 /// Runs the allocation sequence of `train(s)` on a metadata arena and
 /// returns (peak live bytes, the configuration to give a real arena).
-pub(crate) fn capacity_for(p: &Problem, s: &Settings) -> Res<(u64, ArenaConfig)> {
+pub fn capacity_for(p: &Problem, s: &Settings) -> Res<(u64, ArenaConfig)> {
     let (peak, max_operands, align) = dry_peak(p, s)?;
     let config = arena_config(peak, align, s.oversubscribe);
     if config.capacity_bytes < max_operands {
@@ -24,9 +24,9 @@ pub(crate) fn capacity_for(p: &Problem, s: &Settings) -> Res<(u64, ArenaConfig)>
 /// The allocation sequence of `train(s)` on an unbounded metadata arena:
 /// (peak live bytes, most bytes one operation needs resident together,
 /// the arena's alignment).
-pub(crate) fn dry_peak(p: &Problem, s: &Settings) -> Res<(u64, u64, u64)> {
+pub fn dry_peak(p: &Problem, s: &Settings) -> Res<(u64, u64, u64)> {
     let mut dry = Dry::new(ArenaConfig::new(1 << 40))?;
-    train(&mut dry, &p.teacher, &p.student, &p.eval_x, s, false)?;
+    train(&mut dry, p, s, false)?;
     let peak = dry.arena.stats().peak_allocated_bytes;
     Ok((peak, dry.max_operands, dry.arena.config().alignment_bytes))
 }
@@ -34,7 +34,7 @@ pub(crate) fn dry_peak(p: &Problem, s: &Settings) -> Res<(u64, u64, u64)> {
 /// The arena for a run whose peak of live bytes is `peak`: 1.05 x peak and
 /// no host tier, or (oversubscribed by `ratio`) peak / ratio and a host
 /// tier of 2 x peak.
-pub(crate) fn arena_config(peak: u64, align: u64, ratio: Option<f64>) -> ArenaConfig {
+pub fn arena_config(peak: u64, align: u64, ratio: Option<f64>) -> ArenaConfig {
     let round = |bytes: f64| (bytes as u64).div_ceil(align) * align;
     match ratio {
         None => ArenaConfig::new(round(peak as f64 * HEADROOM)),
@@ -45,8 +45,7 @@ pub(crate) fn arena_config(peak: u64, align: u64, ratio: Option<f64>) -> ArenaCo
 
 /// Largest difference of two parameter sets' updates from `init`,
 /// relative to the largest update.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn update_error(init: &HostNet, a: &HostNet, b: &HostNet) -> (f32, f32) {
+pub fn update_error(init: &HostNet, a: &HostNet, b: &HostNet) -> (f32, f32) {
     let (mut max_diff, mut max_update) = (0.0f32, 0.0f32);
     for ((l0, la), lb) in init.layers.iter().zip(&a.layers).zip(&b.layers) {
         for ((p0, pa), pb) in [(&l0.w, &la.w, &lb.w), (&l0.b, &la.b, &lb.b)]
@@ -61,7 +60,7 @@ pub(crate) fn update_error(init: &HostNet, a: &HostNet, b: &HostNet) -> (f32, f3
 }
 
 /// Mean loss and accuracy of `net` on the host.
-pub(crate) fn host_eval(net: &HostNet, x: &[f32], labels: &[i32]) -> (f32, f32) {
+pub fn host_eval(net: &HostNet, x: &[f32], labels: &[i32]) -> (f32, f32) {
     let logits = net.logits(x, labels.len());
     let (_, stats) = host::softmax_xent(&logits, labels, CLASSES);
     let n = labels.len() as f32;
@@ -71,7 +70,7 @@ pub(crate) fn host_eval(net: &HostNet, x: &[f32], labels: &[i32]) -> (f32, f32) 
     )
 }
 
-pub(crate) fn summary_of_run<B: Backend>(
+pub fn summary_of_run<B: Backend>(
     arena: &Arena<B>,
     peak: u64,
     predicted: &Stats,

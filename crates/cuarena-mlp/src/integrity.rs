@@ -35,7 +35,7 @@ fn moves_line(r: &CompactionReport) -> String {
 /// eval inputs and labels, and any other block still live) downloaded
 /// before and after a targeted compaction and a full one: the bytes must
 /// not change. Nothing to check where the arena holds no bytes.
-pub(crate) fn check_every_tensor<E: Exec>(e: &mut E, out: &Outcome) -> Res<()> {
+pub fn check_every_tensor<E: Exec>(e: &mut E, out: &Outcome) -> Res<()> {
     if !e.arena().backend().stores_bytes() {
         return Ok(());
     }

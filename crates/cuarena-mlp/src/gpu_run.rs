@@ -4,25 +4,25 @@
 use super::*;
 
 /// A finished GPU training run and what it needs to be checked.
-pub(crate) struct GpuRun {
+pub struct GpuRun {
     /// The executor, with the arena as the run left it.
-    pub(crate) gpu: gpu::Gpu,
-    pub(crate) out: Outcome,
+    pub gpu: gpu::Gpu,
+    pub out: Outcome,
     /// Peak live bytes of the dry run.
-    pub(crate) peak: u64,
+    pub peak: u64,
     /// The metadata arena's statistics for the same sequence.
-    pub(crate) predicted: Stats,
+    pub predicted: Stats,
 }
 
 /// One training run on the GPU, the arena sized from the dry run's peak
 /// by `s.oversubscribe` (see [`arena_config`]).
-pub(crate) fn gpu_train(s: &Settings, p: &Problem, log: bool) -> Res<GpuRun> {
+pub fn gpu_train(s: &Settings, p: &Problem, log: bool) -> Res<GpuRun> {
     let (peak, config) = capacity_for(p, s)?;
     if log {
         println!("dry run (metadata arena): {}\n", arena_line(peak, &config));
     }
     let mut gpu = gpu::Gpu::new(config.clone(), s.time_copies)?;
-    let out = train(&mut gpu, &p.teacher, &p.student, &p.eval_x, s, log)?;
+    let out = train(&mut gpu, p, s, log)?;
     let predicted = predict(p, s, &config)?;
     Ok(GpuRun {
         gpu,
@@ -33,7 +33,7 @@ pub(crate) fn gpu_train(s: &Settings, p: &Problem, log: bool) -> Res<GpuRun> {
 }
 
 /// "N out, X in Y ms (Z GB/s)" for the copies of direction `d`.
-pub(crate) fn copies_line(t: &gpu::SpillTiming, d: gpu::Dir) -> String {
+pub fn copies_line(t: &gpu::SpillTiming, d: gpu::Dir) -> String {
     let (n, ms) = match d {
         gpu::Dir::Out => (t.copies.iter().filter(|c| c.0 == d).count(), t.out_ms),
         gpu::Dir::In => (t.copies.iter().filter(|c| c.0 == d).count(), t.in_ms),
@@ -46,7 +46,10 @@ pub(crate) fn copies_line(t: &gpu::SpillTiming, d: gpu::Dir) -> String {
     )
 }
 
-pub(crate) fn run_gpu(s: Settings) -> Res<()> {
+/// `train_mlp` on a GPU: checked against the host reference on a short
+/// run, then trained (after the run that fits, when oversubscribed) and
+/// checked.
+pub fn run_gpu(s: Settings) -> Res<()> {
     use gpu::Gpu;
 
     let p = problem(&s);
@@ -70,12 +73,12 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
         g.arena.backend().arch(),
         t0.elapsed().as_secs_f64()
     );
-    let go = train(&mut g, &p.teacher, &p.student, &p.eval_x, &c, false)?;
+    let go = train(&mut g, &p, &c, false)?;
     let gw = go.net.download(&mut g)?;
     let gstats = g.arena.stats();
     drop(g);
     let mut h = Cpu::new(config)?;
-    let ho = train(&mut h, &p.teacher, &p.student, &p.eval_x, &c, false)?;
+    let ho = train(&mut h, &p, &c, false)?;
     let hw = ho.net.download(&mut h)?;
     let (rel, upd) = update_error(&p.student, &gw, &hw);
     let (gp, hp) = (
@@ -145,7 +148,7 @@ pub(crate) fn run_gpu(s: Settings) -> Res<()> {
 
 /// The oversubscribed run's loss curve against the run that fits: the same
 /// kernels on the same data in the same order, so the same numbers.
-pub(crate) fn compare_curves(fit: &Outcome, over: &Outcome, ratio: f64) -> Res<()> {
+pub fn compare_curves(fit: &Outcome, over: &Outcome, ratio: f64) -> Res<()> {
     if fit.curve.len() != over.curve.len() {
         return Err("the two runs evaluated at different steps".into());
     }

@@ -7,13 +7,13 @@ use super::*;
 
 /// The test kit's SplitMix64 with Box–Muller normals: seedable, no
 /// dependency of the library.
-pub(crate) struct Rng {
+pub struct Rng {
     bits: cuarena_testkit::Rng,
     spare: Option<f32>,
 }
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
+    pub fn new(seed: u64) -> Self {
         Self {
             bits: cuarena_testkit::Rng::new(seed),
             spare: None,
@@ -21,11 +21,11 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    pub(crate) fn unit(&mut self) -> f64 {
+    pub fn unit(&mut self) -> f64 {
         self.bits.unit()
     }
 
-    pub(crate) fn normal(&mut self) -> f32 {
+    pub fn normal(&mut self) -> f32 {
         if let Some(s) = self.spare.take() {
             return s;
         }
@@ -35,16 +35,16 @@ impl Rng {
         (r * theta.cos()) as f32
     }
 
-    pub(crate) fn below(&mut self, n: usize) -> usize {
+    pub fn below(&mut self, n: usize) -> usize {
         (self.unit() * n as f64) as usize % n.max(1)
     }
 
     /// Uniform in `lo..=hi`.
-    pub(crate) fn batch(&mut self, lo: usize, hi: usize) -> usize {
+    pub fn batch(&mut self, lo: usize, hi: usize) -> usize {
         lo + self.below(hi - lo + 1)
     }
 
-    pub(crate) fn shuffle<T>(&mut self, v: &mut [T]) {
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
         for i in (1..v.len()).rev() {
             v.swap(i, self.below(i + 1));
         }
@@ -55,7 +55,7 @@ impl Rng {
 
 /// Which operand of a matrix product is stored transposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
+pub enum Op {
     /// C[m×n] = A[m×k] · B[k×n]
     NN,
     /// C[m×n] = Aᵀ · B with A stored [k×m]
@@ -64,7 +64,7 @@ pub(crate) enum Op {
     NT,
 }
 
-pub(crate) mod host {
+pub mod host {
     use super::Op;
 
     pub fn matmul(op: Op, a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
@@ -160,25 +160,25 @@ pub(crate) mod host {
     }
 }
 
-/// A network's parameters on the host: per layer, weight [fan_in × fan_out]
-/// and bias [fan_out].
+/// A network's parameters on the host: per layer, weight (`fan_in ×
+/// fan_out`) and bias (`fan_out`).
 #[derive(Debug, Clone)]
-pub(crate) struct HostNet {
-    pub(crate) layers: Vec<HostLayer>,
+pub struct HostNet {
+    pub layers: Vec<HostLayer>,
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct HostLayer {
-    pub(crate) w: Vec<f32>,
-    pub(crate) b: Vec<f32>,
-    pub(crate) fan_in: usize,
-    pub(crate) fan_out: usize,
+pub struct HostLayer {
+    pub w: Vec<f32>,
+    pub b: Vec<f32>,
+    pub fan_in: usize,
+    pub fan_out: usize,
 }
 
 impl HostNet {
     /// He-initialised hidden layers; the last layer is scaled down so the
     /// initial loss is close to ln(classes).
-    pub(crate) fn random(widths: &[usize], last_scale: f32, rng: &mut Rng) -> Self {
+    pub fn random(widths: &[usize], last_scale: f32, rng: &mut Rng) -> Self {
         let n = widths.len() - 1;
         let layers = (0..n)
             .map(|i| {
@@ -198,7 +198,7 @@ impl HostNet {
         Self { layers }
     }
 
-    pub(crate) fn logits(&self, x: &[f32], rows: usize) -> Vec<f32> {
+    pub fn logits(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let mut a = x.to_vec();
         for (i, l) in self.layers.iter().enumerate() {
             let mut z = host::matmul(Op::NN, &a, &l.w, rows, l.fan_out, l.fan_in);
@@ -212,7 +212,7 @@ impl HostNet {
         a
     }
 
-    pub(crate) fn labels(&self, x: &[f32], rows: usize) -> Vec<i32> {
+    pub fn labels(&self, x: &[f32], rows: usize) -> Vec<i32> {
         self.logits(x, rows)
             .chunks_exact(CLASSES)
             .map(|r| host::argmax(r) as i32)
@@ -222,7 +222,7 @@ impl HostNet {
 
 /// The teacher: a random 64 → 16 → 10 MLP whose output biases are tuned
 /// on a sample so that its classes are roughly balanced.
-pub(crate) fn make_teacher(rng: &mut Rng) -> HostNet {
+pub fn make_teacher(rng: &mut Rng) -> HostNet {
     let mut t = HostNet::random(&[IN, TEACHER_HIDDEN, CLASSES], 1.0, rng);
     let rows = 4096;
     let x: Vec<f32> = (0..rows * IN).map(|_| rng.normal()).collect();
