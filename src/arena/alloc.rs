@@ -188,7 +188,7 @@ impl<B: Backend> Arena<B> {
         }
         self.policy.free(&self.core, h.key, size, lag)?;
         let core = &mut self.core;
-        core.epoch += 1;
+        core.order.queued();
         let Some(b) = core.blocks.remove(h.key) else {
             return Err(Error::StaleHandle);
         };

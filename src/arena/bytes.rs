@@ -186,7 +186,7 @@ impl<B: Backend> Arena<B> {
         self.make_resident(&[c.handle])?;
         let offset = self.region_offset(c)?;
         self.core.wait_uses(c.handle.key)?;
-        self.core.epoch += 1;
+        self.core.order.queued();
         let r = self.core.backend.write(offset, bytes);
         self.sticky(r)
     }
@@ -319,7 +319,7 @@ impl<B: Backend> Arena<B> {
         let (so, dof) = (self.region_offset(s)?, self.region_offset(d)?);
         self.core.wait_uses(s.handle.key)?;
         self.core.wait_uses(d.handle.key)?;
-        self.core.epoch += 1;
+        self.core.order.queued();
         let r = self.core.backend.copy(so, dof, s.len);
         self.sticky(r)
     }
@@ -348,7 +348,7 @@ impl<B: Backend> Arena<B> {
         self.make_resident(&[c.handle])?;
         let offset = self.region_offset(c)?;
         self.core.wait_uses(c.handle.key)?;
-        self.core.epoch += 1;
+        self.core.order.queued();
         let r = self.core.backend.fill(offset, c.len, pattern);
         self.sticky(r)
     }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::block::{set_owner, Block, Counters, Owner, Place};
+use super::order::StreamOrder;
 use super::CompactionReport;
 use crate::backend::Backend;
 use crate::error::{BackendError, Error, Result};
@@ -45,19 +46,8 @@ pub(crate) struct Core<B: Backend> {
     /// Set once, by the first failure that leaves device memory and the
     /// tables in doubt (a fault the GPU found included); never cleared.
     poisoned: std::sync::OnceLock<String>,
-    /// Counts the arena stream's work that other streams must be ordered
-    /// after (moves, writes, fills, copies, frees).
-    pub(super) epoch: u64,
-    /// Per registered stream (index 0, the arena's, unused), the `epoch`
-    /// it last joined. Atomic so that kernel arguments, taken under a
-    /// shared arena's shared lock, can note joins; it grows only when a
-    /// stream is registered (exclusive), up to
-    /// [`MAX_STREAMS`](crate::stream::MAX_STREAMS) entries.
-    pub(super) joined: Vec<AtomicU64>,
-    /// Whether a stream other than the arena's was registered, so that a
-    /// block may have been used on one: until then a compaction need not
-    /// look up the moved blocks' stream records.
-    pub(super) other_streams: bool,
+    /// What other streams must wait for.
+    pub(super) order: StreamOrder,
     /// Slot -> (offset of the bytes, version): what kernels read to
     /// resolve handles.
     table: Vec<TableEntry>,
@@ -92,9 +82,7 @@ impl<B: Backend> Core<B> {
             owners: Vec::new(),
             counters: Counters::default(),
             poisoned: std::sync::OnceLock::new(),
-            epoch: 0,
-            joined: (0..streams).map(|_| AtomicU64::new(u64::MAX)).collect(),
-            other_streams: streams > 1,
+            order: StreamOrder::new(streams),
             table: Vec::new(),
             dirty: None,
             live: Vec::new(),
@@ -228,7 +216,7 @@ impl<B: Backend> Core<B> {
         self.check_usable()?;
         if let Some((lo, hi)) = self.dirty.take() {
             // Other streams resolving handles must see the update.
-            self.epoch += 1;
+            self.order.queued();
             let r = self.backend.sync_table(&self.table[lo..hi], lo);
             if let Err(e) = self.sticky(r) {
                 self.dirty = Some((lo, hi));
@@ -375,7 +363,7 @@ impl<B: Backend> Core<B> {
         t0: Instant,
         planning: std::time::Duration,
     ) -> Result<CompactionReport> {
-        self.epoch += 1;
+        self.order.queued();
         let t1 = Instant::now();
         if let Err(e) = self.backend.execute(plan) {
             self.poison(format!("compaction failed part-way: {e}"));
@@ -520,7 +508,7 @@ impl<B: Backend> Core<B> {
         }
         self.pieces = pieces;
         let mut used_on_streams = false;
-        if self.other_streams {
+        if self.order.other_streams {
             for &(key, _, _) in &self.finals {
                 used_on_streams |= self.blocks.get(key).is_some_and(|b| !b.uses().is_empty());
             }

@@ -435,7 +435,12 @@ impl<B: Backend> Arena<B> {
             if full.bytes_moved() > budget {
                 return Ok(());
             }
-        } else if self.policy.trim_free(&mut self.core, cut, budget)? || !unlimited {
+        } else if self
+            .policy
+            .bounded()
+            .map_or(Ok(false), |b| b.trim_free(&mut self.core, cut, budget))?
+            || !unlimited
+        {
             // Free mode: naive's layout and the arena's evacuated below
             // the cut, as the potential affords (`policy/trim.rs`); only
             // an explicit trim goes on to the handover and a full

@@ -19,6 +19,7 @@ pub(crate) mod core;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod elastic;
+mod order;
 mod place;
 mod policy;
 mod relocate;

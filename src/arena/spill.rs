@@ -44,7 +44,7 @@ impl<B: Backend> Arena<B> {
             let (dev, slot) = (node.offset(), node.slot());
             // The restore writes on the arena stream: later kernel arguments
             // on other streams must wait for it.
-            self.core.epoch += 1;
+            self.core.order.queued();
             if let Err(e) = self.core.backend.restore(host, dev, size) {
                 // Give the node back: left used without an owner, a later
                 // compaction would read a stale owner entry.
@@ -382,7 +382,7 @@ impl<B: Backend> Arena<B> {
             self.release_tier(tier_node);
             return Err(e);
         }
-        self.core.epoch += 1;
+        self.core.order.queued();
         if let Err(e) = self.core.backend.spill(dev, tier_node.offset(), size) {
             self.release_tier(tier_node);
             self.core.poison(format!("spilling a block failed: {e}"));

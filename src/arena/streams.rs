@@ -3,8 +3,6 @@
 //! under them, and (CUDA) kernel arguments, which order themselves. The
 //! contract is on [`StreamId`].
 
-use std::sync::atomic::AtomicU64;
-
 use super::Arena;
 use crate::backend::{check_stream, Backend};
 use crate::error::{Error, Result};
@@ -44,11 +42,8 @@ impl<B: Backend> Arena<B> {
     /// refuse more).
     fn note_stream(&mut self, id: StreamId) {
         let i = id.index() as usize;
-        while self.core.joined.len() <= i {
-            self.core.joined.push(AtomicU64::new(u64::MAX)); // never joined
-        }
-        // Blocks may get stream uses from now on (see `other_streams`).
-        self.core.other_streams |= i > 0;
+        // Blocks may get stream uses from now on.
+        self.core.order.registered(i);
     }
 
     /// Waits for the arena stream (on the CUDA backend; a no-op on the
@@ -146,18 +141,15 @@ impl<B: Backend> Arena<B> {
             return Ok(());
         }
         // Registration sized the table; a missing entry is an unknown stream.
-        let joined = self
-            .core
-            .joined
-            .get(stream.0 as usize)
-            .ok_or(Error::UnknownStream {
-                stream: stream.0,
-                registered: self.core.backend.stream_count(),
-            })?;
+        let i = stream.0 as usize;
+        let behind = self.core.order.behind(i).ok_or(Error::UnknownStream {
+            stream: stream.0,
+            registered: self.core.backend.stream_count(),
+        })?;
         // `epoch` changes only under `&mut self`, so it is stable here.
-        if joined.load(std::sync::atomic::Ordering::Acquire) != self.core.epoch {
+        if behind {
             self.core.backend.join_arena(stream)?;
-            joined.store(self.core.epoch, std::sync::atomic::Ordering::Release);
+            self.core.order.joined_now(i);
         }
         Ok(())
     }

@@ -43,7 +43,7 @@ fn stream_registration_stops_at_the_limit_and_waits_still_work() {
         "{refused}"
     );
     // The per-stream table is as large as the registry, no larger.
-    assert_eq!(a.core.joined.len(), MAX_STREAMS as usize);
+    assert_eq!(a.core.order.joined.len(), MAX_STREAMS as usize);
     let x = a.alloc_storage(64).unwrap();
     a.record_stream(&x, last).unwrap();
     a.wait_on_arena(last).unwrap();

@@ -386,18 +386,12 @@ impl Bounded {
                 // on waves): the comparison ends, naive did not fail.
                 return self.end_unstaged(core, reserved, align);
             }
+            if !self.naive_moved(core, &moved, bytes)? {
+                return self.place_mirror(core, reserved, align);
+            }
             let Some(shadow) = self.free.as_mut() else {
                 return self.place_mirror(core, reserved, align);
             };
-            if let Err(e) = shadow.apply(&moved) {
-                return Err(core.broken("naive's compaction in the shadow failed", e));
-            }
-            self.mirror.naive_bytes = self.mirror.naive_bytes.saturating_add(bytes);
-            for &(key, _, len) in &moved {
-                if let Some(Place::Device(a)) = core.blocks.get(key).map(|b| &b.place) {
-                    shadow.note(key, len, a.offset());
-                }
-            }
             if shadow.place(reserved, align).is_none() {
                 return Err(core.broken(
                     "naive's placement in the shadow",
@@ -467,6 +461,29 @@ impl Bounded {
     }
 
     /// Recomputes which blocks are away (after the arena's own plans).
+    /// Naive's layout after its `moved` (of `bytes`, counted in `N`), and
+    /// which blocks are away from it now; `false` in mirror mode.
+    pub(super) fn naive_moved<B: Backend>(
+        &mut self,
+        core: &mut Core<B>,
+        moved: &[super::shadow::Moved],
+        bytes: u64,
+    ) -> Result<bool> {
+        let Some(shadow) = self.free.as_mut() else {
+            return Ok(false);
+        };
+        if let Err(e) = shadow.apply(moved) {
+            return Err(core.broken("naive's moves in the shadow failed", e));
+        }
+        self.mirror.naive_bytes = self.mirror.naive_bytes.saturating_add(bytes);
+        for &(key, _, len) in moved {
+            if let Some(Place::Device(a)) = core.blocks.get(key).map(|b| &b.place) {
+                shadow.note(key, len, a.offset());
+            }
+        }
+        Ok(true)
+    }
+
     pub(super) fn note_all<B: Backend>(&mut self, core: &Core<B>) {
         let Some(shadow) = self.free.as_mut() else {
             return;

@@ -254,17 +254,12 @@ impl Policy {
         }
     }
 
-    /// An elastic trim below `cut` in free mode (see `trim.rs`): whether
-    /// the arena and naive's layout now end at or below it.
-    pub(super) fn trim_free<B: Backend>(
-        &mut self,
-        core: &mut Core<B>,
-        cut: u64,
-        budget: u64,
-    ) -> Result<bool> {
+    /// The default policy's state, where it is the policy (an elastic
+    /// trim in free mode works on it: `trim.rs`).
+    pub(super) fn bounded(&mut self) -> Option<&mut Bounded> {
         match self {
-            Policy::Bounded(b) => b.trim_free(core, cut, budget),
-            _ => Ok(false),
+            Policy::Bounded(b) => Some(b),
+            _ => None,
         }
     }
 

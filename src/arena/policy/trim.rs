@@ -7,7 +7,6 @@
 use std::time::Instant;
 
 use super::bounded::{fits, moved_away, Bounded};
-use crate::arena::block::Place;
 use crate::arena::core::Core;
 use crate::backend::Backend;
 use crate::error::Result;
@@ -19,7 +18,7 @@ impl Bounded {
     /// arena's within `budget` bytes moved. Returns whether both now end
     /// at or below `cut`; `false`, with the arena's layout unchanged, where
     /// the potential or the budget does not afford its evacuation.
-    pub(super) fn trim_free<B: Backend>(
+    pub(crate) fn trim_free<B: Backend>(
         &mut self,
         core: &mut Core<B>,
         cut: u64,
@@ -45,17 +44,8 @@ impl Bounded {
             if !fits(slack, grows.saturating_mul(2)) {
                 return Ok(false);
             }
-            let Some(shadow) = self.free.as_mut() else {
+            if !self.naive_moved(core, &moved, bytes)? {
                 return Ok(false);
-            };
-            if let Err(e) = shadow.apply(&moved) {
-                return Err(core.broken("naive's evacuation in the shadow failed", e));
-            }
-            self.mirror.naive_bytes = self.mirror.naive_bytes.saturating_add(bytes);
-            for &(key, _, len) in &moved {
-                if let Some(Place::Device(a)) = core.blocks.get(key).map(|b| &b.place) {
-                    shadow.note(key, len, a.offset());
-                }
             }
         }
         if core.index.used_end() <= cut {
