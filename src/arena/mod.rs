@@ -179,7 +179,15 @@ impl<B: Backend> Arena<B> {
     /// ```
     pub fn with_backend(config: ArenaConfig, mut backend: B) -> Result<Self> {
         config.validate()?;
-        if backend.capacity_bytes() < config.capacity_bytes {
+        // An elastic arena's capacity is a limit: a backend that maps in
+        // granules reserves it rounded down to one.
+        let needed = if config.elastic {
+            let g = backend.granularity_bytes().max(1);
+            config.capacity_bytes / g * g
+        } else {
+            config.capacity_bytes
+        };
+        if backend.capacity_bytes() < needed {
             return Err(Error::InvalidInput {
                 input: "backend",
                 reason: format!(

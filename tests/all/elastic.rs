@@ -450,3 +450,21 @@ fn a_trim_after_dropped_storages_gives_their_memory_back() {
     assert!(st.capacity_bytes <= st.allocated_bytes + GRANULE.max(st.allocated_bytes / 100));
     drop((low, high));
 }
+
+/// A limit that is not a multiple of the mapping granule is reserved
+/// rounded down to one, and the arena takes it (a regression test: the
+/// CUDA backend rounds its reserve down and the arena refused it).
+#[test]
+fn a_limit_off_the_granule_is_rounded_down_and_accepted() {
+    let mut a = Arena::host(ArenaConfig::elastic().with_capacity_bytes(1_000_192)).expect("arena");
+    let h = a.alloc(4096).expect("alloc");
+    assert!(a
+        .alloc(2_000_000)
+        .expect_err("beyond the limit")
+        .is_out_of_memory());
+    a.free(h).expect("free");
+    let b = cuarena::backend::HostBackend::elastic(1_000_192, 64 << 10);
+    assert!(b.capacity_bytes() <= 1_000_192);
+    Arena::with_backend(ArenaConfig::elastic().with_capacity_bytes(1_000_192), b)
+        .expect("accepted");
+}
