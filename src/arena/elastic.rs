@@ -361,6 +361,24 @@ impl<B: Backend> Arena<B> {
     /// memory is released once the work queued so far on every registered
     /// stream has completed (polled on later calls; never waited for here:
     /// [`synchronize`](Self::synchronize) after a trim waits).
+    ///
+    /// ```
+    /// use cuarena::{Arena, ArenaConfig};
+    ///
+    /// // The automatic trim off: only `trim` gives memory back here.
+    /// let mut arena = Arena::host(ArenaConfig::elastic().with_trim_window_us(0))?;
+    /// let keep = arena.alloc(1 << 20)?;
+    /// let batch = (0..15).map(|_| arena.alloc(1 << 20)).collect::<Result<Vec<_>, _>>()?;
+    /// let mapped = arena.stats().capacity_bytes;
+    /// for h in batch {
+    ///     arena.free(h)?;
+    /// }
+    /// let unmapped = arena.trim()?;
+    /// assert!(unmapped > 0);
+    /// assert_eq!(arena.stats().capacity_bytes, mapped - unmapped);
+    /// assert!(arena.stats().capacity_bytes >= arena.info(keep)?.reserved_bytes);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn trim(&mut self) -> Result<u64> {
         self.check_usable()?;
         if self.elastic.is_none() {

@@ -83,11 +83,41 @@ impl<'a> KernelArgs<'a> {
     }
 
     /// The stream the views are for (the one to launch on).
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let y = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let fill: CudaFunction = kernel(); // fill(float* y, float v, int n)
+    /// let mut args = arena.kernel_args(s)?;
+    /// let mut yv = args.output::<f32>(&y)?;
+    /// let mut b = args.stream().launch_builder(&fill); // the stream `s`
+    /// b.arg(&mut yv).arg(&1.0f32).arg(&1024i32);
+    /// // SAFETY: fill writes n floats of y.
+    /// unsafe { b.launch(LaunchConfig::for_num_elems(1024)) }.expect("launch");
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn stream(&self) -> &'a std::sync::Arc<CudaStream> {
         self.set.stream()
     }
 
     /// Its id.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let args = arena.kernel_args(s)?;
+    /// assert_eq!(args.stream_id(), s);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn stream_id(&self) -> StreamId {
         self.stream
     }
@@ -174,6 +204,20 @@ impl<'a> KernelArgs<'a> {
     /// [`Error::NotResident`] for a spilled block (call
     /// [`Arena::make_resident`](crate::Arena::make_resident) before taking the arguments). An empty
     /// storage gives a view of no elements.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let mut args = arena.kernel_args(s)?;
+    /// let whole = args.input::<f32>(&x)?;
+    /// let half = args.input::<f32>(x.slice(0..512)?)?; // inputs may overlap
+    /// assert!(args.input::<u32>(&x).is_err()); // x holds f32
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn input<T: Element>(&mut self, r: impl AsRange) -> Result<ArenaView<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;
         let view = self.set.input::<T>(at, n)?;
@@ -184,6 +228,20 @@ impl<'a> KernelArgs<'a> {
     /// A mutable view of the bytes `r` names as `T`s (the checks of
     /// [`input`](KernelArgs::input)); [`Error::Overlap`] when it
     /// overlaps any view taken before from these arguments.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let mut args = arena.kernel_args(s)?;
+    /// let low = args.output::<f32>(x.slice(0..512)?)?;
+    /// let high = args.output::<f32>(x.slice(512..1024)?)?; // disjoint: both writable
+    /// assert!(args.output::<f32>(x.slice(256..768)?).is_err()); // Error::Overlap
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn output<T: Element>(&mut self, r: impl AsRange) -> Result<ArenaViewMut<'a, T>> {
         let (key, at, n) = self.resolve::<T>(r)?;
         let view = self.set.output::<T>(at, n)?;

@@ -93,6 +93,18 @@ pub const DEFAULT_RESERVED_SLOTS: usize = 1 << 16;
 /// resident handle resolves. Valid for kernels enqueued on the arena
 /// stream until the table's device buffer next grows (see the
 /// [module documentation](self)); compactions do not change it.
+///
+/// ```no_run
+/// use cuarena::graph::{self, DeviceHandle};
+/// use cuarena::{Arena, ArenaConfig, DType};
+///
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// let x = arena.alloc_dtype(DType::F32, 1024)?;
+/// let table = graph::handle_args(&mut arena)?; // a kernel's `CuarenaTable` argument
+/// let x_arg = DeviceHandle::from(x); // its `u64`: `cuarena_at(table, x_arg)` on the device
+/// assert!((x_arg.0 as u32) < table.slots); // x's slot is one the table holds
+/// # Ok::<(), cuarena::Error>(())
+/// ```
 pub fn handle_args(arena: &mut Arena<CudaBackend>) -> Result<HandleArgs> {
     arena.flush_table()?;
     current_args(arena)
@@ -122,6 +134,16 @@ fn check_resident(arena: &Arena<CudaBackend>, h: Handle) -> Result<DeviceHandle>
 }
 
 /// Slots the backend's device table holds now (0 before the first sync).
+///
+/// ```no_run
+/// use cuarena::graph;
+/// use cuarena::{Arena, ArenaConfig};
+///
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// graph::reserve_handle_table(&mut arena, 4096)?;
+/// assert!(graph::handle_table_capacity(&arena) >= 4096);
+/// # Ok::<(), cuarena::Error>(())
+/// ```
 pub fn handle_table_capacity(arena: &Arena<CudaBackend>) -> usize {
     arena.backend().table_capacity_slots()
 }
@@ -131,6 +153,18 @@ pub fn handle_table_capacity(arena: &Arena<CudaBackend>) -> usize {
 /// than `slots` handles' slots are in use: slots are reused, so that is the
 /// most blocks live at once (spilled ones included), plus one. Returns the
 /// table's address, flushed.
+///
+/// ```no_run
+/// use cuarena::graph;
+/// use cuarena::{Arena, ArenaConfig};
+///
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// // Room for 100,000 blocks live at once, before capturing any graph.
+/// let table = graph::reserve_handle_table(&mut arena, 100_000)?;
+/// let _blocks = (0..1000).map(|_| arena.alloc(4096)).collect::<Result<Vec<_>, _>>()?;
+/// assert_eq!(graph::handle_args(&mut arena)?.table, table); // it has not moved
+/// # Ok::<(), cuarena::Error>(())
+/// ```
 pub fn reserve_handle_table(arena: &mut Arena<CudaBackend>, slots: usize) -> Result<u64> {
     arena.backend_mut().reserve_table(slots)?;
     arena.flush_table()?;
@@ -143,6 +177,22 @@ pub fn reserve_handle_table(arena: &mut Arena<CudaBackend>, slots: usize) -> Res
 /// that point of the stream, whatever compactions came before or come
 /// after. Launch it with `unsafe { prepared.launch(&func, cfg, &params) }`
 /// before the next call on the arena (the borrow enforces it).
+///
+/// ```no_run
+/// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+/// use cuarena::graph;
+/// use cuarena::{Arena, ArenaConfig, DType};
+/// # fn kernel() -> CudaFunction { unimplemented!() }
+///
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+/// // extern "C" __global__ void double_it(CuarenaTable t, u64 out, u64 in, u32 n)
+/// let double_it: CudaFunction = kernel();
+/// let prepared = graph::launch_args(&mut arena, [y, x])?;
+/// // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+/// unsafe { prepared.launch(&double_it, LaunchConfig::for_num_elems(1024), &1024u32)? };
+/// # Ok::<(), cuarena::Error>(())
+/// ```
 pub fn launch_args<const N: usize>(
     arena: &mut Arena<CudaBackend>,
     handles: [Handle; N],
@@ -165,6 +215,24 @@ pub fn launch_args<const N: usize>(
 /// kernel before moving or freeing them), but not as read or written by it:
 /// unlike [`Arena::kernel_args`], this does not order `stream` after other
 /// streams' kernel arguments that wrote the blocks. Order those yourself.
+///
+/// ```no_run
+/// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+/// use cuarena::graph;
+/// use cuarena::{Arena, ArenaConfig, DType};
+/// # fn kernel() -> CudaFunction { unimplemented!() }
+///
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// let compute = arena.backend().context().new_stream().expect("stream");
+/// let s = arena.register_stream(compute)?;
+/// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+/// let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+/// let prepared = graph::launch_args_on(&mut arena, s, [y, x])?;
+/// // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+/// unsafe { prepared.launch(&double_it, LaunchConfig::for_num_elems(1024), &1024u32)? };
+/// arena.compact()?; // waits (on the device) for the launch on `s` before moving x or y
+/// # Ok::<(), cuarena::Error>(())
+/// ```
 pub fn launch_args_on<const N: usize>(
     arena: &mut Arena<CudaBackend>,
     stream: StreamId,
@@ -215,11 +283,49 @@ impl Capture<'_> {
     /// The arena stream, being captured: launch on it only work that is
     /// allowed in a stream capture (kernels, async copies between device
     /// buffers; no synchronisation, no allocation).
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+    /// use cuarena::graph::ArenaGraph;
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let x = arena.alloc_dtype(DType::F32, 1024)?;
+    /// let zero: CudaFunction = kernel(); // (CuarenaTable t, u64 x, u32 n)
+    /// let g = ArenaGraph::capture(&mut arena, |cap| {
+    ///     let (table, h) = (cap.table(), cap.handle(x)?);
+    ///     let mut b = cap.stream().launch_builder(&zero);
+    ///     b.arg(&table).arg(&h).arg(&1024u32);
+    ///     // SAFETY: zero writes n floats of x.
+    ///     unsafe { b.launch(LaunchConfig::for_num_elems(1024)) }.expect("launch");
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn stream(&self) -> &Arc<CudaStream> {
         self.arena.backend().stream()
     }
 
     /// The table argument kernels of this graph resolve through.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph::{self, ArenaGraph};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let x = arena.alloc_dtype(DType::F32, 1024)?;
+    /// let zero: CudaFunction = kernel(); // (CuarenaTable t, u64 x, u32 n)
+    /// let cfg = LaunchConfig::for_num_elems(1024);
+    /// let g = ArenaGraph::capture(&mut arena, |cap| {
+    ///     let (table, h) = (cap.table(), cap.handle(x)?);
+    ///     // SAFETY: zero writes n floats of x.
+    ///     unsafe { graph::launch_with_handles(cap.stream(), &zero, cfg, &table, &[h], &1024u32) }
+    /// })?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn table(&self) -> HandleArgs {
         self.table
     }
@@ -227,6 +333,26 @@ impl Capture<'_> {
     /// `h` as a kernel argument, recorded as used by the graph (so that
     /// [`ArenaGraph::launch`] checks it and brings it back if spilled).
     /// Fails for a stale, foreign or spilled handle.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph::{self, ArenaGraph, DeviceHandle};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let x = arena.alloc_dtype(DType::F32, 1024)?;
+    /// let zero: CudaFunction = kernel(); // (CuarenaTable t, u64 x, u32 n)
+    /// let cfg = LaunchConfig::for_num_elems(1024);
+    /// let g = ArenaGraph::capture(&mut arena, |cap| {
+    ///     let h = cap.handle(x)?;
+    ///     assert_eq!(h, DeviceHandle::from(x));
+    ///     // SAFETY: zero writes n floats of x.
+    ///     unsafe { graph::launch_with_handles(cap.stream(), &zero, cfg, &cap.table(), &[h], &1024u32) }
+    /// })?;
+    /// assert_eq!(g.handles(), [x]); // checked, and brought back if spilled, at each launch
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn handle(&mut self, h: Handle) -> Result<DeviceHandle> {
         let d = check_resident(self.arena, h)?;
         if !self.handles.contains(&h) {
@@ -238,6 +364,28 @@ impl Capture<'_> {
     /// Prepares a launch of `func(table, handles.., *params)` into the
     /// graph (see [`launch_with_handles`]), recording the handles. Launch
     /// it with `unsafe { prepared.launch(&func, cfg, &params) }`.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph::ArenaGraph;
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let a = arena.alloc_dtype(DType::F32, 1024)?;
+    /// let (b, c) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let add: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 x, u64 y, u32 n)
+    /// let cfg = LaunchConfig::for_num_elems(1024);
+    /// let g = ArenaGraph::capture(&mut arena, |cap| {
+    ///     // SAFETY: add reads n floats of x and y and writes n of out.
+    ///     unsafe {
+    ///         cap.prepare([c, a, b])?.launch(&add, cfg, &1024u32)?; // c = a + b
+    ///         cap.prepare([a, c, c])?.launch(&add, cfg, &1024u32) // a = 2c
+    ///     }
+    /// })?;
+    /// assert_eq!(g.handles(), [c, a, b]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn prepare<const N: usize>(
         &mut self,
         handles: [Handle; N],
@@ -302,6 +450,24 @@ impl ArenaGraph {
     /// after reserving the device table (at least
     /// [`DEFAULT_RESERVED_SLOTS`] and twice the current table; see
     /// [`capture_reserving`](ArenaGraph::capture_reserving)) and flushing it.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph::ArenaGraph;
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// let cfg = LaunchConfig::for_num_elems(1024);
+    /// let g = ArenaGraph::capture(&mut arena, |cap| {
+    ///     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    ///     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// })?;
+    /// g.launch(&mut arena)?; // y = 2x
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn capture<F>(arena: &mut Arena<CudaBackend>, record: F) -> Result<Self>
     where
         F: FnOnce(&mut Capture<'_>) -> Result<()>,
@@ -316,6 +482,25 @@ impl ArenaGraph {
 
     /// [`capture`](ArenaGraph::capture) with the device table reserved for
     /// `slots` slots (0: as it is).
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph::{self, ArenaGraph};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// let cfg = LaunchConfig::for_num_elems(1024);
+    /// // The program keeps up to a million blocks live: reserve for them.
+    /// let g = ArenaGraph::capture_reserving(&mut arena, 1 << 20, |cap| {
+    ///     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    ///     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// })?;
+    /// assert!(graph::handle_table_capacity(&arena) >= 1 << 20);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn capture_reserving<F>(
         arena: &mut Arena<CudaBackend>,
         slots: usize,
@@ -364,6 +549,32 @@ impl ArenaGraph {
     /// the table's device buffer has moved since the capture
     /// ([`Error::TableMoved`]: reserve more with
     /// [`reserve_handle_table`] and capture again).
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph::ArenaGraph;
+    /// use cuarena::{Arena, ArenaConfig, DType, Error};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let gap = arena.alloc(1 << 20)?;
+    /// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// let cfg = LaunchConfig::for_num_elems(1024);
+    /// let g = ArenaGraph::capture(&mut arena, |cap| {
+    ///     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    ///     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// })?;
+    /// g.launch(&mut arena)?;
+    /// arena.free(gap)?;
+    /// arena.compact()?; // may move x and y down, into the gap
+    /// match g.launch(&mut arena) {
+    ///     Ok(()) => {} // y = 2x where they are now
+    ///     Err(Error::TableMoved { .. }) => { /* capture again (and reserve more) */ }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn launch(&self, arena: &mut Arena<CudaBackend>) -> Result<()> {
         if arena.id() != self.arena_id {
             return Err(Error::Foreign {
@@ -385,23 +596,103 @@ impl ArenaGraph {
     }
 
     /// Uploads the graph to the device ahead of its first launch.
+    ///
+    /// ```no_run
+    /// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// # use cuarena::graph::ArenaGraph;
+    /// # use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    /// # let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// # let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// # let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// # let cfg = LaunchConfig::for_num_elems(1024);
+    /// # let g = ArenaGraph::capture(&mut arena, |cap| {
+    /// #     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    /// #     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// # })?;
+    /// // `g` captured from `double_it(y, x)` (see `ArenaGraph::capture`)
+    /// g.upload()?; // the first launch does not pay for it
+    /// g.launch(&mut arena)?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn upload(&self) -> Result<()> {
         self.graph.upload().map_err(driver_err("cuGraphUpload"))
     }
 
     /// The handles the graph's kernels were given through
     /// [`Capture::handle`] / [`Capture::prepare`].
+    ///
+    /// ```no_run
+    /// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// # use cuarena::graph::ArenaGraph;
+    /// # use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    /// # let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// # let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// # let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// # let cfg = LaunchConfig::for_num_elems(1024);
+    /// # let g = ArenaGraph::capture(&mut arena, |cap| {
+    /// #     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    /// #     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// # })?;
+    /// // `g` captured from `double_it(y, x)` (see `ArenaGraph::capture`)
+    /// assert_eq!(g.handles(), [y, x]); // free one and later launches fail: `StaleHandle`
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn handles(&self) -> &[Handle] {
         &self.handles
     }
 
     /// The table argument baked into the graph.
+    ///
+    /// ```no_run
+    /// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// # use cuarena::graph::ArenaGraph;
+    /// # use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    /// # let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// # let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// # let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// # let cfg = LaunchConfig::for_num_elems(1024);
+    /// # let g = ArenaGraph::capture(&mut arena, |cap| {
+    /// #     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    /// #     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// # })?;
+    /// use cuarena::graph;
+    ///
+    /// // `g` captured from `double_it(y, x)` (see `ArenaGraph::capture`)
+    /// let now = graph::handle_args(&mut arena)?;
+    /// assert_eq!((g.table().base, g.table().table), (now.base, now.table)); // replays run
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn table(&self) -> HandleArgs {
         self.table
     }
 
     /// The cudarc graph (for inspection; replay with
     /// [`launch`](ArenaGraph::launch)).
+    ///
+    /// ```no_run
+    /// # use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// # use cuarena::graph::ArenaGraph;
+    /// # use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    /// # let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// # let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// # let double_it: CudaFunction = kernel(); // (CuarenaTable t, u64 out, u64 in, u32 n)
+    /// # let cfg = LaunchConfig::for_num_elems(1024);
+    /// # let g = ArenaGraph::capture(&mut arena, |cap| {
+    /// #     // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    /// #     unsafe { cap.prepare([y, x])?.launch(&double_it, cfg, &1024u32) }
+    /// # })?;
+    /// use cuarena::backend::cuda::cudarc::driver::sys;
+    ///
+    /// // `g` captured from `double_it(y, x)` (see `ArenaGraph::capture`)
+    /// // The driver's graph, for its API (`cuGraphGetNodes`, `cuGraphDebugDotPrint`).
+    /// let raw: sys::CUgraph = g.cuda_graph().cu_graph();
+    /// assert!(!raw.is_null());
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn cuda_graph(&self) -> &CudaGraph {
         &self.graph
     }

@@ -35,6 +35,26 @@ impl Communicator {
     /// Sum (or another reduction) of every rank's `send` into every rank's
     /// `recv` (same length). In place: pass the same view as `recv` only
     /// through [`all_reduce_in_place`](Communicator::all_reduce_in_place).
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn communicator(_: std::sync::Arc<cuarena::backend::cuda::cudarc::driver::CudaStream>) -> Communicator { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let comm_stream = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(comm_stream.clone())?;
+    /// let comm = communicator(comm_stream); // `Communicator::init` on that stream
+    /// let grads = arena.alloc_storage_dtype(DType::F32, 1 << 20)?;
+    /// let summed = arena.alloc_storage_dtype(DType::F32, 1 << 20)?;
+    /// {
+    ///     let mut args = arena.kernel_args(s)?;
+    ///     let (g, mut out) = (args.input::<f32>(&grads)?, args.output::<f32>(&summed)?);
+    ///     comm.all_reduce(&g, &mut out, ReduceOp::Sum)?;
+    /// }
+    /// arena.compact()?; // waits (on the device) for the all-reduce before moving its tensors
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
@@ -47,6 +67,24 @@ impl Communicator {
     }
 
     /// All-reduce of `buf` in place.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn communicator(_: std::sync::Arc<cuarena::backend::cuda::cudarc::driver::CudaStream>) -> Communicator { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let comm_stream = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(comm_stream.clone())?;
+    /// let comm = communicator(comm_stream); // `Communicator::init` on that stream
+    /// let grads = arena.alloc_storage_dtype(DType::F32, 1 << 20)?;
+    /// {
+    ///     let mut args = arena.kernel_args(s)?;
+    ///     let mut g = args.output::<f32>(&grads)?;
+    ///     comm.all_reduce_in_place(&mut g, ReduceOp::Avg)?; // every rank's mean
+    /// }
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn all_reduce_in_place<T: NcclType, R: DevicePtrMut<T>>(
         &self,
         buf: &mut R,
@@ -58,6 +96,18 @@ impl Communicator {
 
     /// Each rank gets the reduction of its `recv.len()`-element share:
     /// `send` holds `world_size * recv.len()` elements.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank
+    /// let share = 1 << 16;
+    /// let grads = comm.stream().alloc_zeros::<f32>(share * comm.world_size()).expect("alloc");
+    /// let mut mine = comm.stream().alloc_zeros::<f32>(share).expect("alloc");
+    /// comm.reduce_scatter(&grads, &mut mine, ReduceOp::Sum)?; // share `rank` of the sum
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
@@ -71,6 +121,18 @@ impl Communicator {
 
     /// Every rank's `send` concatenated, in rank order, into every rank's
     /// `recv` (`world_size * send.len()` elements).
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank
+    /// let share = 1 << 16;
+    /// let mine = comm.stream().alloc_zeros::<f32>(share).expect("alloc");
+    /// let mut all = comm.stream().alloc_zeros::<f32>(share * comm.world_size()).expect("alloc");
+    /// comm.all_gather(&mine, &mut all)?; // rank r's share at r * share
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
@@ -82,6 +144,17 @@ impl Communicator {
     }
 
     /// `root`'s `buf` into every rank's `buf`, in place.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank
+    /// let host = vec![0.5f32; 1 << 16]; // rank 0's initial weights
+    /// let mut weights = comm.stream().clone_htod(&host).expect("upload");
+    /// comm.broadcast(&mut weights, 0)?; // every rank starts from rank 0's
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn broadcast<T: NcclType, R: DevicePtrMut<T>>(
         &self,
         buf: &mut R,
@@ -94,12 +167,41 @@ impl Communicator {
     /// Sends `buf` to rank `peer` (which must post a matching
     /// [`recv`](Communicator::recv)); pair them inside
     /// [`group`](Communicator::group) when both directions are in flight.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank
+    /// let n = comm.world_size();
+    /// let (next, prev) = ((comm.rank() + 1) % n, (comm.rank() + n - 1) % n);
+    /// let out = comm.stream().alloc_zeros::<f32>(1024).expect("alloc");
+    /// let mut incoming = comm.stream().alloc_zeros::<f32>(1024).expect("alloc");
+    /// // Both directions in flight: one group, or the ring deadlocks.
+    /// Communicator::group([&comm], || {
+    ///     comm.send(&out, next)?;
+    ///     comm.recv(&mut incoming, prev)
+    /// })?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn send<T: NcclType, S: DevicePtr<T>>(&self, buf: &S, peer: usize) -> Result<()> {
         let n = buf.len();
         self.enqueue(Call::Send { peer }, n, (n, n), Buffers::Read(buf))
     }
 
     /// Receives `buf.len()` elements from rank `peer`.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank
+    /// let mut activations = comm.stream().alloc_zeros::<f32>(1 << 16).expect("alloc");
+    /// if comm.rank() == 1 {
+    ///     comm.recv(&mut activations, 0)?; // what rank 0 `send`s
+    /// }
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn recv<T: NcclType, R: DevicePtrMut<T>>(&self, buf: &mut R, peer: usize) -> Result<()> {
         let n = buf.len();
         self.enqueue(Call::Recv { peer }, n, (n, n), Buffers::Write(buf))

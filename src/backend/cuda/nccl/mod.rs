@@ -87,6 +87,15 @@ pub struct UniqueId {
 
 impl UniqueId {
     /// A new id (rank 0 makes it; the call talks to no peer).
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::UniqueId;
+    ///
+    /// // On rank 0, before starting the other ranks: where they will read it.
+    /// let id = UniqueId::new()?;
+    /// std::fs::write("/tmp/nccl-id", id.to_hex()).expect("write the id");
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn new() -> Result<Self> {
         available().map_err(|reason| Error::Backend(BackendError::NoDevice { reason }))?;
         let raw = result::get_uniqueid().map_err(nccl_err("ncclGetUniqueId"))?;
@@ -94,6 +103,17 @@ impl UniqueId {
     }
 
     /// The id as 256 lowercase hex digits.
+    ///
+    /// ```
+    /// use cuarena::backend::cuda::nccl::UniqueId;
+    ///
+    /// # let id = UniqueId::from_hex(&"5a".repeat(128))?;
+    /// // `id` from `UniqueId::new()` on rank 0: passed to the others as text.
+    /// let hex = id.to_hex();
+    /// assert_eq!(hex.len(), 256);
+    /// assert_eq!(UniqueId::from_hex(&hex)?.to_hex(), hex);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn to_hex(&self) -> String {
         self.raw
             .internal
@@ -105,6 +125,18 @@ impl UniqueId {
     /// The id written by [`to_hex`](UniqueId::to_hex). Surrounding
     /// whitespace is ignored; anything else than 256 hex digits is
     /// [`Error::InvalidInput`].
+    ///
+    /// ```
+    /// use cuarena::backend::cuda::nccl::UniqueId;
+    /// use cuarena::Error;
+    ///
+    /// # let text = format!("{}\n", "5a".repeat(128));
+    /// // `text` as rank 0 wrote it (`std::fs::read_to_string` of its id file, say).
+    /// let id = UniqueId::from_hex(&text)?;
+    /// assert_eq!(id.to_hex(), text.trim());
+    /// assert!(matches!(UniqueId::from_hex("not an id"), Err(Error::InvalidInput { .. })));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn from_hex(text: &str) -> Result<Self> {
         let text = text.trim();
         let bad = || Error::InvalidInput {
@@ -129,6 +161,15 @@ impl UniqueId {
 }
 
 /// Ok when the NCCL library can be loaded; otherwise why not.
+///
+/// ```
+/// use cuarena::backend::cuda::nccl;
+///
+/// match nccl::available() {
+///     Ok(()) => println!("libnccl loads: collectives can run"),
+///     Err(why) => println!("single-GPU training: {why}"),
+/// }
+/// ```
 pub fn available() -> std::result::Result<(), String> {
     // SAFETY: only tries to open the library.
     if unsafe { sys::is_culib_present() } {
@@ -174,6 +215,19 @@ impl Communicator {
     /// [`BackendError::Nccl`] after [`DEFAULT_TIMEOUT`] (the communicator is
     /// aborted). Use [`init_with_timeout`](Communicator::init_with_timeout)
     /// for another bound.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::CudaContext;
+    /// use cuarena::backend::cuda::nccl::{Communicator, UniqueId};
+    ///
+    /// // One process per GPU; the launcher sets RANK and wrote rank 0's id.
+    /// let rank: usize = std::env::var("RANK").expect("RANK").parse().expect("a rank");
+    /// let id = UniqueId::from_hex(&std::fs::read_to_string("/tmp/nccl-id").expect("the id"))?;
+    /// let stream = CudaContext::new(rank).expect("GPU").new_stream().expect("stream");
+    /// let comm = Communicator::init(stream, id, rank, 2)?; // returns once both ranks joined
+    /// assert_eq!((comm.rank(), comm.world_size()), (rank, 2));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn init(
         stream: Arc<CudaStream>,
         id: UniqueId,
@@ -185,6 +239,22 @@ impl Communicator {
 
     /// [`init`](Communicator::init) with `timeout` as the bound of this call
     /// and of every later wait.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuarena::backend::cuda::cudarc::driver::CudaContext;
+    /// use cuarena::backend::cuda::nccl::{Communicator, UniqueId};
+    /// use cuarena::{BackendError, Error};
+    ///
+    /// # let (rank, id) = (1, UniqueId::new()?);
+    /// let stream = CudaContext::new(rank).expect("GPU").new_stream().expect("stream");
+    /// match Communicator::init_with_timeout(stream, id, rank, 2, Duration::from_secs(10)) {
+    ///     Ok(comm) => assert_eq!(comm.timeout(), Duration::from_secs(10)),
+    ///     Err(Error::Backend(BackendError::Nccl { reason, .. })) => eprintln!("no peer: {reason}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn init_with_timeout(
         stream: Arc<CudaStream>,
         id: UniqueId,
@@ -200,6 +270,21 @@ impl Communicator {
 
     /// One communicator of `streams.len()` ranks in this process (a stream
     /// per GPU, rank = position), created together in one NCCL group.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuarena::backend::cuda::cudarc::driver::CudaContext;
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    ///
+    /// // Every visible GPU, from one process: rank i on GPU i.
+    /// let n = CudaContext::device_count().expect("GPUs") as usize;
+    /// let streams = (0..n)
+    ///     .map(|i| CudaContext::new(i).and_then(|ctx| ctx.new_stream()).expect("stream"))
+    ///     .collect();
+    /// let comms = Communicator::init_all(streams, Duration::from_secs(60))?;
+    /// assert!(comms.iter().enumerate().all(|(i, c)| c.rank() == i && c.world_size() == n));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn init_all(streams: Vec<Arc<CudaStream>>, timeout: Duration) -> Result<Vec<Self>> {
         let id = UniqueId::new()?;
         let world_size = streams.len();
@@ -282,26 +367,83 @@ impl Communicator {
     }
 
     /// This rank.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// if comm.rank() == 0 {
+    ///     println!("step done on {} ranks", comm.world_size()); // logged once, by rank 0
+    /// }
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn rank(&self) -> usize {
         self.rank
     }
 
     /// Ranks in the communicator.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// let share = (1 << 20) / comm.world_size(); // elements of each rank's share
+    /// let mut gathered = comm.stream().alloc_zeros::<f32>(share * comm.world_size()).expect("alloc");
+    /// let mine = comm.stream().alloc_zeros::<f32>(share).expect("alloc");
+    /// comm.all_gather(&mine, &mut gathered)?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn world_size(&self) -> usize {
         self.world_size
     }
 
     /// The stream collectives run on.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// let host = vec![1.0f32; 1024];
+    /// let mut buf = comm.stream().clone_htod(&host).expect("upload"); // on the stream collectives run on
+    /// comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    /// comm.synchronize()?;
+    /// assert_eq!(comm.stream().clone_dtoh(&buf).expect("download")[0], comm.world_size() as f32);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
     /// The bound on every wait.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::{Communicator, DEFAULT_TIMEOUT};
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// assert_eq!(comm.timeout(), DEFAULT_TIMEOUT); // made by `Communicator::init`
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// Sets the bound on every later wait.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// // Joining waited for every rank to start; a training step gets a shorter bound.
+    /// let comm = comm.with_timeout(Duration::from_secs(5));
+    /// assert_eq!(comm.timeout(), Duration::from_secs(5));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -309,6 +451,21 @@ impl Communicator {
 
     /// True once the communicator was aborted (by a timeout, an error, or
     /// [`abort`](Communicator::abort)); every later call fails.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// let mut grads = comm.stream().alloc_zeros::<f32>(1 << 20).expect("alloc");
+    /// let step = comm
+    ///     .all_reduce_in_place(&mut grads, ReduceOp::Avg)
+    ///     .and_then(|()| comm.synchronize());
+    /// if step.is_err() && comm.is_aborted() {
+    ///     // A peer died or stopped: make a new communicator (a new id) to go on.
+    /// }
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Acquire)
     }
@@ -316,6 +473,18 @@ impl Communicator {
     /// Aborts the communicator: pending collectives end, on this rank, and
     /// the streams waiting for them run again. Peers see their own calls
     /// fail or time out.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// // A watchdog decided this job is over: end the pending collectives now.
+    /// comm.abort();
+    /// assert!(comm.is_aborted());
+    /// assert!(comm.synchronize().is_err()); // every later call fails
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn abort(&self) {
         if !self.aborted.swap(true, Ordering::AcqRel) {
             // SAFETY: the handle is live (not aborted before, swap above).
@@ -400,6 +569,18 @@ impl Communicator {
     /// the error says so). The one place this module blocks the host on
     /// device work: for tests, shutdown and failure detection; the training
     /// path orders work with stream waits instead.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::nccl::Communicator;
+    /// # fn communicator() -> Communicator { unimplemented!() }
+    ///
+    /// let comm: Communicator = communicator(); // this process's rank, from `Communicator::init`
+    /// let mut buf = comm.stream().alloc_zeros::<f32>(1024).expect("alloc");
+    /// comm.broadcast(&mut buf, 0)?;
+    /// comm.synchronize()?; // finished on this rank, or an error within the timeout
+    /// drop(comm); // nothing in flight: dropping ends nothing
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.check_live()?;
         let event = self
@@ -436,6 +617,29 @@ impl Communicator {
     /// ends, every communicator in `comms` is settled: a non-blocking
     /// group enqueues its work on the streams only then, so stream waits
     /// recorded after this returns order after the collectives.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuarena::backend::cuda::cudarc::driver::CudaContext;
+    /// use cuarena::backend::cuda::nccl::{Communicator, ReduceOp};
+    ///
+    /// let streams = (0..2)
+    ///     .map(|i| CudaContext::new(i).and_then(|ctx| ctx.new_stream()).expect("stream"))
+    ///     .collect();
+    /// let comms = Communicator::init_all(streams, Duration::from_secs(60))?;
+    /// let mut bufs: Vec<_> = comms
+    ///     .iter()
+    ///     .map(|c| c.stream().alloc_zeros::<f32>(1 << 20).expect("alloc"))
+    ///     .collect();
+    /// // One thread drives both ranks: their calls must be one group.
+    /// Communicator::group(&comms, || {
+    ///     for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+    ///         c.all_reduce_in_place(b, ReduceOp::Sum)?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn group<'c, F>(comms: impl IntoIterator<Item = &'c Communicator>, calls: F) -> Result<()>
     where
         F: FnOnce() -> Result<()>,
