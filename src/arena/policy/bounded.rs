@@ -368,14 +368,7 @@ impl Bounded {
             let Some((moved, bytes)) = shadow.naive_compaction(reserved, align) else {
                 return self.end_with(core, reserved, align);
             };
-            // Blocks naive moves away from where the arena has them, or
-            // brings to it.
-            let (grows, shrinks) = moved_away(core, shadow, &moved);
-            let slack = self
-                .slack(core)
-                .saturating_add(bytes)
-                .saturating_add(2 * shrinks);
-            if !fits(slack, grows.saturating_mul(2)) {
+            if !self.affords_naive(core, &moved, bytes) {
                 // Naive's layout now, then naive's compaction in mirror
                 // mode (deferred), which the potential always affords.
                 if self.handover(core)?.is_some() {
@@ -461,6 +454,38 @@ impl Bounded {
     }
 
     /// Recomputes which blocks are away (after the arena's own plans).
+    /// Whether the potential affords naive's `moved` (of `bytes`, which
+    /// count in `N`): blocks it takes away from where the arena has them
+    /// cost twice their bytes in `R`, blocks it brings back free as much.
+    pub(super) fn affords_naive<B: Backend>(
+        &self,
+        core: &Core<B>,
+        moved: &[super::shadow::Moved],
+        bytes: u64,
+    ) -> bool {
+        let Some(shadow) = self.free.as_ref() else {
+            return false;
+        };
+        let mut grows = 0u64;
+        let mut shrinks = 0u64;
+        for &(key, at, len) in moved {
+            let arena_at = match core.blocks.get(key).map(|b| &b.place) {
+                Some(Place::Device(a)) => a.offset(),
+                _ => continue,
+            };
+            match (shadow.is_away(key), arena_at != at) {
+                (false, true) => grows = grows.saturating_add(len),
+                (true, false) => shrinks = shrinks.saturating_add(len),
+                _ => {}
+            }
+        }
+        let slack = self
+            .slack(core)
+            .saturating_add(bytes)
+            .saturating_add(shrinks.saturating_mul(2));
+        fits(slack, grows.saturating_mul(2))
+    }
+
     /// Naive's layout after its `moved` (of `bytes`, counted in `N`), and
     /// which blocks are away from it now; `false` in mirror mode.
     pub(super) fn naive_moved<B: Backend>(
@@ -666,27 +691,4 @@ impl<B: Backend> Core<B> {
         }
         Ok((old, old_owners, nodes))
     }
-}
-
-/// Bytes of the blocks that naive's `moved` takes away from where the
-/// arena has them, and bytes it brings back to it.
-pub(super) fn moved_away<B: Backend>(
-    core: &Core<B>,
-    shadow: &Shadow,
-    moved: &[super::shadow::Moved],
-) -> (u64, u64) {
-    let mut grows = 0u64;
-    let mut shrinks = 0u64;
-    for &(key, at, len) in moved {
-        let arena_at = match core.blocks.get(key).map(|b| &b.place) {
-            Some(Place::Device(a)) => a.offset(),
-            _ => continue,
-        };
-        match (shadow.is_away(key), arena_at != at) {
-            (false, true) => grows = grows.saturating_add(len),
-            (true, false) => shrinks = shrinks.saturating_add(len),
-            _ => {}
-        }
-    }
-    (grows, shrinks)
 }

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::bounded::{fits, moved_away, Bounded};
+use super::bounded::{fits, Bounded};
 use crate::arena::core::Core;
 use crate::backend::Backend;
 use crate::error::Result;
@@ -36,15 +36,7 @@ impl Bounded {
             else {
                 return Ok(false);
             };
-            let (grows, shrinks) = moved_away(core, shadow, &moved);
-            let slack = self
-                .slack(core)
-                .saturating_add(bytes)
-                .saturating_add(2 * shrinks);
-            if !fits(slack, grows.saturating_mul(2)) {
-                return Ok(false);
-            }
-            if !self.naive_moved(core, &moved, bytes)? {
+            if !self.affords_naive(core, &moved, bytes) || !self.naive_moved(core, &moved, bytes)? {
                 return Ok(false);
             }
         }
