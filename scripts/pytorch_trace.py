@@ -179,7 +179,8 @@ Drivers (run on a CUDA machine; each job is a subprocess of this script):
   --settings DIR       corpus traces (--only) under the default allocator
                        settings and under other PYTORCH_CUDA_ALLOC_CONF values
                        (see SETTINGS_RUNS below), for the allocator model's
-                       what-if check
+                       what-if check; --tags exp,ms128 records only those
+                       settings (`default` for the default run)
   --jobs N (4), --deadline S (420: no job starts later), --job-timeout S (180),
   --budget-gib G (0.85 of the GPU: estimated GiB in flight at once)
 """
@@ -1519,7 +1520,9 @@ CORPUS = [
     ("unet-sample_s0", "unet-sample", ["--seed", "0"], 4),
     ("bert-infer_s0", "bert-infer", ["--seed", "0"], 6),
     ("bert-infer-bf16_s1", "bert-infer-bf16", ["--seed", "1"], 4),
+    ("llm-decode_s0", "llm-decode", ["--seed", "0", "--steps", "8"], 2),
     ("llm-decode_s1", "llm-decode", ["--seed", "1", "--steps", "8"], 2),
+    ("llm-decode_s2", "llm-decode", ["--seed", "2", "--steps", "8"], 2),
     ("llama-serve_s0", "llama-serve", ["--seed", "0"], 3),
     ("llama-serve_s1", "llama-serve", ["--seed", "1", "--steps", "40"], 3),
     ("llm-serve-hf_s0", "llm-serve-hf", ["--seed", "0"], 3),
@@ -1565,6 +1568,9 @@ def record_settings(out_dir, args):
             continue
         cap = int(min(total_gib * 0.95, max(2 * est, est + 6)) * GiB)
         runs = [("", "")] + [(tag, conf) for n, tag, conf in SETTINGS_RUNS if n == name]
+        if args.tags:
+            tags = args.tags.split(",")
+            runs = [(t, c) for t, c in runs if (t or "default") in tags]
         for tag, conf in runs:
             jobs.append({"name": name + (f"__{tag}" if tag else ""), "workload": workload,
                          "opts": opts, "est_gib": est, "cap": cap,
@@ -1790,6 +1796,8 @@ def main():
     ap.add_argument("--only", help="--corpus, --settings: only these traces (comma-separated names)")
     ap.add_argument("--settings", metavar="DIR",
                     help="record CORPUS traces (--only) under the default and SETTINGS_RUNS")
+    ap.add_argument("--tags", help="--settings: only these settings (comma-separated tags; "
+                    "`default` for the default run)")
     ap.add_argument("--budget-gib", type=float,
                     help="drivers: estimated GiB in flight at once (default 0.85 of the GPU)")
     ap.add_argument("--jobs", type=int, default=4, help="drivers: jobs at once (4)")

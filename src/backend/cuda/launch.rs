@@ -65,6 +65,27 @@ impl From<Handle> for DeviceHandle {
 ///   flushed for these handles, with the blocks resident. The arena's
 ///   `launch_args` and `graph::Capture::prepare` meet the last three and
 ///   return a [`PreparedLaunch`].
+///
+/// ```no_run
+/// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+/// use cuarena::graph::{self, DeviceHandle};
+/// use cuarena::{Arena, ArenaConfig, DType};
+/// # fn kernel() -> CudaFunction { unimplemented!() }
+///
+/// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+/// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+/// // extern "C" __global__ void double_it(CuarenaTable t, u64 out, u64 in, u32 n)
+/// let double_it: CudaFunction = kernel();
+/// // What `graph::launch_args` checks, by hand: resident blocks, a flushed table.
+/// let table = graph::handle_args(&mut arena)?;
+/// let stream = arena.backend().stream().clone();
+/// let handles = [DeviceHandle::from(y), DeviceHandle::from(x)];
+/// let cfg = LaunchConfig::for_num_elems(1024);
+/// // SAFETY: double_it reads n floats of `in` and writes n of `out`; it runs
+/// // on the arena stream, after the flush, and nothing moves before it.
+/// unsafe { graph::launch_with_handles(&stream, &double_it, cfg, &table, &handles, &1024u32)? };
+/// # Ok::<(), cuarena::Error>(())
+/// ```
 pub unsafe fn launch_with_handles<P: DeviceRepr, const N: usize>(
     stream: &CudaStream,
     func: &CudaFunction,
@@ -110,11 +131,34 @@ impl<'a, const N: usize> PreparedLaunch<'a, N> {
     }
 
     /// The table argument.
+    ///
+    /// ```no_run
+    /// use cuarena::graph::{self, DeviceHandle};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let prepared = graph::launch_args(&mut arena, [y, x])?;
+    /// // The kernel's `CuarenaTable`: it holds x's slot (a handle's low 32 bits).
+    /// assert!((DeviceHandle::from(x).0 as u32) < prepared.table().slots);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn table(&self) -> HandleArgs {
         self.table
     }
 
     /// The handles, as the kernel gets them.
+    ///
+    /// ```no_run
+    /// use cuarena::graph::{self, DeviceHandle};
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let prepared = graph::launch_args(&mut arena, [y, x])?;
+    /// assert_eq!(prepared.handles(), &[DeviceHandle::from(y), DeviceHandle::from(x)]);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn handles(&self) -> &[DeviceHandle; N] {
         &self.handles
     }
@@ -126,6 +170,22 @@ impl<'a, const N: usize> PreparedLaunch<'a, N> {
     ///
     /// `func`'s parameters must be exactly `(CuarenaTable, u64 x N, P)`,
     /// and it may touch only the blocks named, within their bytes.
+    ///
+    /// ```no_run
+    /// use cuarena::backend::cuda::cudarc::driver::{CudaFunction, LaunchConfig};
+    /// use cuarena::graph;
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    /// # fn kernel() -> CudaFunction { unimplemented!() }
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let (x, y) = (arena.alloc_dtype(DType::F32, 1024)?, arena.alloc_dtype(DType::F32, 1024)?);
+    /// let prepared = graph::launch_args(&mut arena, [y, x])?;
+    /// // extern "C" __global__ void double_it(CuarenaTable t, u64 out, u64 in, u32 n)
+    /// let double_it: CudaFunction = kernel();
+    /// // SAFETY: double_it reads n floats of `in` and writes n of `out`.
+    /// unsafe { prepared.launch(&double_it, LaunchConfig::for_num_elems(1024), &1024u32)? };
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub unsafe fn launch<P: DeviceRepr>(
         &self,
         func: &CudaFunction,
