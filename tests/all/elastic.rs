@@ -468,3 +468,94 @@ fn a_limit_off_the_granule_is_rounded_down_and_accepted() {
     Arena::with_backend(ArenaConfig::elastic().with_capacity_bytes(1_000_192), b)
         .expect("accepted");
 }
+
+/// Holes each too small for the blocks above them (as a growing cache
+/// leaves them), then allocations and frees on a clock past the window,
+/// each giving the automatic trim a look; `free_first`: each tick frees a
+/// small block (the first, below the rest) before it allocates one. Returns what the first trim that
+/// moved moved and gave back, and mapped before and after, and live.
+fn holes_too_small(free_first: bool) -> ((u64, u64), u64, u64, u64) {
+    const KIB: u64 = 1024;
+    let config = ArenaConfig::elastic().with_trim_window_us(1000);
+    let backend = HostBackend::elastic(1 << 30, GRANULE);
+    backend.set_time_us(0);
+    let mut arena = Arena::with_backend(config, backend).unwrap();
+    // small | x | h1 | a | h2 | c | d, in address order: the holes (48
+    // KiB) are too small for c and d (64 KiB).
+    let mut small = arena.alloc(256).unwrap();
+    let sizes = [64 * KIB, 48 * KIB, 1024 * KIB, 48 * KIB, 64 * KIB, 64 * KIB];
+    let hs: Vec<Handle> = sizes.iter().map(|&s| arena.alloc(s).unwrap()).collect();
+    let offsets: Vec<u64> = hs.iter().map(|&h| arena.info(h).unwrap().offset).collect();
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "{offsets:?}");
+    let mut bytes = HashMap::new();
+    for (i, &h) in hs.iter().enumerate() {
+        let data: Vec<u8> = (0..sizes[i]).map(|j| (j as u8) ^ (i as u8 * 37)).collect();
+        arena.write_bytes(h, &data).unwrap();
+        bytes.insert(h, data);
+    }
+    arena.backend().set_time_us(10);
+    for h in [hs[1], hs[3]] {
+        arena.free(h).unwrap();
+        bytes.remove(&h);
+    }
+    let live: u64 = [0, 2, 4, 5].iter().map(|&i| sizes[i]).sum::<u64>() + 256;
+    let mapped0 = arena.backend().mapped_bytes();
+    let mut first_move = None;
+    let mut now = 10;
+    for _ in 0..200 {
+        now += 130;
+        arena.backend().set_time_us(now);
+        let moved = arena.stats().bytes_moved;
+        let mapped = arena.backend().mapped_bytes();
+        if free_first {
+            // Back into its own hole at the bottom.
+            arena.free(small).unwrap();
+            small = arena.alloc(256).unwrap();
+        } else {
+            let t = arena.alloc(256).unwrap();
+            arena.free(t).unwrap();
+        }
+        let st = arena.stats();
+        if first_move.is_none() && st.bytes_moved > moved {
+            first_move = Some((
+                st.bytes_moved - moved,
+                mapped - arena.backend().mapped_bytes(),
+            ));
+        }
+    }
+    arena.free(small).unwrap();
+    for (&h, data) in &bytes {
+        assert_eq!(&arena.read_bytes(h).unwrap(), data);
+    }
+    let first_move = first_move.expect("a trim moved blocks");
+    (first_move, mapped0, arena.backend().mapped_bytes(), live)
+}
+
+/// The automatic trim slides the top down onto the blocks below, paying
+/// for it with the looks the excess lasts: first the short slide that
+/// moves the top two blocks over the upper hole, then, the excess lasting,
+/// the long one; every byte kept.
+#[test]
+fn the_automatic_trim_slides_the_top_down_over_holes_too_small() {
+    let ((moved, given), mapped0, mapped, live) = holes_too_small(false);
+    assert_eq!(moved, 128 << 10);
+    assert!(given >= 24 << 10, "gave back {given} B");
+    assert!(mapped < mapped0);
+    assert!(
+        mapped <= live + 2 * GRANULE.max(live / 100),
+        "{mapped} B mapped for {live} B live"
+    );
+}
+
+/// A free that cannot give memory back without moving blocks leaves the
+/// look to the next allocation: with every tick freeing first, the trim
+/// still compacts.
+#[test]
+fn frees_leave_the_automatic_trims_look_to_allocations() {
+    let (_, mapped0, mapped, live) = holes_too_small(true);
+    assert!(mapped < mapped0);
+    assert!(
+        mapped <= live + 2 * GRANULE.max(live / 100),
+        "{mapped} B mapped for {live} B live"
+    );
+}

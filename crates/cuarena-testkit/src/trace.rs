@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_pickle::{HashableValue, Value};
 
@@ -43,11 +43,21 @@ pub struct BenchTrace {
 
 /// The traces of a bench over recorded traces: every snapshot and CSV
 /// trace in the folder `CUARENA_TRACES` names (default: [`data`]), sorted
-/// by name, only those whose name contains `CUARENA_ONLY` where it is set;
+/// by name (a relative folder is taken from the workspace root, where
+/// `cargo bench` is typed, though the bench runs in its crate's folder),
+/// only those whose name contains `CUARENA_ONLY` where it is set;
 /// each with its half from the folder's `manifest.json` or
 /// `corpus_manifest.json` (as `scripts/record-corpus.sh` writes them).
 pub fn bench_traces() -> Vec<BenchTrace> {
-    let dir = std::env::var_os("CUARENA_TRACES").map_or_else(data, PathBuf::from);
+    let dir = std::env::var_os("CUARENA_TRACES").map_or_else(data, |d| {
+        let d = PathBuf::from(d);
+        if d.is_relative() && !d.exists() {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(d)
+        } else {
+            d
+        }
+    });
+    let dir = dir.as_path();
     let mut halves = BTreeMap::new();
     for manifest in ["manifest.json", "corpus_manifest.json"] {
         let Ok(text) = std::fs::read_to_string(dir.join(manifest)) else {
@@ -63,8 +73,13 @@ pub fn bench_traces() -> Vec<BenchTrace> {
         }
     }
     let only = std::env::var("CUARENA_ONLY").ok();
-    let mut traces: Vec<BenchTrace> = std::fs::read_dir(&dir)
-        .expect("a folder of traces")
+    let mut traces: Vec<BenchTrace> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| {
+            panic!(
+                "CUARENA_TRACES: {} is no folder of traces: {e}",
+                dir.display()
+            )
+        })
         .filter_map(|e| e.ok().map(|e| e.path()))
         .map(|path| {
             let name = path.file_name().unwrap().to_string_lossy().into_owned();

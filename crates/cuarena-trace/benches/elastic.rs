@@ -110,11 +110,11 @@ fn main() {
             fmt_bytes(r.mean_window_peak_live_bytes),
             r.mean_mapped_bytes as f64 / r.mean_window_peak_live_bytes.max(1) as f64,
             if torch > 0 {
-                format!("{:.3}", torch as f64 / r.mean_mapped_bytes.max(1) as f64)
+                format!("{:.4}", torch as f64 / r.mean_mapped_bytes.max(1) as f64)
             } else {
                 "-".to_owned()
             },
-            exp.map_or("-".to_owned(), |x| format!("{x:.3}")),
+            exp.map_or("-".to_owned(), |x| format!("{x:.4}")),
             fmt_bytes(r.bytes_moved),
             naive.map_or("failed".to_owned(), fmt_bytes),
             r.trims,

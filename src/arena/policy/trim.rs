@@ -10,21 +10,20 @@ use super::bounded::{fits, Bounded};
 use crate::arena::core::Core;
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::plan::planner;
-use crate::plan::planner::evacuate::plan_evacuate;
+use crate::plan::Plan;
 
 impl Bounded {
-    /// Evacuates naive's layout and then the arena's below `cut`, the
-    /// arena's within `budget` bytes moved. Returns whether both now end
-    /// at or below `cut`; `false`, with the arena's layout unchanged, where
-    /// the potential or the budget does not afford its evacuation.
+    /// Evacuates naive's layout below `cut`, then runs `plan`, which
+    /// brings the arena's below it. Returns whether both now end at or
+    /// below `cut`; `false`, with the arena's layout unchanged, where the
+    /// potential does not afford the arena's plan.
     pub(crate) fn trim_free<B: Backend>(
         &mut self,
         core: &mut Core<B>,
         cut: u64,
-        budget: u64,
+        plan: Plan,
+        t0: Instant,
     ) -> Result<bool> {
-        let t0 = Instant::now();
         let Some(shadow) = self.free.as_mut() else {
             return Ok(false);
         };
@@ -43,16 +42,10 @@ impl Bounded {
         if core.index.used_end() <= cut {
             return Ok(true);
         }
-        core.collect_live();
-        let Some(plan) = plan_evacuate(&core.live, cut)
-            .or_else(|| Some(planner::plan_full(&core.live, core.capacity())))
-        else {
-            return Ok(false);
-        };
         // Each moved byte costs once in `A` and, if its block leaves
         // naive's place, twice more in `R`.
         let t = plan.bytes_moved();
-        if t > budget || !fits(self.slack(core), t.saturating_mul(3)) {
+        if !fits(self.slack(core), t.saturating_mul(3)) {
             return Ok(false);
         }
         core.run(plan, t0)?;

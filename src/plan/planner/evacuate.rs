@@ -72,6 +72,97 @@ pub(crate) fn plan_evacuate(blocks: &[LiveBlock], cut: u64) -> Option<Plan> {
     Some(Plan::new(PlanKind::Targeted, [moves]))
 }
 
+/// The plan that gives back the most of the region's top moving at most
+/// `budget` bytes, and the cut it reaches: the lowest of `cuts`
+/// (ascending: where the mapping can end; the highest block ends above the
+/// last) at or above `floor` that the highest block then ends at or below.
+/// Two ways to lower the top, each within the budget: evacuating the
+/// blocks above a cut into holes below it ([`plan_evacuate`]), or sliding
+/// the blocks at the top down onto the ones below them (which works where
+/// the holes are each too small for the blocks above, as when blocks that
+/// grow one step at a time outgrow the holes they leave). `None` where
+/// neither reaches a cut.
+pub(crate) fn plan_trim(
+    blocks: &[LiveBlock],
+    cuts: &[u64],
+    floor: u64,
+    budget: u64,
+) -> Option<(Plan, u64)> {
+    let reached = |end: u64| cuts.iter().copied().find(|&c| c >= end.max(floor));
+    let evacuation = affordable_cut(blocks, cuts, floor, budget).and_then(|cut| {
+        let plan = plan_evacuate(blocks, cut)?;
+        (plan.bytes_moved() <= budget).then_some((plan, cut))
+    });
+    let slide = plan_slide_top(blocks, budget).and_then(|(plan, end)| Some((plan, reached(end)?)));
+    match (evacuation, slide) {
+        (Some(e), Some(s)) => Some(if (s.1, s.0.bytes_moved()) < (e.1, e.0.bytes_moved()) {
+            s
+        } else {
+            e
+        }),
+        (e, s) => e.or(s),
+    }
+}
+
+/// The lowest of `cuts` (ascending) at or above `floor` that an
+/// evacuation reaches moving at most `budget` bytes: the blocks ending
+/// above a cut are the ones that move, so a cut is out of reach once they
+/// weigh more than the budget or one of them is pinned. Whether they fit
+/// in the holes below is [`plan_evacuate`]'s to say.
+fn affordable_cut(blocks: &[LiveBlock], cuts: &[u64], floor: u64, budget: u64) -> Option<u64> {
+    let mut best = None;
+    let mut movers = blocks.len();
+    let mut cost = 0u64;
+    for &cut in cuts.iter().rev() {
+        if cut < floor {
+            break;
+        }
+        while movers > 0 && blocks[movers - 1].end() > cut {
+            movers -= 1;
+            let b = &blocks[movers];
+            cost = cost.saturating_add(b.copy_len);
+            if b.pinned || cost > budget {
+                return best;
+            }
+        }
+        best = Some(cut);
+    }
+    best
+}
+
+/// The longest run of unpinned blocks at the top weighing at most
+/// `budget` bytes, slid down onto the block below it (one wave, every
+/// move down): the plan and where the highest block then ends. `None` if
+/// that moves nothing.
+fn plan_slide_top(blocks: &[LiveBlock], budget: u64) -> Option<(Plan, u64)> {
+    let mut first = blocks.len();
+    let mut cost = 0u64;
+    while first > 0 {
+        let b = &blocks[first - 1];
+        cost = cost.saturating_add(b.copy_len);
+        if b.pinned || cost > budget {
+            break;
+        }
+        first -= 1;
+    }
+    let mut cursor = first.checked_sub(1).map_or(0, |i| blocks[i].end());
+    let mut moves = Vec::new();
+    for b in &blocks[first..] {
+        let align = b.align.max(1);
+        let at = cursor.div_ceil(align).saturating_mul(align).min(b.offset);
+        if at < b.offset {
+            moves.push(Move {
+                key: b.key,
+                src: b.offset,
+                dst: at,
+                len: b.copy_len,
+            });
+        }
+        cursor = at.saturating_add(b.len);
+    }
+    (!moves.is_empty()).then(|| (Plan::new(PlanKind::Targeted, [moves]), cursor))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +190,51 @@ mod tests {
         let mut pinned = live;
         pinned[3].pinned = true;
         assert!(plan_evacuate(&pinned, 256).is_none());
+    }
+
+    #[test]
+    fn the_cut_goes_as_low_as_the_budget_moves() {
+        let live = [
+            blk(1, 0, 64),
+            blk(2, 128, 64),
+            blk(3, 512, 32),
+            blk(4, 600, 48),
+        ];
+        let cuts = [256, 512, 576, 768];
+        // Every block above 256 moves: 80 bytes.
+        assert_eq!(affordable_cut(&live, &cuts, 0, 80), Some(256));
+        assert_eq!(affordable_cut(&live, &cuts, 300, 80), Some(512));
+        // 48 bytes: the top block alone, down to the end of the one below.
+        assert_eq!(affordable_cut(&live, &cuts, 0, 48), Some(576));
+        // Nothing moves: only cuts above every block.
+        assert_eq!(affordable_cut(&live, &cuts, 0, 0), Some(768));
+        assert_eq!(affordable_cut(&live, &cuts[..3], 0, 0), None);
+        // A pinned block stops the cut at its end.
+        let mut pinned = live;
+        pinned[2].pinned = true;
+        assert_eq!(affordable_cut(&pinned, &cuts, 0, 1000), Some(576));
+    }
+
+    #[test]
+    fn a_trim_slides_the_top_down_where_the_holes_are_too_small() {
+        // Holes of 32 bytes below blocks of 48: no evacuation fits.
+        let live = [
+            blk(1, 0, 64),
+            blk(2, 96, 48),
+            blk(3, 176, 48),
+            blk(4, 256, 48),
+        ];
+        let cuts = [128, 192, 256, 320];
+        // Sliding the top two down onto block 2: 96 bytes, the top at 240.
+        let (plan, cut) = plan_trim(&live, &cuts, 0, 96).expect("a slide");
+        plan.validate(320).expect("a valid wave");
+        assert_eq!((plan.bytes_moved(), cut), (96, 256));
+        // Everything above the first hole: the top at 208.
+        let (plan, cut) = plan_trim(&live, &cuts, 0, 1000).expect("a slide");
+        assert_eq!((plan.bytes_moved(), cut), (144, 256));
+        // Not below the floor.
+        assert!(plan_trim(&live, &cuts[..3], 300, 1000).is_none());
+        // Too little budget to reach a cut below the top.
+        assert!(plan_trim(&live, &cuts[..3], 0, 40).is_none());
     }
 }

@@ -24,52 +24,73 @@
 //! At the limit (or when the driver cannot map more) it compacts, spills or
 //! fails exactly as a fixed arena. Growing on fragmentation below the peak
 //! (2.) rather than compacting keeps the bytes moved near naive's at a fixed
-//! capacity of the peak: without it, `llm-decode_s1` of the corpus moved
-//! 40.9 GiB (naive: 0.47 GiB), with it 1.7 GiB.
+//! capacity of the peak: a decode loop whose growing buffers leave holes
+//! would otherwise compact at almost every step.
 //!
-//! **Chunks** ([`chunk_ends`]): a chunk is at most `1/128` of the mapped
-//! bytes below it (never below the granule). Mapping costs about the same
-//! per chunk whatever its size (the driver calls, not the bytes), so chunks
-//! should be large; but a chunk is unmapped whole, so the one holding the live end
-//! after a trim is waste, and at `1/128` of its offset it stays below the
-//! trim's promise of `max(granule, 1% of live)`. A growth from nothing to
-//! 40 GiB takes 853 chunks.
+//! **Chunks** ([`chunk_ends`], in `rule.rs` with the rest of the pure
+//! rules): a chunk is at most `1/128` of the mapped bytes below it (never
+//! below the granule). Mapping costs about the same per chunk whatever its
+//! size (the driver calls, not the bytes), so chunks should be large; but
+//! a chunk is unmapped whole, so the one holding the live end after a trim
+//! is waste, and at `1/128` of its offset it stays below the trim's
+//! promise of `max(granule, 1% of live)`. A growth from nothing to 40 GiB
+//! takes 853 chunks.
 //!
-//! **Trim**: compacts only when the highest block is above the target (by
-//! evacuating just the blocks above it into holes below, when that moves
-//! less than a full compaction; under the default policy in free mode,
-//! naive's layout is trimmed alike and the arena's plan runs as the
-//! policy's potential affords, `policy/trim.rs`), then unmaps every chunk
-//! above the highest block (the backend unmaps in stream order). The automatic trim, on
-//! allocation and free, targets the largest live bytes of the last window
-//! (`trim_window_us`), looks when they fall and at least once per eighth
-//! of a window, acts only
-//! when mapped exceeds the target by half a tolerance, compacts only on
-//! allocation (frees never move blocks), and only within a budget of bytes
-//! moved (`TRIM_BUDGET_BASE`): unbudgeted full-compaction trims moved
-//! 59 GiB on `convnext-varres-amp_s0` (naive at its peak: 7.4 GiB), whose
-//! live bytes swing across windows.
+//! **Trim** ([`Arena::trim`]): compacts only when the highest block ends
+//! above `allowed(live)` (the blocks above it evacuated into holes below
+//! when that moves no more than a full compaction, else a full
+//! compaction), then unmaps every chunk above the highest block (the
+//! backend unmaps in stream order).
+//!
+//! **The automatic trim**, on allocation and free, targets
+//! `allowed(largest live of the last window)` (`trim_window_us`). It looks
+//! when that falls and otherwise once per eighth of a window, and acts
+//! when mapped exceeds the target by more than half a tolerance: what lies
+//! free above the blocks is unmapped at once; a compaction runs only on
+//! allocation (frees never move blocks) and is paid by rent or buy (each
+//! look that an excess lasts pays for moving as many bytes as it holds),
+//! so an excess that lasts (a phase that needs less) goes within a few
+//! looks whatever it takes to move, while one that every step recreates
+//! (the holes a growing KV cache leaves) is not moved again and again for
+//! a few bytes each time. The compaction is the one that lowers the mapped
+//! end most within what is paid ([`plan_trim`]: the blocks above a cut
+//! evacuated into holes, or the top slid down onto the blocks below where
+//! the holes are too small), and all of them stay within a budget of
+//! bytes moved (`TRIM_BUDGET_BASE`), so that a trace whose live bytes
+//! swing across windows again and again does not pay a compaction per
+//! swing. Under the default policy in free mode, naive's layout is trimmed
+//! alike and the arena's plan runs as the policy's potential affords
+//! (`policy/trim.rs`).
+
+mod rule;
 
 use std::collections::VecDeque;
+
+use rule::{allowed, chunk_ends, grow_target, Room};
 
 use super::Arena;
 use crate::backend::Backend;
 use crate::config::ArenaConfig;
 use crate::error::Result;
 use crate::plan::planner;
-use crate::plan::planner::evacuate::plan_evacuate;
+use crate::plan::planner::evacuate::{plan_evacuate, plan_trim};
+use crate::plan::PlanKind;
 
 /// The automatic trim's budget of bytes moved: this many peak live bytes
 /// (the largest so far), plus one more per `TRIM_BUDGET_WINDOWS` windows of
 /// time. Trimming compacts only within it, so that a trace whose live bytes
 /// swing across windows again and again does not pay a compaction per
-/// swing: tuned on the design half of the corpus (`benches/elastic.rs`)
-/// against issue 34's check, moved <= naive's at peak live + 2 x peak live.
+/// swing: chosen on the design half of the recorded corpus
+/// (`cuarena-trace`'s `elastic` bench) against the check that the bytes
+/// moved stay within naive's at a fixed capacity of the peak live bytes
+/// plus twice the peak live bytes
+/// (BENCHMARKS.md#the-elastic-arena-on-the-recorded-corpus).
 const TRIM_BUDGET_BASE: f64 = 1.5;
 const TRIM_BUDGET_WINDOWS: f64 = 1024.0;
 
-/// Chunks are at most this fraction (1/`CHUNK_FRACTION`) of what is mapped below them.
-const CHUNK_FRACTION: u64 = 128;
+/// The automatic trim looks this many times per window (and at once when
+/// the window's largest live bytes fall).
+const LOOKS_PER_WINDOW: u64 = 8;
 
 /// The elastic state: the window's live bytes and what was done.
 #[derive(Debug)]
@@ -88,97 +109,20 @@ pub(crate) struct Elastic {
     /// The window's largest live bytes when the automatic trim last looked:
     /// it looks again at once when they fall.
     checked_peak: u64,
+    /// The bytes mapped over the trim's target when the automatic trim
+    /// last looked, and their sum over time (byte-microseconds) since
+    /// mapped rose above it or a trim last moved: what a trim may move
+    /// (see `auto_trim`).
+    excess: u64,
+    waste: f64,
     start_us: Option<u64>,
+    /// Where the mapped chunks end, ascending (the last is the mapped
+    /// end): where a trim can cut.
+    chunks: Vec<u64>,
     /// Bytes the trims' compactions moved.
     trim_moved: u64,
     pub(super) trims: u64,
     pub(super) peak_mapped_bytes: u64,
-}
-
-/// `x` rounded up to a multiple of `g` (a power of two).
-fn round_up(x: u64, g: u64) -> u64 {
-    x.saturating_add(g - 1) & !(g - 1)
-}
-
-/// What may be mapped for live bytes `base`: `base + max(g, s × base)`,
-/// rounded down to the granule, never below `base` rounded up.
-pub(crate) fn allowed(base: u64, slack: f64, g: u64) -> u64 {
-    let tol = ((base as f64 * slack) as u64).max(g);
-    (base.saturating_add(tol) & !(g - 1)).max(round_up(base, g))
-}
-
-/// The facts the grow-or-compact rule reads.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Room {
-    /// Bytes live (reserved by blocks) before the request.
-    pub live: u64,
-    /// The request's bytes and alignment.
-    pub reserved: u64,
-    pub align: u64,
-    /// Where the highest block ends.
-    pub used_end: u64,
-    /// The mapped end, the limit, the granule.
-    pub mapped: u64,
-    pub limit: u64,
-    pub granule: u64,
-    /// The largest live bytes of the trim window, and of all time.
-    pub window_peak: u64,
-    pub all_peak: u64,
-}
-
-/// The grow-or-compact rule (see the module docs), for a request that fits
-/// in no hole: the mapped end to grow to first (`None`: do not grow), given
-/// `hole_after_full(capacity)`, the largest hole a full compaction would
-/// leave at that capacity.
-pub(crate) fn grow_target(
-    r: Room,
-    slack: f64,
-    mut hole_after_full: impl FnMut(u64) -> u64,
-) -> Option<u64> {
-    let g = r.granule;
-    let need = r.live.saturating_add(r.reserved);
-    // What the window has needed, and what the arena has ever needed: the
-    // first bounds the mapping the automatic trim keeps, the second the
-    // peak.
-    let cap_window = allowed(need.max(r.window_peak), slack, g).min(r.limit);
-    let cap_peak = allowed(need.max(r.all_peak), slack, g).min(r.limit);
-    let top = round_up(round_up(r.used_end, r.align).saturating_add(r.reserved), g);
-    let grow = |to: u64| (to > r.mapped).then_some(to);
-    if top <= cap_window {
-        // Fits above the blocks within what the window needs: no moves.
-        // A little more than the request (1/256 of what is mapped), so
-        // that a rise maps in few calls, not all the slack at once.
-        let step = round_up(r.mapped.saturating_add((r.mapped / 256).max(g)), g);
-        return grow(top.max(step).min(cap_window));
-    }
-    if top <= cap_peak {
-        // Below the peak so far: still no moves, and only what the request
-        // needs, which the automatic trim takes back if the window does not
-        // need it.
-        return grow(top);
-    }
-    if hole_after_full(r.mapped) >= r.reserved {
-        // Compaction makes room within what is mapped.
-        return None;
-    }
-    if cap_peak > r.mapped && hole_after_full(cap_peak) >= r.reserved {
-        return grow(cap_peak);
-    }
-    // Pins or padding: map above the blocks, as far as the limit allows.
-    grow(top.min(r.limit))
-}
-
-/// The chunk ends from `mapped` up to `to` (multiples of `g`, `to` one):
-/// each at most `max(g, start / CHUNK_FRACTION)` long.
-pub(crate) fn chunk_ends(mapped: u64, to: u64, g: u64) -> Vec<u64> {
-    let mut ends = Vec::new();
-    let mut at = mapped;
-    while at < to {
-        let len = ((at / CHUNK_FRACTION) & !(g - 1)).max(g);
-        at = at.saturating_add(len).min(to);
-        ends.push(at);
-    }
-    ends
 }
 
 impl Elastic {
@@ -189,7 +133,10 @@ impl Elastic {
             peaks: VecDeque::new(),
             last_check_us: 0,
             checked_peak: 0,
+            excess: 0,
+            waste: 0.0,
             start_us: None,
+            chunks: Vec::new(),
             trim_moved: 0,
             trims: 0,
             peak_mapped_bytes: 0,
@@ -232,8 +179,12 @@ impl<B: Backend> Arena<B> {
                 if self.core.capacity() > mapped {
                     self.set_capacity(mapped)?;
                     self.core.backend.unmap_to(mapped)?;
+                    self.chunks_end_at(mapped);
                 }
                 return Err(err);
+            }
+            if let Some(el) = &mut self.elastic {
+                el.chunks.push(e);
             }
             self.set_capacity(e)?;
         }
@@ -327,29 +278,57 @@ impl<B: Backend> Arena<B> {
         // phase ended: what it held can go back now, not up to an eighth
         // of a window later), else once per eighth of a window.
         let fell = window_peak < e.checked_peak;
-        if e.window_us == 0 || (!fell && now.saturating_sub(e.last_check_us) < e.window_us / 8) {
+        if e.window_us == 0
+            || (!fell && now.saturating_sub(e.last_check_us) < e.window_us / LOOKS_PER_WINDOW)
+        {
             return Ok(());
         }
-        e.last_check_us = now;
-        e.checked_peak = window_peak;
         let g = self.core.backend.granularity_bytes();
         let target = allowed(window_peak, e.slack, g);
         let mapped = self.core.capacity();
         // Give back only more than half a tolerance over the target, so
         // that a window's own rise and fall costs nothing.
         let hysteresis = g.max((window_peak as f64 * e.slack / 2.0) as u64);
-        if mapped <= target.saturating_add(hysteresis) {
+        let over = mapped > target.saturating_add(hysteresis);
+        if over && !may_move && self.core.index.used_end() >= target {
+            // Only a compaction gives this back: the look is left to the
+            // next allocation.
             return Ok(());
         }
-        if !may_move && self.core.index.used_end() >= target {
+        let since = now.saturating_sub(e.last_check_us);
+        e.last_check_us = now;
+        e.checked_peak = window_peak;
+        if !over {
+            e.excess = 0;
+            e.waste = 0.0;
             return Ok(());
         }
+        // Rent or buy: keeping an excess mapped costs its bytes for as
+        // long as it lasts; compacting it away costs the bytes moved, once.
+        // Each look an excess lasts pays for moving as many bytes as it
+        // holds: one that lasts (a phase that needs less) is given back
+        // within a few looks whatever it takes to move, while one that
+        // each step recreates (blocks that outgrow the holes they leave)
+        // is not moved again and again for a few bytes each time.
+        e.excess = mapped - target;
+        e.waste += e.excess as f64 * since as f64;
         let windows = now.saturating_sub(e.start_us.unwrap_or(now)) as f64 / e.window_us as f64;
         let peak = self.core.counters.peak_allocated_bytes as f64;
         let budget = (peak * (TRIM_BUDGET_BASE + windows / TRIM_BUDGET_WINDOWS)) as u64;
-        let left = budget.saturating_sub(e.trim_moved);
-        self.trim_to(target, target, may_move.then_some(left))
-            .map(|_| ())
+        let rent = (e.waste * LOOKS_PER_WINDOW as f64 / e.window_us as f64) as u64;
+        let left = budget.saturating_sub(e.trim_moved).min(rent);
+        let moved_before = self.core.counters.bytes_moved;
+        self.trim_to(target, target, may_move.then_some(left))?;
+        let moved = self.core.counters.bytes_moved - moved_before;
+        let mapped = self.core.capacity();
+        if let Some(e) = &mut self.elastic {
+            // What a compaction left over is a new excess.
+            if moved > 0 {
+                e.waste = 0.0;
+            }
+            e.excess = mapped.saturating_sub(target);
+        }
+        Ok(())
     }
 
     /// Gives back every mapped chunk above the live blocks: compacts first
@@ -430,39 +409,49 @@ impl<B: Backend> Arena<B> {
         Ok(mapped - end)
     }
 
-    /// Moves the blocks above `cut` below it: the evacuation of just those
-    /// blocks into holes when it moves no more than a full compaction (and
-    /// the policy keeps no separate layout), else the policy's full
-    /// compaction.
+    /// Lowers the highest block to `cut` or below, moving at most `budget`
+    /// bytes (`u64::MAX`: an explicit trim, which reaches the cut whatever
+    /// it moves). Within a budget, the plan that reaches the lowest chunk
+    /// end at or above the cut ([`plan_trim`]: an evacuation into holes,
+    /// or the top slid down); else the evacuation of the blocks above the
+    /// cut when it moves no more than a full compaction, or the policy's
+    /// full compaction. In free mode naive's layout is trimmed alike and
+    /// the arena's plan runs as the potential affords (`policy/trim.rs`).
     fn compact_below(&mut self, cut: u64, budget: u64) -> Result<()> {
+        let t0 = std::time::Instant::now();
         let unlimited = budget == u64::MAX;
-        if !self.policy.in_free_mode() {
-            let t0 = std::time::Instant::now();
-            self.core.collect_live();
-            let full = planner::plan_full(&self.core.live, self.core.capacity());
-            if let Some(plan) = plan_evacuate(&self.core.live, cut) {
-                if plan.bytes_moved() <= full.bytes_moved() && plan.bytes_moved() <= budget {
-                    if plan.is_empty() {
-                        return Ok(());
-                    }
-                    self.policy.note_external(plan.bytes_moved());
-                    self.core.run(plan, t0)?;
-                    return Ok(());
-                }
+        self.core.collect_live();
+        let live = &self.core.live;
+        let (plan, cut) = if unlimited {
+            let full = planner::plan_full(live, self.core.capacity());
+            match plan_evacuate(live, cut) {
+                Some(p) if p.bytes_moved() <= full.bytes_moved() => (p, cut),
+                _ => (full, cut),
             }
-            if full.bytes_moved() > budget {
+        } else {
+            // A cut inside the last chunk gives nothing back.
+            let chunks = self.elastic.as_ref().map_or(&[][..], |e| &e.chunks[..]);
+            let below = &chunks[..chunks.len().saturating_sub(1)];
+            match plan_trim(live, below, cut, budget) {
+                Some(found) => found,
+                None => return Ok(()),
+            }
+        };
+        if self.policy.in_free_mode() {
+            let trimmed = self
+                .policy
+                .bounded()
+                .map_or(Ok(false), |b| b.trim_free(&mut self.core, cut, plan, t0))?;
+            if trimmed || !unlimited {
                 return Ok(());
             }
-        } else if self
-            .policy
-            .bounded()
-            .map_or(Ok(false), |b| b.trim_free(&mut self.core, cut, budget))?
-            || !unlimited
-        {
-            // Free mode: naive's layout and the arena's evacuated below
-            // the cut, as the potential affords (`policy/trim.rs`); only
-            // an explicit trim goes on to the handover and a full
-            // compaction.
+            // An explicit trim the potential does not afford yet: the
+            // handover to mirror mode, and its full compaction.
+        } else if plan.kind() != PlanKind::Full {
+            if !plan.is_empty() {
+                self.policy.note_external(plan.bytes_moved());
+                self.core.run(plan, t0)?;
+            }
             return Ok(());
         }
         self.policy.compact(&mut self.core).map(|_| ())
@@ -492,88 +481,23 @@ impl<B: Backend> Arena<B> {
         if end != floor {
             self.set_capacity(end)?;
         }
+        self.chunks_end_at(end);
         Ok(end)
+    }
+
+    /// The chunks above `end` are unmapped.
+    fn chunks_end_at(&mut self, end: u64) {
+        if let Some(e) = &mut self.elastic {
+            while e.chunks.last().is_some_and(|&c| c > end) {
+                e.chunks.pop();
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    fn room(live: u64, reserved: u64, used_end: u64, mapped: u64) -> Room {
-        Room {
-            live,
-            reserved,
-            align: 256,
-            used_end,
-            mapped,
-            limit: 1 << 40,
-            granule: 2 * MIB,
-            window_peak: 0,
-            all_peak: 0,
-        }
-    }
-
-    #[test]
-    fn allowed_is_one_granule_or_the_slack_over_live() {
-        assert_eq!(allowed(0, 0.01, 2 * MIB), 2 * MIB);
-        assert_eq!(allowed(MIB, 0.01, 2 * MIB), 2 * MIB);
-        assert_eq!(allowed(100 * MIB, 0.01, 2 * MIB), 102 * MIB);
-        assert_eq!(allowed(1000 * MIB, 0.01, 2 * MIB), 1010 * MIB);
-    }
-
-    #[test]
-    fn grows_without_moves_when_the_request_fits_above_the_blocks() {
-        // 100 MiB live, packed; a 10 MiB request: map what it needs.
-        let t = grow_target(room(100 * MIB, 10 * MIB, 100 * MIB, 100 * MIB), 0.01, |_| 0);
-        assert_eq!(t, Some(110 * MIB));
-        // A small request maps 1/256 of the mapped bytes (a granule here).
-        let t = grow_target(room(100 * MIB, MIB, 100 * MIB, 100 * MIB), 0.01, |_| 0);
-        assert_eq!(t, Some(102 * MIB));
-        // 50 MiB live spread up to 150 MiB, 200 MiB live once: below that
-        // peak the arena maps rather than moves.
-        let r = Room {
-            all_peak: 200 * MIB,
-            ..room(50 * MIB, 10 * MIB, 150 * MIB, 150 * MIB)
-        };
-        assert_eq!(grow_target(r, 0.01, |_| 0), Some(160 * MIB));
-    }
-
-    #[test]
-    fn compacts_when_growth_would_exceed_the_slack() {
-        // 50 MiB live spread up to 100 MiB: compaction fits it in place.
-        let r = room(50 * MIB, 10 * MIB, 100 * MIB, 100 * MIB);
-        assert_eq!(grow_target(r, 0.01, |c| c - 50 * MIB), None);
-        // 95 MiB live up to 100 MiB, 10 MiB more: grow to the slack, then compact.
-        let r = room(95 * MIB, 10 * MIB, 100 * MIB, 100 * MIB);
-        let t = grow_target(r, 0.01, |c| c.saturating_sub(95 * MIB));
-        assert_eq!(t, Some(allowed(105 * MIB, 0.01, 2 * MIB)));
-        // Pins: no compaction helps; map above the blocks.
-        let t = grow_target(r, 0.01, |_| 0);
-        assert_eq!(t, Some(110 * MIB));
-        // At the limit: nothing to grow.
-        let r = Room {
-            limit: 100 * MIB,
-            ..r
-        };
-        assert_eq!(grow_target(r, 0.01, |_| 0), None);
-    }
-
-    #[test]
-    fn chunks_are_a_fraction_of_the_mapped_bytes() {
-        let g = 2 * MIB;
-        let ends = chunk_ends(0, 40 << 30, g);
-        assert_eq!(*ends.last().unwrap(), 40 << 30);
-        let mut start = 0;
-        for &e in &ends {
-            assert!(e - start <= g.max(start / CHUNK_FRACTION));
-            assert_eq!(e % g, 0);
-            start = e;
-        }
-        assert!(ends.len() < 900, "{} chunks", ends.len());
-    }
 
     #[test]
     fn the_window_keeps_its_largest_live_bytes() {
