@@ -65,16 +65,55 @@ macro_rules! view_accessors {
     ($view:ident) => {
         impl<'a, T> $view<'a, T> {
             /// Elements in the view.
+            ///
+            /// ```no_run
+            /// use cuarena::{Arena, ArenaConfig, DType};
+            ///
+            /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+            /// let compute = arena.backend().context().new_stream().expect("stream");
+            /// let s = arena.register_stream(compute)?;
+            /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+            /// let mut args = arena.kernel_args(s)?;
+            /// let xv = args.input::<f32>(&x)?;
+            /// assert_eq!(xv.len(), 1024);
+            /// # Ok::<(), cuarena::Error>(())
+            /// ```
             pub fn len(&self) -> usize {
                 self.len
             }
 
             /// True for a view of no elements.
+            ///
+            /// ```no_run
+            /// use cuarena::{Arena, ArenaConfig, DType};
+            ///
+            /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+            /// let compute = arena.backend().context().new_stream().expect("stream");
+            /// let s = arena.register_stream(compute)?;
+            /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+            /// let mut args = arena.kernel_args(s)?;
+            /// let xv = args.input::<f32>(&x)?;
+            /// assert!(!xv.is_empty());
+            /// # Ok::<(), cuarena::Error>(())
+            /// ```
             pub fn is_empty(&self) -> bool {
                 self.len == 0
             }
 
             /// The stream the view is for.
+            ///
+            /// ```no_run
+            /// use cuarena::{Arena, ArenaConfig, DType};
+            ///
+            /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+            /// let compute = arena.backend().context().new_stream().expect("stream");
+            /// let s = arena.register_stream(compute)?;
+            /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+            /// let mut args = arena.kernel_args(s)?;
+            /// let xv = args.input::<f32>(&x)?;
+            /// assert!(std::sync::Arc::ptr_eq(xv.stream(), args.stream()));
+            /// # Ok::<(), cuarena::Error>(())
+            /// ```
             pub fn stream(&self) -> &'a Arc<CudaStream> {
                 self.stream
             }
@@ -90,6 +129,20 @@ impl<'a, T> ArenaView<'a, T> {
     /// stale at the next compaction after it is dropped, and not known to
     /// the arena: work that uses it after the view is gone is not ordered
     /// with anything. Keep the view, or pin the block, while it is used.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let x = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let mut args = arena.kernel_args(s)?;
+    /// let xv = args.input::<f32>(&x)?;
+    /// let at = xv.device_address(); // right only while `xv` lives
+    /// assert_ne!(at, 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn device_address(&self) -> u64 {
         self.ptr
     }
@@ -97,6 +150,20 @@ impl<'a, T> ArenaView<'a, T> {
 
 impl<'a, T> ArenaViewMut<'a, T> {
     /// The same bytes, read-only, for as long as this view is borrowed.
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let y = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let mut args = arena.kernel_args(s)?;
+    /// let yv = args.output::<f32>(&y)?;
+    /// let read = yv.as_view();
+    /// assert_eq!((read.len(), read.device_address()), (1024, yv.device_address()));
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn as_view(&self) -> ArenaView<'_, T> {
         ArenaView {
             ptr: self.ptr,
@@ -108,6 +175,19 @@ impl<'a, T> ArenaViewMut<'a, T> {
 
     /// Device address of the first element, as a **plain number** (see
     /// [`ArenaView::device_address`]).
+    ///
+    /// ```no_run
+    /// use cuarena::{Arena, ArenaConfig, DType};
+    ///
+    /// let mut arena = Arena::cuda(ArenaConfig::new(1 << 30), 0)?;
+    /// let compute = arena.backend().context().new_stream().expect("stream");
+    /// let s = arena.register_stream(compute)?;
+    /// let y = arena.alloc_storage_dtype(DType::F32, 1024)?;
+    /// let mut args = arena.kernel_args(s)?;
+    /// let yv = args.output::<f32>(&y)?;
+    /// assert_ne!(yv.device_address(), 0);
+    /// # Ok::<(), cuarena::Error>(())
+    /// ```
     pub fn device_address(&self) -> u64 {
         self.ptr
     }
