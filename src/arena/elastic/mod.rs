@@ -109,11 +109,10 @@ pub(crate) struct Elastic {
     /// The window's largest live bytes when the automatic trim last looked:
     /// it looks again at once when they fall.
     checked_peak: u64,
-    /// The bytes mapped over the trim's target when the automatic trim
-    /// last looked, and their sum over time (byte-microseconds) since
-    /// mapped rose above it or a trim last moved: what a trim may move
-    /// (see `auto_trim`).
-    excess: u64,
+    /// The bytes mapped over the trim's target, summed over time
+    /// (byte-microseconds, each look's excess times the time since the
+    /// last look) since mapped rose above it or a trim last moved: what a
+    /// trim may move (see `auto_trim`).
     waste: f64,
     start_us: Option<u64>,
     /// Where the mapped chunks end, ascending (the last is the mapped
@@ -133,7 +132,6 @@ impl Elastic {
             peaks: VecDeque::new(),
             last_check_us: 0,
             checked_peak: 0,
-            excess: 0,
             waste: 0.0,
             start_us: None,
             chunks: Vec::new(),
@@ -299,7 +297,6 @@ impl<B: Backend> Arena<B> {
         e.last_check_us = now;
         e.checked_peak = window_peak;
         if !over {
-            e.excess = 0;
             e.waste = 0.0;
             return Ok(());
         }
@@ -310,8 +307,7 @@ impl<B: Backend> Arena<B> {
         // within a few looks whatever it takes to move, while one that
         // each step recreates (blocks that outgrow the holes they leave)
         // is not moved again and again for a few bytes each time.
-        e.excess = mapped - target;
-        e.waste += e.excess as f64 * since as f64;
+        e.waste += (mapped - target) as f64 * since as f64;
         let windows = now.saturating_sub(e.start_us.unwrap_or(now)) as f64 / e.window_us as f64;
         let peak = self.core.counters.peak_allocated_bytes as f64;
         let budget = (peak * (TRIM_BUDGET_BASE + windows / TRIM_BUDGET_WINDOWS)) as u64;
@@ -319,14 +315,11 @@ impl<B: Backend> Arena<B> {
         let left = budget.saturating_sub(e.trim_moved).min(rent);
         let moved_before = self.core.counters.bytes_moved;
         self.trim_to(target, target, may_move.then_some(left))?;
-        let moved = self.core.counters.bytes_moved - moved_before;
-        let mapped = self.core.capacity();
-        if let Some(e) = &mut self.elastic {
+        if self.core.counters.bytes_moved > moved_before {
             // What a compaction left over is a new excess.
-            if moved > 0 {
+            if let Some(e) = &mut self.elastic {
                 e.waste = 0.0;
             }
-            e.excess = mapped.saturating_sub(target);
         }
         Ok(())
     }
