@@ -6,8 +6,9 @@
 //!
 //! Run: `cargo bench --bench placement` (about a minute and a half): first
 //! a table, then criterion's groups. Table only: `-- --table` (rounds:
-//! `-- --table --rounds 9`; one N: `-- --table --live 100000`). A
-//! criterion filter (`-- cuarena`) also works.
+//! `-- --table --rounds 9`; one N: `-- --table --live 100000`; an elastic
+//! arena, which places by best fit: `-- --table --elastic`). A criterion
+//! filter (`-- cuarena`) also works.
 //!
 //! # The table
 //!
@@ -172,8 +173,17 @@ struct Ours {
 }
 
 impl Ours {
-    fn new(w: &Workload) -> Self {
-        let config = ArenaConfig::new(w.capacity)
+    /// `elastic`: an elastic arena with the same limit (the automatic trim
+    /// off), which places by best fit with its free top last.
+    fn new(w: &Workload, elastic: bool) -> Self {
+        let config = if elastic {
+            ArenaConfig::elastic()
+                .with_capacity_bytes(w.capacity)
+                .with_trim_window_us(0)
+        } else {
+            ArenaConfig::new(w.capacity)
+        };
+        let config = config
             .with_alignment_bytes(GRAIN)
             .with_compaction(CompactionPolicy::Manual);
         let arena = Arena::metadata(config).expect("a metadata arena");
@@ -292,7 +302,7 @@ fn alloc_free_pair(c: &mut Criterion) {
             w.unit
         );
 
-        let mut ours = Ours::new(&w);
+        let mut ours = Ours::new(&w, false);
         let warm_failures = ours.failures;
         group.bench_with_input(BenchmarkId::new("cuarena", live), &w, |b, w| {
             b.iter(|| ours.step(w))
@@ -379,7 +389,7 @@ fn rounding_waste(live: &[u64], unit: u64) -> u64 {
 /// Target of issue 33: the arena within this factor of offset-allocator.
 const MAX_RATIO: f64 = 1.5;
 
-fn table(rounds: usize, only: Option<usize>) {
+fn table(rounds: usize, only: Option<usize>, elastic: bool) {
     println!(
         "alloc + free, ns per iteration: medians of {rounds} rounds (each: {TURNS} turns of \
          about {} ms of the arena and of offset-allocator, alternating); ratio: median \
@@ -393,7 +403,7 @@ fn table(rounds: usize, only: Option<usize>) {
     let mut worst = 0.0f64;
     for live in LIVE.into_iter().filter(|&n| only.is_none_or(|o| o == n)) {
         let w = Workload::new(live);
-        let mut ours = Ours::new(&w);
+        let mut ours = Ours::new(&w, elastic);
         let units: Vec<u32> = w.sizes.iter().map(|&s| w.units(s)).collect();
         let mut theirs = Theirs::new(&w);
         let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
@@ -476,7 +486,7 @@ fn profile(which: &str, live: usize, steps: usize) {
     let w = Workload::new(live);
     match which {
         "cuarena" => {
-            let mut ours = Ours::new(&w);
+            let mut ours = Ours::new(&w, false);
             profiled(steps, || ours.step(&w));
             black_box(&ours.arena);
         }
@@ -513,7 +523,8 @@ fn main() {
     }
     let rounds = arg("--rounds", 1).and_then(|s| s.parse().ok()).unwrap_or(5);
     let only = arg("--live", 1).and_then(|s| s.parse().ok());
-    table(rounds, only);
+    let elastic = args.iter().any(|a| a == "--elastic");
+    table(rounds, only, elastic);
     if args.iter().any(|a| a == "--table") {
         return;
     }

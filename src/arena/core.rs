@@ -26,7 +26,7 @@ use super::CompactionReport;
 use crate::backend::Backend;
 use crate::error::{BackendError, Error, Result};
 use crate::handle::{BlockKey, Handle, TableEntry};
-use crate::placement::{Allocation, FreeIndex};
+use crate::placement::{Allocation, Fit, FreeIndex};
 use crate::plan::planner::LiveBlock;
 use crate::plan::{track, Plan, PlanKind};
 use crate::slots::Slots;
@@ -70,13 +70,13 @@ pub(crate) struct Core<B: Backend> {
 }
 
 impl<B: Backend> Core<B> {
-    pub(super) fn new(id: u64, backend: B, capacity: u64) -> Self {
+    pub(super) fn new(id: u64, backend: B, capacity: u64, fit: Fit) -> Self {
         // Streams the backend had registered before it was given to the
         // arena have their entries too.
         let streams = backend.stream_count();
         Self {
             id,
-            index: FreeIndex::new(capacity),
+            index: FreeIndex::new(capacity).with_fit(fit),
             backend,
             blocks: Slots::default(),
             owners: Vec::new(),

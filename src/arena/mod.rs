@@ -46,7 +46,7 @@ use crate::backend::{Backend, HostBackend, MetaBackend};
 use crate::config::ArenaConfig;
 use crate::error::{Error, Result};
 use crate::handle::{BlockInfo, Handle, TableEntry};
-use crate::placement::FreeIndex;
+use crate::placement::{Fit, FreeIndex};
 
 /// Ids of arenas, so handles of one are rejected by another: the next id
 /// to hand out.
@@ -213,8 +213,11 @@ impl<B: Backend> Arena<B> {
             config.capacity_bytes
         };
         let id = take_arena_id(&NEXT_ARENA_ID)?;
+        // An elastic arena's free top is memory to give back, not a hole:
+        // it places by best fit with the top last (`placement::Fit`).
+        let fit = if config.elastic { Fit::Best } else { Fit::Good };
         Ok(Self {
-            core: Core::new(id, backend, capacity),
+            core: Core::new(id, backend, capacity, fit),
             elastic: elastic::Elastic::new(&config),
             policy: Policy::new(&config),
             config,

@@ -54,11 +54,18 @@
 //! close in size to be sure, and it runs when the index is nearly full or
 //! badly fragmented for this request, which is where the arena compacts.
 //!
+//! That is [`Fit::Good`], the default. [`Fit::Best`] (elastic arenas;
+//! `best.rs` says why) takes the smallest region that holds the request
+//! among up to 16 of each class it visits, and the region at the top of
+//! the space only when no other holds it; it fails exactly as good fit
+//! does.
+//!
 //! [`FreeIndex::alloc_high`] takes the same region with the same exact
 //! failure but carves the block from the region's top (tests only: no
 //! policy places that way now).
 #![deny(unsafe_code)]
 
+mod best;
 mod bins;
 mod carve;
 #[cfg(test)]
@@ -77,6 +84,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bins::{bin_round_down, bin_round_up};
 use nodes::{fit, is_free_at, release, Classes, Node, MAX_NODES, NIL, USED};
 
+pub(crate) use best::Fit;
 pub(crate) use error::PlacementError;
 
 type Result<T> = std::result::Result<T, PlacementError>;
@@ -175,6 +183,8 @@ pub struct FreeIndex {
     used_blocks: usize,
     /// The current layout's epoch (see [`Allocation`]).
     epoch: u64,
+    /// How `alloc` chooses among the regions that hold a request.
+    fit: Fit,
 }
 
 impl fmt::Debug for FreeIndex {
@@ -202,12 +212,25 @@ impl FreeIndex {
             free_regions: 0,
             used_blocks: 0,
             epoch: 0,
+            fit: Fit::Good,
         };
         index.reset();
         if capacity > 0 {
             index.push_region(0, capacity, NIL, false);
         }
         index
+    }
+
+    /// The index with `fit` as its choice among the regions that hold a
+    /// request (kept across [`rebuild`](Self::rebuild)).
+    pub(crate) fn with_fit(mut self, fit: Fit) -> Self {
+        self.fit = fit;
+        self
+    }
+
+    /// How `alloc` chooses among the regions that hold a request.
+    pub(crate) fn fit(&self) -> Fit {
+        self.fit
     }
 
     /// Size of the managed address space in bytes.
@@ -278,6 +301,10 @@ impl FreeIndex {
             this.take(node, bin, pad, size)
         };
 
+        if self.fit == Fit::Best {
+            let (node, bin, pad) = self.best_fit(size, align_mask)?;
+            return carve(self, bin, node, pad);
+        }
         // Good fit: the smallest class whose regions all hold `size`.
         if let Some((bin, node)) = self.classes.first_at_or_above(bin_round_up(size)) {
             if let Some(pad) = fit(&self.nodes[node as usize], size, align_mask) {

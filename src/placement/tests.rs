@@ -316,13 +316,17 @@ fn rebuild_layout_and_reuse() {
 /// Free ranges as a `BTreeMap` (offset -> size) and used blocks by id.
 #[derive(Default)]
 struct Model {
+    capacity: u64,
     free: BTreeMap<u64, u64>,
     used: HashMap<u32, (u64, u64)>,
 }
 
 impl Model {
     fn new(capacity: u64) -> Self {
-        let mut m = Model::default();
+        let mut m = Model {
+            capacity,
+            ..Model::default()
+        };
         if capacity > 0 {
             m.free.insert(0, capacity);
         }
@@ -333,6 +337,20 @@ impl Model {
         self.free
             .iter()
             .any(|(&o, &s)| s >= pad(o, align) && s - pad(o, align) >= size)
+    }
+
+    /// Whether `offset` lies in the free region that ends the space.
+    fn in_top(&self, offset: u64) -> bool {
+        self.free
+            .range(..=offset)
+            .next_back()
+            .is_some_and(|(&o, &s)| o + s == self.capacity && offset < o + s)
+    }
+
+    fn fits_below_top(&self, size: u64, align: u64) -> bool {
+        self.free.iter().any(|(&o, &s)| {
+            o + s < self.capacity && s >= pad(o, align) && s - pad(o, align) >= size
+        })
     }
 
     fn take(&mut self, offset: u64, size: u64) {
@@ -410,9 +428,9 @@ fn random_request(rng: &mut Rng, model: &Model, capacity: u64) -> (u64, u64) {
     (size, align)
 }
 
-fn run_model(seed: u64, capacity: u64, ops: usize) {
+fn run_model(seed: u64, capacity: u64, ops: usize, fit: Fit) {
     let mut rng = Rng::new(seed);
-    let mut index = FreeIndex::new(capacity);
+    let mut index = FreeIndex::new(capacity).with_fit(fit);
     let mut model = Model::new(capacity);
     let mut live: Vec<Allocation> = Vec::new();
     let mut ids = Vec::new();
@@ -430,6 +448,12 @@ fn run_model(seed: u64, capacity: u64, ops: usize) {
                         );
                         assert_eq!(offset % align, 0);
                         assert_eq!((a.offset(), a.size()), (offset, size));
+                        if fit == Fit::Best && model.in_top(offset) {
+                            assert!(
+                                !model.fits_below_top(size, align),
+                                "step {step}: took the top with a region below that fits"
+                            );
+                        }
                         model.take(offset, size);
                         assert!(
                             model.used.insert(a.slot(), (offset, size)).is_none(),
@@ -476,10 +500,12 @@ fn run_model(seed: u64, capacity: u64, ops: usize) {
 
 #[test]
 fn random_ops_match_reference_model() {
-    run_model(1, 1 << 20, 4000);
-    run_model(2, 1_000_003, 4000);
-    run_model(3, 64 * 1024, 3000);
-    run_model(4, 5_000_000_000, 2000);
+    for fit in [Fit::Good, Fit::Best] {
+        run_model(1, 1 << 20, 4000, fit);
+        run_model(2, 1_000_003, 4000, fit);
+        run_model(3, 64 * 1024, 3000, fit);
+        run_model(4, 5_000_000_000, 2000, fit);
+    }
 }
 
 #[test]

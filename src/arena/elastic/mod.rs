@@ -22,10 +22,20 @@
 //!    could not hold the request in what is mapped.
 //!
 //! At the limit (or when the driver cannot map more) it compacts, spills or
-//! fails exactly as a fixed arena. Growing on fragmentation below the peak
+//! fails exactly as a fixed arena. Under `CompactionPolicy::Manual`, which
+//! never compacts for a request, 3. maps what the request needs instead
+//! (fails, mapping nothing, where even the limit would not hold it). Growing on fragmentation below the peak
 //! (2.) rather than compacting keeps the bytes moved near naive's at a fixed
 //! capacity of the peak: a decode loop whose growing buffers leave holes
 //! would otherwise compact at almost every step.
+//!
+//! **Placement.** An elastic arena places by best fit with its free top
+//! last ([`crate::placement::Fit::Best`]): a block goes into the smallest
+//! hole that holds it, and above the highest block only when no hole does,
+//! so the end that has to stay mapped rises only when it must. Good fit
+//! (a fixed arena's O(1) choice) passes over the holes of the request's
+//! own size class, which are the ones a buffer that grows a little each
+//! step leaves behind.
 //!
 //! **Chunks** ([`chunk_ends`], in `rule.rs` with the rest of the pure
 //! rules): a chunk is at most `1/128` of the mapped bytes below it (never
@@ -235,6 +245,7 @@ impl<B: Backend> Arena<B> {
             granule: core.backend.granularity_bytes(),
             window_peak,
             all_peak: core.counters.peak_allocated_bytes,
+            compacts: self.policy.compacts(),
         };
         let mut collected = false;
         let target = grow_target(room, slack, |capacity| {

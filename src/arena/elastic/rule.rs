@@ -35,6 +35,9 @@ pub(crate) struct Room {
     /// The largest live bytes of the trim window, and of all time.
     pub window_peak: u64,
     pub all_peak: u64,
+    /// Whether the policy may compact for the request (not under
+    /// `CompactionPolicy::Manual`, which instead maps up to the limit).
+    pub compacts: bool,
 }
 
 /// The grow-or-compact rule (see the module docs), for a request that fits
@@ -67,6 +70,11 @@ pub(crate) fn grow_target(
         // needs, which the automatic trim takes back if the window does not
         // need it.
         return grow(top);
+    }
+    if !r.compacts {
+        // A policy that never compacts: map what the request needs rather
+        // than fail below the limit; nothing where it would not fit.
+        return (top <= r.limit).then_some(top).and_then(grow);
     }
     if hole_after_full(r.mapped) >= r.reserved {
         // Compaction makes room within what is mapped.
@@ -109,6 +117,7 @@ mod tests {
             granule: 2 * MIB,
             window_peak: 0,
             all_peak: 0,
+            compacts: true,
         }
     }
 
@@ -155,6 +164,23 @@ mod tests {
             ..r
         };
         assert_eq!(grow_target(r, 0.01, |_| 0), None);
+    }
+
+    #[test]
+    fn a_policy_that_never_compacts_maps_up_to_the_limit() {
+        // As in compacts_when_growth_would_exceed_the_slack, but Manual.
+        let r = Room {
+            compacts: false,
+            ..room(50 * MIB, 10 * MIB, 100 * MIB, 100 * MIB)
+        };
+        assert_eq!(grow_target(r, 0.01, |c| c - 50 * MIB), Some(110 * MIB));
+        // Past the limit nothing is mapped: the request fails as it would
+        // in a fixed arena.
+        let r = Room {
+            limit: 105 * MIB,
+            ..r
+        };
+        assert_eq!(grow_target(r, 0.01, |c| c - 50 * MIB), None);
     }
 
     #[test]

@@ -663,7 +663,11 @@ impl<B: Backend> Core<B> {
         Vec<Option<Allocation>>,
     )> {
         let capacity = self.capacity();
-        let old = std::mem::replace(&mut self.index, crate::placement::FreeIndex::new(capacity));
+        let fit = self.index.fit();
+        let old = std::mem::replace(
+            &mut self.index,
+            crate::placement::FreeIndex::new(capacity).with_fit(fit),
+        );
         let old_owners = std::mem::take(&mut self.owners);
         let spans: Vec<(u64, u64)> = real.iter().map(|l| (l.offset, l.len)).collect();
         let mut nodes: Vec<Option<Allocation>> = Vec::new();

@@ -274,6 +274,12 @@ impl Policy {
 
     /// Where a block's bytes lag behind its index entry, for a listing in
     /// address order: whether any does.
+    /// Whether a request that fits in no hole may compact
+    /// ([`CompactionPolicy::Manual`] never does).
+    pub(super) fn compacts(&self) -> bool {
+        !matches!(self, Policy::Manual)
+    }
+
     pub(super) fn defers(&self) -> bool {
         match self {
             Policy::Manual => false,
