@@ -98,6 +98,7 @@ impl<B: Backend> Arena<B> {
             return Ok(());
         }
         let capacity = self.core.capacity();
+        let fit = self.core.index.fit();
         self.core.collect_live();
         let mut live = self.core.live.clone();
         let after_full = |live: &[planner::LiveBlock]| {
@@ -111,7 +112,7 @@ impl<B: Backend> Arena<B> {
                 }
             }
             spans.sort_unstable();
-            let mut index = crate::placement::FreeIndex::new(capacity);
+            let mut index = crate::placement::FreeIndex::new(capacity).with_fit(fit);
             index.rebuild(&spans, &mut Vec::new()).is_ok() && fits(&mut index)
         };
         let mut candidates: Vec<(u64, BlockKey)> = self

@@ -13,7 +13,7 @@
 //! address-ordered first fit fragment least on real programs: Johnstone
 //! and Wilson, "The memory fragmentation problem: solved?", ISMM 1998).
 
-use super::bins::{bin_round_down, bin_round_up};
+use super::bins::bin_round_down;
 use super::nodes::{fit, NIL};
 use super::FreeIndex;
 
@@ -46,13 +46,11 @@ impl FreeIndex {
     /// padding, or `None` if no region holds it.
     pub(super) fn best_fit(&self, size: u64, align_mask: u64) -> Option<(u32, u32, u64)> {
         let mut top: Option<Pick> = None;
+        // Whether a class had regions past the bound that were not looked at.
+        let mut cut = false;
         // The request's own class, where regions may be too small, then the
         // classes above it, where (but for padding) all hold it.
-        let own = bin_round_down(size);
-        let mut next = self.classes.first_at_or_above(own);
-        if next.is_some_and(|(bin, _)| bin != own) {
-            next = self.classes.first_at_or_above(bin_round_up(size));
-        }
+        let mut next = self.classes.first_at_or_above(bin_round_down(size));
         while let Some((bin, head)) = next {
             let mut best: Option<Pick> = None;
             let mut node = head;
@@ -76,14 +74,17 @@ impl FreeIndex {
             if let Some((_, _, node, bin, pad)) = best {
                 return Some((node, bin, pad));
             }
+            cut |= node != NIL;
             next = self.classes.first_at_or_above(bin + 1);
         }
-        if let Some((_, _, node, bin, pad)) = top {
-            return Some((node, bin, pad));
+        // Only the top, or nothing, among the regions looked at: what the
+        // bound left unseen may still hold the request below the top.
+        let below_top = cut.then(|| self.scan_where(size, align_mask, |n| n.addr_next != NIL));
+        match (below_top.flatten(), top) {
+            (Some(found), _) => Some(found),
+            (None, Some((_, _, node, bin, pad))) => Some((node, bin, pad)),
+            (None, None) => None,
         }
-        // Every class scanned whole holds nothing; what the bound left
-        // unseen, the exact scan finds.
-        self.scan(size, align_mask)
     }
 }
 
@@ -141,6 +142,28 @@ mod tests {
         ix.free(low).expect("live");
         assert_eq!(ix.alloc(1100, 1).map(|a| a.offset()), Some(0));
         ix.check_invariants().expect("valid");
+    }
+
+    #[test]
+    fn a_hole_past_the_bound_is_taken_before_the_top() {
+        // One 1080-byte hole, then more than BEST_SCAN holes of 1030 bytes
+        // in the same class, freed after it (so first in its list), each
+        // between used blocks; 1050 bytes fit only the first hole.
+        let mut ix = FreeIndex::new(1 << 20).with_fit(Fit::Best);
+        let first = ix.alloc(1080, 1).expect("fits");
+        let mut keep = vec![ix.alloc(100, 1).expect("fits")];
+        let mut small = Vec::new();
+        for _ in 0..BEST_SCAN + 4 {
+            small.push(ix.alloc(1030, 1).expect("fits"));
+            keep.push(ix.alloc(100, 1).expect("fits"));
+        }
+        ix.free(first).expect("live");
+        for a in small {
+            ix.free(a).expect("live");
+        }
+        assert_eq!(ix.alloc(1050, 1).map(|a| a.offset()), Some(0));
+        ix.check_invariants().expect("valid");
+        std::mem::forget(keep);
     }
 
     #[test]

@@ -257,7 +257,7 @@ impl FreeIndex {
     }
 
     /// [`alloc`](Self::alloc), but the block is carved from the *top* of
-    /// the free region that `alloc` would choose (the same good fit, the
+    /// the free region that `alloc` would choose (the same choice, the
     /// same exact failure): the rest of the region stays free below it.
     /// O(1) like `alloc`.
     #[cfg_attr(not(test), allow(dead_code))]
@@ -337,6 +337,16 @@ impl FreeIndex {
     /// padding) of the classes `[class of size, class that surely fits)`
     /// that holds `size` at `align_mask`.
     fn scan(&self, size: u64, align_mask: u64) -> Option<(u32, u32, u64)> {
+        self.scan_where(size, align_mask, |_| true)
+    }
+
+    /// [`scan`](Self::scan) among the regions `take` accepts.
+    fn scan_where(
+        &self,
+        size: u64,
+        align_mask: u64,
+        take: impl Fn(&Node) -> bool,
+    ) -> Option<(u32, u32, u64)> {
         let end = bin_round_up(size.saturating_add(align_mask));
         let mut next = self.classes.first_at_or_above(bin_round_down(size));
         while let Some((bin, head)) = next {
@@ -346,7 +356,7 @@ impl FreeIndex {
             let mut node = head;
             while node != NIL {
                 let n = &self.nodes[node as usize];
-                if let Some(pad) = fit(n, size, align_mask) {
+                if let Some(pad) = fit(n, size, align_mask).filter(|_| take(n)) {
                     return Some((node, bin, pad));
                 }
                 node = n.bin_next;

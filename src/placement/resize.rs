@@ -30,7 +30,8 @@ impl FreeIndex {
     }
 
     /// Whether [`alloc`](Self::alloc) would succeed now, changing nothing:
-    /// the same search (good fit, sure fit, exact scan) without the carve.
+    /// good fit's search (sure fit, exact scan) without the carve; both
+    /// fits fail exactly when no region holds the request.
     pub fn can_alloc(&self, size: u64, align: u64) -> bool {
         let size = size.max(1);
         let align_mask = if align.is_power_of_two() {

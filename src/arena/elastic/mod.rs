@@ -22,9 +22,9 @@
 //!    could not hold the request in what is mapped.
 //!
 //! At the limit (or when the driver cannot map more) it compacts, spills or
-//! fails exactly as a fixed arena. Under `CompactionPolicy::Manual`, which
-//! never compacts for a request, 3. maps what the request needs instead
-//! (fails, mapping nothing, where even the limit would not hold it). Growing on fragmentation below the peak
+//! fails exactly as a fixed arena. Under `CompactionPolicy::Manual`,
+//! which never compacts for a request, 3. maps what the request needs
+//! instead (and maps nothing where even the limit would not hold it). Growing on fragmentation below the peak
 //! (2.) rather than compacting keeps the bytes moved near naive's at a fixed
 //! capacity of the peak: a decode loop whose growing buffers leave holes
 //! would otherwise compact at almost every step.

@@ -272,14 +272,14 @@ impl Policy {
         }
     }
 
-    /// Where a block's bytes lag behind its index entry, for a listing in
-    /// address order: whether any does.
     /// Whether a request that fits in no hole may compact
     /// ([`CompactionPolicy::Manual`] never does).
     pub(super) fn compacts(&self) -> bool {
         !matches!(self, Policy::Manual)
     }
 
+    /// Where a block's bytes lag behind its index entry, for a listing in
+    /// address order: whether any does.
     pub(super) fn defers(&self) -> bool {
         match self {
             Policy::Manual => false,
