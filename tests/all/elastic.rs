@@ -582,6 +582,15 @@ fn holes_too_small(free_first: bool) -> ((u64, u64), u64, u64, u64) {
     (first_move, mapped0, arena.backend().mapped_bytes(), live)
 }
 
+/// Mapped fell from `mapped0` and is within two tolerances of `live`.
+fn assert_trimmed(mapped0: u64, mapped: u64, live: u64) {
+    assert!(mapped < mapped0);
+    assert!(
+        mapped <= live + 2 * GRANULE.max(live / 100),
+        "{mapped} B mapped for {live} B live"
+    );
+}
+
 /// The automatic trim slides the top down onto the blocks below, paying
 /// for it with the looks the excess lasts: first the short slide that
 /// moves the top two blocks over the upper hole, then, the excess lasting,
@@ -591,11 +600,7 @@ fn the_automatic_trim_slides_the_top_down_over_holes_too_small() {
     let ((moved, given), mapped0, mapped, live) = holes_too_small(false);
     assert_eq!(moved, 128 << 10);
     assert!(given >= 24 << 10, "gave back {given} B");
-    assert!(mapped < mapped0);
-    assert!(
-        mapped <= live + 2 * GRANULE.max(live / 100),
-        "{mapped} B mapped for {live} B live"
-    );
+    assert_trimmed(mapped0, mapped, live);
 }
 
 /// A free that cannot give memory back without moving blocks leaves the
@@ -604,11 +609,7 @@ fn the_automatic_trim_slides_the_top_down_over_holes_too_small() {
 #[test]
 fn frees_leave_the_automatic_trims_look_to_allocations() {
     let (_, mapped0, mapped, live) = holes_too_small(true);
-    assert!(mapped < mapped0);
-    assert!(
-        mapped <= live + 2 * GRANULE.max(live / 100),
-        "{mapped} B mapped for {live} B live"
-    );
+    assert_trimmed(mapped0, mapped, live);
 }
 
 /// A decoder's KV caches as a serving loop grows them: per request a
