@@ -720,3 +720,62 @@ impl Clock {
         (self.sums.0 / self.sums.2, self.sums.1 / self.sums.2)
     }
 }
+
+/// A long run of phases, each leaving its long-lived blocks spread over a
+/// peak that the following windows no longer need. Each phase's trim
+/// compaction holds until the next phase, so it earns its bytes back: the
+/// automatic trim still gives the excess back in the last phases, long
+/// after trims have moved more than the budget's base (1.5 x the peak live
+/// bytes). Every byte is kept.
+#[test]
+fn trims_that_hold_keep_trimming_in_a_long_run() {
+    const KIB: u64 = 1024;
+    const WINDOW: u64 = 1000;
+    let config = ArenaConfig::elastic().with_trim_window_us(WINDOW);
+    let backend = HostBackend::elastic(1 << 30, GRANULE);
+    backend.set_time_us(0);
+    let mut arena = Arena::with_backend(config, backend).unwrap();
+    let mut now = 0;
+    for phase in 0..16u8 {
+        // The phase's peak: a kept block between two temporaries, 16 times.
+        let mut keep = Vec::new();
+        let mut tmp = Vec::new();
+        for i in 0..16u8 {
+            let k = arena.alloc(64 * KIB).unwrap();
+            arena
+                .write_bytes(k, &[phase ^ i; 64 * KIB as usize])
+                .unwrap();
+            keep.push(k);
+            tmp.push(arena.alloc(192 * KIB).unwrap());
+        }
+        now += 10;
+        arena.backend().set_time_us(now);
+        for t in tmp {
+            arena.free(t).unwrap();
+        }
+        let mapped0 = arena.backend().mapped_bytes();
+        // Four windows of small allocations, each a look.
+        for _ in 0..32 {
+            now += WINDOW / 8 + 5;
+            arena.backend().set_time_us(now);
+            let t = arena.alloc(256).unwrap();
+            arena.free(t).unwrap();
+        }
+        let live = 16 * 64 * KIB;
+        assert_trimmed(mapped0, arena.backend().mapped_bytes(), live);
+        for (i, k) in keep.into_iter().enumerate() {
+            assert_eq!(
+                arena.read_bytes(k).unwrap(),
+                vec![phase ^ i as u8; 64 * KIB as usize],
+                "phase {phase}"
+            );
+            arena.free(k).unwrap();
+        }
+    }
+    let peak = arena.stats().peak_allocated_bytes;
+    assert!(
+        arena.stats().bytes_moved > 2 * peak,
+        "moved {} B, peak {peak} B",
+        arena.stats().bytes_moved
+    );
+}

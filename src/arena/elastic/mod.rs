@@ -68,7 +68,12 @@
 //! the holes are too small), and all of them stay within a budget of
 //! bytes moved (`TRIM_BUDGET_BASE`), so that a trace whose live bytes
 //! swing across windows again and again does not pay a compaction per
-//! swing. Under the default policy in free mode, naive's layout is trimmed
+//! swing. A trim compaction whose result holds earns its bytes back
+//! ([`Payback`]): once the memory it gave back has stayed given back for
+//! as long as rent or buy would have taken to pay for moving them, they
+//! return to the budget. So a long run whose trims last keeps trimming
+//! (the budget is spent only by trims that the workload undoes at once,
+//! which no amount of moving makes last). Under the default policy in free mode, naive's layout is trimmed
 //! alike and the arena's plan runs as the policy's potential affords
 //! (`policy/trim.rs`).
 
@@ -128,8 +133,10 @@ pub(crate) struct Elastic {
     /// Where the mapped chunks end, ascending (the last is the mapped
     /// end): where a trim can cut.
     chunks: Vec<u64>,
-    /// Bytes the trims' compactions moved.
+    /// Bytes the trims' compactions moved, less those paid back.
     trim_moved: u64,
+    /// The last trim compaction, until it is paid back or undone.
+    payback: Option<Payback>,
     pub(super) trims: u64,
     pub(super) peak_mapped_bytes: u64,
 }
@@ -146,6 +153,7 @@ impl Elastic {
             start_us: None,
             chunks: Vec::new(),
             trim_moved: 0,
+            payback: None,
             trims: 0,
             peak_mapped_bytes: 0,
         })
@@ -167,6 +175,33 @@ impl Elastic {
             self.peaks.pop_front();
         }
         self.peaks.front().map_or(live, |&(_, l)| l)
+    }
+}
+
+/// A trim compaction that has not paid for itself yet: it moved `moved`
+/// bytes to lower the mapped end from `from`; while the mapped end stays at
+/// or below `hold` (where the trim left it, plus the look's tolerance), each
+/// look adds what stays given back to `given_back`, in the rent's units
+/// (byte-microseconds). Mapped rising above `hold` undoes it.
+#[derive(Debug, Clone, Copy)]
+struct Payback {
+    moved: u64,
+    from: u64,
+    hold: u64,
+    given_back: f64,
+}
+
+impl Payback {
+    /// Notes a look at `mapped` bytes, `since` microseconds after the last
+    /// one. Returns `Some(bytes)` to give back to the budget once paid,
+    /// `Some(0)` once undone (both end it), `None` while it runs.
+    fn look(&mut self, mapped: u64, since: u64, window_us: u64) -> Option<u64> {
+        if mapped > self.hold {
+            return Some(0);
+        }
+        self.given_back += self.from.saturating_sub(mapped) as f64 * since as f64;
+        let paid = self.given_back * LOOKS_PER_WINDOW as f64 / window_us as f64;
+        (paid >= self.moved as f64).then_some(self.moved)
     }
 }
 
@@ -306,6 +341,14 @@ impl<B: Backend> Arena<B> {
         }
         let since = now.saturating_sub(e.last_check_us);
         e.last_check_us = now;
+        if let Some(back) = e
+            .payback
+            .as_mut()
+            .and_then(|p| p.look(mapped, since, e.window_us))
+        {
+            e.trim_moved = e.trim_moved.saturating_sub(back);
+            e.payback = None;
+        }
         e.checked_peak = window_peak;
         if !over {
             e.waste = 0.0;
@@ -326,10 +369,18 @@ impl<B: Backend> Arena<B> {
         let left = budget.saturating_sub(e.trim_moved).min(rent);
         let moved_before = self.core.counters.bytes_moved;
         self.trim_to(target, target, may_move.then_some(left))?;
-        if self.core.counters.bytes_moved > moved_before {
-            // What a compaction left over is a new excess.
+        let moved = self.core.counters.bytes_moved - moved_before;
+        if moved > 0 {
+            let hold = self.core.capacity().saturating_add(hysteresis);
             if let Some(e) = &mut self.elastic {
+                // What a compaction left over is a new excess.
                 e.waste = 0.0;
+                e.payback = Some(Payback {
+                    moved,
+                    from: mapped,
+                    hold,
+                    given_back: 0.0,
+                });
             }
         }
         Ok(())
@@ -514,5 +565,25 @@ mod tests {
         assert_eq!(e.note(121, 6), 7);
         assert_eq!(e.note(500, 1), 6);
         assert_eq!(e.note(601, 1), 1);
+    }
+
+    #[test]
+    fn a_trim_is_paid_back_while_it_holds_and_undone_when_mapped_rises() {
+        // Moved 800 B to go from 1000 to 400 mapped, holding up to 420.
+        let fresh = Payback {
+            moved: 800,
+            from: 1000,
+            hold: 420,
+            given_back: 0.0,
+        };
+        // 600 B, then 590 B, given back for 100 us each of a 1000 us
+        // window pay 480 B, then 952 B (8 looks a window): paid.
+        let mut p = fresh;
+        assert_eq!(p.look(400, 100, 1000), None);
+        assert_eq!(p.look(410, 100, 1000), Some(800));
+        // Mapped above where the trim left it: undone, nothing paid.
+        let mut p = fresh;
+        assert_eq!(p.look(400, 100, 1000), None);
+        assert_eq!(p.look(421, 100, 1000), Some(0));
     }
 }
