@@ -17,6 +17,9 @@
 //!
 //! `CUARENA_WINDOW_US` and `CUARENA_SLACK` set the window and the slack
 //! (defaults: the arena's); `CUARENA_ONLY=NAME` keeps matching traces.
+//! `CUARENA_REPEAT=K` (2 to 16) replays each program K times in a row
+//! ([`Ops::repeated`](cuarena_trace::trace::Ops::repeated)), as a longer
+//! run of the same workload; PyTorch's columns are then left out.
 
 use cuarena::{fmt_bytes, ArenaConfig};
 use cuarena_testkit::trace::{bench_traces, BenchTrace};
@@ -40,8 +43,9 @@ fn main() {
     let defaults = ArenaConfig::elastic();
     let window = env("CUARENA_WINDOW_US").unwrap_or(defaults.trim_window_us);
     let slack = env("CUARENA_SLACK").unwrap_or(defaults.elastic_slack);
+    let passes = env("CUARENA_REPEAT").unwrap_or(1u32).clamp(1, 16);
     let traces = bench_traces();
-    println!("window {window} us, slack {slack}");
+    println!("window {window} us, slack {slack}, {passes} pass(es) of each program");
     println!(
         "| trace | half | peak live | peak mapped / peak live | mean live | mean window peak | mean mapped / window peak | PyTorch reserved mean / mean mapped | expandable segments: reserved mean / mean mapped | moved | naive at peak | trims | checks |"
     );
@@ -63,9 +67,21 @@ fn main() {
             continue;
         };
         let ops = t.ops(device).unwrap();
+        let Some(ops) = (if passes > 1 {
+            ops.repeated(passes)
+        } else {
+            Some(ops)
+        }) else {
+            println!("| {name} | {half} | too many ids to repeat |");
+            continue;
+        };
         let r = replay_elastic(&ops, ALIGN, window, slack).unwrap();
         let naive = naive_bytes_moved_at_peak_live(&ops, ALIGN).unwrap();
-        let torch = reserved_mean(&t, &ops, device);
+        let torch = if passes > 1 {
+            0
+        } else {
+            reserved_mean(&t, &ops, device)
+        };
         // The same program recorded with expandable segments, where the
         // folder has it (`settings/NAME__exp.pickle.gz`): its reserved mean
         // against the elastic arena's mean mapped on that recording.
@@ -75,6 +91,7 @@ fn main() {
                 .join(format!("{stem}__exp.pickle.gz")),
         )
         .ok()
+        .filter(|_| passes == 1)
         .and_then(|e| {
             let d = *e.devices().first()?;
             let ops = e.ops(d).ok()?;

@@ -238,6 +238,59 @@ impl Ops {
         out.live_bytes_at_end = live;
         out
     }
+
+    /// The program run `passes` times in a row, as a longer run of the same
+    /// workload: each pass first frees what the pass before left live, takes
+    /// ids after the pass before's, and starts one millisecond after the
+    /// pass before ended (on the program's own clock; a program without
+    /// time stays without). `None` where the ids would not fit in `u32`.
+    /// It holds `passes` times the program's ops: the caller bounds it.
+    pub fn repeated(&self, passes: u32) -> Option<Ops> {
+        let n = u32::try_from(self.sizes.len()).ok()?;
+        n.checked_mul(passes)?;
+        let timed = self.time_us.len() == self.ops.len();
+        let first = self.time_us.first().copied().unwrap_or(0);
+        let last = self.time_us.iter().copied().max().unwrap_or(0);
+        let span = last.saturating_sub(first).saturating_add(1000);
+        let mut ops = Vec::new();
+        let mut times = Vec::new();
+        let mut live = vec![false; n as usize];
+        for pass in 0..passes {
+            let base = pass * n;
+            let shift = span.saturating_mul(i64::from(pass));
+            // What the pass before left live goes first.
+            for (id, l) in live.iter_mut().enumerate() {
+                if std::mem::take(l) {
+                    ops.push(Op::Free {
+                        id: base - n + id as u32,
+                    });
+                    times.push(shift.saturating_add(first));
+                }
+            }
+            for (i, &op) in self.ops.iter().enumerate() {
+                ops.push(match op {
+                    Op::Alloc { id, size } => {
+                        live[id as usize] = true;
+                        Op::Alloc {
+                            id: base + id,
+                            size,
+                        }
+                    }
+                    Op::Free { id } => {
+                        live[id as usize] = false;
+                        Op::Free { id: base + id }
+                    }
+                });
+                times.push(shift.saturating_add(self.time_us.get(i).copied().unwrap_or(0)));
+            }
+        }
+        let mut out = Ops::from_ops(ops);
+        out.device = self.device;
+        if timed && out.ops.len() == times.len() {
+            out.time_us = times;
+        }
+        Some(out)
+    }
 }
 
 /// `size` rounded up to a multiple of `align` (0 or 1: unchanged),
@@ -448,6 +501,26 @@ mod tests {
         assert_eq!(ops.peak_live_rounded(256), 512 + 256);
         assert_eq!(ops.peak_live_rounded(0), 301);
         assert!(b(&events, None, 1, FreePoint::Completed).is_empty());
+    }
+
+    #[test]
+    fn a_repeated_program_frees_each_pass_and_follows_its_clock() {
+        let mut ops = Ops::from_ops([
+            Op::Alloc { id: 0, size: 10 },
+            Op::Alloc { id: 1, size: 5 },
+            Op::Free { id: 0 },
+        ]);
+        ops.time_us = vec![100, 200, 300];
+        let r = ops.repeated(3).unwrap();
+        assert_eq!(r.len(), 3 * 3 + 2);
+        assert_eq!(r.peak_live_bytes, 15);
+        assert_eq!(r.live_at_end, 1);
+        assert_eq!(r.skipped_frees, 0);
+        // The second pass frees the first's block 1, then runs 1200 us on.
+        assert_eq!(r.ops[3], Op::Free { id: 1 });
+        assert_eq!(r.ops[4], Op::Alloc { id: 2, size: 10 });
+        assert_eq!(&r.time_us[3..7], &[1300, 1300, 1400, 1500]);
+        assert!(ops.repeated(u32::MAX).is_none());
     }
 
     #[test]
