@@ -33,8 +33,12 @@ for f in $files; do
             "$bin" replay "$dir/$f" --gpu --policy "$policy" --capacity 1.0 \
             --gpu-no-baselines --gpu-warmup 0 "${extra[@]}" >"$log" 2>&1
         rc=$?
-        row=$(grep -E '^cuarena' "$log" | tail -1 | tr -s ' ')
         same=$(grep -o 'decisions (compactions, bytes moved, ops run, peak): [A-Za-z]*' "$log" | awk '{print $NF}')
-        printf '%-36s %-8s rc=%s same=%s %s\n' "$f" "$policy" "$rc" "${same:-?}" "$row"
+        mismatched=$(grep -o '[0-9]* mismatching words' "$log" | awk '{s += $1} END {print s + 0}')
+        # One line per arena row of the table (the fixed arena's, then the
+        # elastic one's where it ran).
+        grep -E '^\| cuarena' "$log" | tr -s ' ' | while read -r row; do
+            printf '%-36s %-8s rc=%s same=%s mismatching=%s %s\n' "$f" "$policy" "$rc" "${same:-?}" "$mismatched" "$row"
+        done
     done
 done

@@ -117,6 +117,9 @@ mod imp {
             }
             Err(e) => outln!("  GPU replay error: {e}")?,
         }
+        // The elastic replay's verdict joins the fixed arena's in the exit
+        // status.
+        let mut elastic_verdict: Res<()> = Ok(());
         if args.elastic {
             // The elastic arena with real bytes: no capacity, its automatic
             // trim on the wall clock (the replay runs faster than the trace).
@@ -129,8 +132,12 @@ mod imp {
                     let mut row = arena_row(&g, g.timed.peak_mapped_bytes, peak, trace_wall);
                     row.allocator = "cuarena elastic on the GPU (peak mapped)".to_owned();
                     rows.push(row);
+                    elastic_verdict = elastic_outcome(&g.outcome);
                 }
-                Err(e) => outln!("  GPU elastic replay error: {e}")?,
+                Err(e) => {
+                    outln!("  GPU elastic replay error: {e}")?;
+                    elastic_verdict = Err(Failure::Arena(format!("GPU elastic replay: {e}")));
+                }
             }
         }
         if let Some(id) = args.gpu_corrupt {
@@ -157,7 +164,7 @@ mod imp {
             outln!()?;
             print_table(&rows)?;
             let g = gpu.map_err(|e| Failure::Arena(format!("GPU replay: {e}")))?;
-            return gpu_outcome(&g.outcome, capacity);
+            return gpu_outcome(&g.outcome, capacity).and(elastic_verdict);
         }
         outln!()?;
         outln!("CUDA pool at the arena's capacity ...")?;
@@ -292,7 +299,18 @@ mod imp {
         }
 
         let g = gpu.map_err(|e| Failure::Arena(format!("GPU replay: {e}")))?;
-        gpu_outcome(&g.outcome, capacity)
+        gpu_outcome(&g.outcome, capacity).and(elastic_verdict)
+    }
+
+    /// Exit status 1 unless the elastic replay completed with every check
+    /// right.
+    fn elastic_outcome(outcome: &Outcome) -> Res<()> {
+        match outcome {
+            Outcome::Completed => Ok(()),
+            Outcome::Failed { event, error, .. } => Err(Failure::Arena(format!(
+                "GPU ELASTIC REPLAY FAILED at event {event}: {error}"
+            ))),
+        }
     }
 
     /// Exit status 1 unless the GPU replay completed with every check right.
@@ -321,6 +339,28 @@ mod imp {
         match (first, last) {
             (Some(a), Some(b)) if b > a => Duration::from_micros((b - a) as u64),
             _ => Duration::ZERO,
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_failed_elastic_replay_fails_the_command() {
+            assert!(elastic_outcome(&Outcome::Completed).is_ok());
+            let failed = Outcome::Failed {
+                op: 3,
+                event: 7,
+                error: ToolError::DataMismatch {
+                    what: "the tensors checked".to_owned(),
+                    mismatched_words: 2,
+                },
+            };
+            let Err(Failure::Arena(m)) = elastic_outcome(&failed) else {
+                panic!("a failed elastic replay must fail the command");
+            };
+            assert!(m.contains("ELASTIC") && m.contains("event 7"), "{m}");
         }
     }
 }
