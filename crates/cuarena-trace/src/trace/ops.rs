@@ -243,8 +243,8 @@ impl Ops {
     /// workload: each pass first frees what the pass before left live, takes
     /// ids after the pass before's, and starts one millisecond after the
     /// pass before ended (on the program's own clock; a program without
-    /// time stays without). `None` where the ids would not fit in `u32`.
-    /// It holds `passes` times the program's ops: the caller bounds it.
+    /// time stays without). `None` where the ids would not fit in `u32` or
+    /// the memory for `passes` times the program's ops cannot be reserved.
     pub fn repeated(&self, passes: u32) -> Option<Ops> {
         let n = u32::try_from(self.sizes.len()).ok()?;
         n.checked_mul(passes)?;
@@ -252,8 +252,12 @@ impl Ops {
         let first = self.time_us.first().copied().unwrap_or(0);
         let last = self.time_us.iter().copied().max().unwrap_or(0);
         let span = last.saturating_sub(first).saturating_add(1000);
+        // Each pass: its ops, and at most one free per id of the pass before.
+        let total = (self.ops.len() + self.sizes.len()).checked_mul(passes as usize)?;
         let mut ops = Vec::new();
-        let mut times = Vec::new();
+        ops.try_reserve_exact(total).ok()?;
+        let mut times: Vec<i64> = Vec::new();
+        times.try_reserve_exact(total).ok()?;
         let mut live = vec![false; n as usize];
         for pass in 0..passes {
             let base = pass * n;
