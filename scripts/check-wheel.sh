@@ -28,7 +28,7 @@ python3 -m venv "$work/user"
 "$work/user/bin/pip" install --quiet "$wheel"
 installed="$work/user/bin/cuarena"
 cargo build --release --quiet -p cuarena-cli
-built=target/release/cuarena
+built="${CARGO_TARGET_DIR:-target}/release/cuarena"
 
 "$installed" --version
 data=crates/cuarena-trace/tests/data
