@@ -68,7 +68,13 @@ pub struct ArenaConfig {
     /// Elastic: the automatic trim's window in microseconds of the
     /// backend's clock ([`crate::backend::Backend::now_us`]): mapped memory
     /// is kept near the largest live bytes of the last window. 0 turns the
-    /// automatic trim off. Default 1 s.
+    /// automatic trim off. Default 4 s: a shorter window gives memory back
+    /// sooner, a longer one spares the moves of trimming what the
+    /// workload's own cycle (a training step, a served request from its
+    /// prefill to its last token) needs again; 4 s is the shortest of the
+    /// windows measured (1, 2, 4 and 8 s) at which each of the 48
+    /// recordings the arena was designed on meets the elastic checks
+    /// (BENCHMARKS.md, "Choosing the window").
     pub trim_window_us: u64,
 }
 
@@ -81,7 +87,7 @@ impl Default for ArenaConfig {
             spill_host_bytes: 0,
             elastic: false,
             elastic_slack: 0.01,
-            trim_window_us: 1_000_000,
+            trim_window_us: 4_000_000,
         }
     }
 }
