@@ -17,6 +17,9 @@ use cuarena_trace::trace::{Op, Ops};
 
 const MIB: f64 = 1048576.0;
 
+/// Most layers x steps a program may have (16 Mi ops).
+const MAX_LAYER_STEPS: u64 = 1 << 21;
+
 fn arg(i: usize, default: u64) -> Result<u64, String> {
     match std::env::args().nth(i) {
         None => Ok(default),
@@ -63,6 +66,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps = arg(2, 400)?.clamp(1, 100_000);
     let first = arg(3, 1024)?.clamp(1, 1 << 20) << 10;
     let growth = arg(4, 16)?.min(1 << 20) << 10;
+    // Four ops per cache per step: bound the program's memory.
+    if layers * steps > MAX_LAYER_STEPS {
+        return Err(format!(
+            "{layers} layers x {steps} steps is {} layer-steps; at most {MAX_LAYER_STEPS}",
+            layers * steps
+        )
+        .into());
+    }
     let d = ArenaConfig::elastic();
     let slack = match std::env::args().nth(5) {
         None => d.elastic_slack,
