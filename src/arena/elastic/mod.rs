@@ -73,9 +73,9 @@
 //! as long as rent or buy would have taken to pay for moving them, they
 //! return to the budget. So a long run whose trims last keeps trimming
 //! (the budget is spent only by trims that the workload undoes at once,
-//! which no amount of moving makes last). Under the default policy in free mode, naive's layout is trimmed
-//! alike and the arena's plan runs as the policy's potential affords
-//! (`policy/trim.rs`).
+//! which no amount of moving makes last). Under the default policy in free
+//! mode, naive's layout is trimmed alike and the arena's plan runs as the
+//! policy's potential affords (`policy/trim.rs`).
 
 mod rule;
 
